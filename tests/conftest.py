@@ -1,5 +1,5 @@
-"""Shared pytest configuration: fixtures from tests/fixtures are plugins so every suite sees them."""
+"""Shared pytest configuration: fixtures in tests/fixtures are plugins so every suite sees them."""
 
 from __future__ import annotations
 
-pytest_plugins: list[str] = []
+pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.bookies"]
