@@ -123,6 +123,12 @@ class BookieIOError(BKError):
     status = Status.IO_ERROR
 
 
+class BookieInternalError(BKError):
+    """The bookie hit an unexpected condition while handling the request (a bug, logged there)."""
+
+    status = Status.INTERNAL_ERROR
+
+
 class WrongShardError(BKError):
     """The request reached a shard that does not own the ledger (route by ledger_id % shards)."""
 
@@ -165,7 +171,7 @@ STATUS_ERRORS: dict[Status, type[BKError]] = {
     Status.WRONG_SHARD: WrongShardError,
     Status.ENTRY_CONFLICT: EntryConflictError,
     Status.BAD_DIGEST: BadDigestError,
-    Status.INTERNAL_ERROR: BookieIOError,
+    Status.INTERNAL_ERROR: BookieInternalError,
 }
 
 

@@ -1,0 +1,57 @@
+"""Entry digests and ledger master keys (docs/protocol.md, "Entries and digests", "Master key").
+
+    digest     = crc32c( pack(">qqqq", ledger_id, entry_id, lac, length) || payload )
+    master_key = sha256(b"bkaio-ledger\\0" + password)        (32 bytes)
+
+The writer computes the digest, the bookie checks it on add and the reader checks it again.
+`length` is the ledger length after the entry (cumulative payload bytes), as in BookKeeper.
+Pure: imports crc32c and hashlib only (plus bkaio.errors for BadDigestError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import TypeAlias
+
+import crc32c
+
+from bkaio import errors  # Module reference: see the import note in frames.py.
+
+Payload: TypeAlias = bytes | bytearray | memoryview
+_DIGEST_HEADER = struct.Struct(">qqqq")
+_MASTER_KEY_PREFIX = b"bkaio-ledger\0"
+MASTER_KEY_BYTES = 32
+
+
+def entry_digest(ledger_id: int, entry_id: int, lac: int, length: int, payload: Payload) -> int:
+    """CRC32C of the entry's ids, LAC and ledger length, then its payload (never copied)."""
+    header = _DIGEST_HEADER.pack(ledger_id, entry_id, lac, length)
+    digest: int = crc32c.crc32c(payload, value=crc32c.crc32c(header))
+    return digest
+
+
+def verify_entry_digest(
+    ledger_id: int, entry_id: int, lac: int, length: int, payload: Payload, digest: int
+) -> bool:
+    """Whether `digest` matches the entry: False means a corrupt or forged copy."""
+    return entry_digest(ledger_id, entry_id, lac, length, payload) == digest
+
+
+def check_entry_digest(
+    ledger_id: int, entry_id: int, lac: int, length: int, payload: Payload, digest: int
+) -> None:
+    """Raise BadDigestError when `digest` does not match the entry."""
+    actual = entry_digest(ledger_id, entry_id, lac, length, payload)
+    if actual != digest:
+        raise errors.BadDigestError(
+            f"ledger {ledger_id}: entry {entry_id} (lac {lac}, length {length}, "
+            f"{len(payload)}-byte payload) has digest {digest:#010x}, computed {actual:#010x}"
+        )
+
+
+def master_key(password: bytes) -> bytes:
+    """The 32-byte key a ledger's writer and fencing readers send, derived from its password."""
+    if not isinstance(password, bytes | bytearray | memoryview):
+        raise errors.ConfigError(f"ledger password must be bytes, got {type(password).__name__}")
+    return hashlib.sha256(_MASTER_KEY_PREFIX + bytes(password)).digest()
