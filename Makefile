@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run stop test test-unit lint fmt bench bench-codec bench-journal clean etcd venv
+# Targets that are not files.
+.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal clean etcd venv
 
 venv: $(STAMP)
 
@@ -45,6 +46,9 @@ fmt: venv
 	$(VENV)/bin/ruff format bkaio tests benchmarks examples
 
 run: venv
+	@bash scripts/run-demo.sh
+
+selfcheck: venv
 	$(PY) -m bkaio.protocol.selfcheck
 
 bench: bench-codec bench-journal

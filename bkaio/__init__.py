@@ -1,5 +1,26 @@
-"""bkaio: a replicated, durable, append-only log service in asyncio Python (after Apache BookKeeper)."""
+"""bkaio: a replicated, durable, append-only log service in asyncio Python (after BookKeeper).
+
+`bkaio.BookKeeper` is the client (API.md). It is imported lazily so that `import bkaio.protocol`
+in a bookie worker does not pay for the client, the metadata drivers and gRPC.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper, Entry, LedgerHandle, ReadHandle
+
+__all__ = ["BookKeeper", "Entry", "LedgerHandle", "ReadHandle", "__version__"]
+
+_LAZY = frozenset({"BookKeeper", "Entry", "LedgerHandle", "ReadHandle"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from bkaio import ledger_client
+
+        return getattr(ledger_client, name)
+    raise AttributeError(f"module 'bkaio' has no attribute {name!r}")

@@ -1,0 +1,149 @@
+"""`bkaio bookie`: run one bookie (what systemd starts), format its directories, describe it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bkaio.cli.common import json_option, run
+from bkaio.cli.output import emit
+from bkaio.errors import BKError
+
+
+class DirectoryNotEmptyError(BKError):
+    """Formatting would destroy data and --force was not given."""
+
+
+CONFIG_HELP = "The bookie's TOML configuration file."
+
+
+def _directories(config: Any) -> list[Path]:
+    from bkaio.bookie.cookies import shard_directories
+
+    found: list[Path] = []
+    for storage in config.storage:
+        found.extend(shard_directories(storage))
+    return found
+
+
+@click.group(invoke_without_command=True)
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
+)
+@click.pass_context
+def bookie(context: click.Context, config_path: Path | None) -> int | None:
+    """Run a bookie with --config FILE, or `format` / `info` it."""
+    context.obj = config_path
+    if context.invoked_subcommand is not None:
+        return None
+    if config_path is None:
+        raise click.UsageError("bkaio bookie needs --config FILE (or a subcommand: format, info)")
+    from bkaio.bookie import run_bookie
+
+    return run_bookie(config_path)
+
+
+def _config_of(context: click.Context, config_path: Path | None) -> Any:
+    path = config_path or context.obj
+    if path is None:
+        raise click.UsageError("--config FILE is required")
+    from bkaio.config import load_bookie_config
+
+    return load_bookie_config(path)
+
+
+@bookie.command("format")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
+)
+@click.option("--force", is_flag=True, help="Wipe directories that hold data, and the cookie.")
+@json_option
+@click.pass_context
+def format_bookie(
+    context: click.Context, config_path: Path | None, force: bool, as_json: bool
+) -> None:
+    """Initialise (or, with --force, wipe) the bookie's directories and its metadata cookie."""
+    config = _config_of(context, config_path)
+    directories = _directories(config)
+    holding = [d for d in directories if d.exists() and any(d.iterdir())]
+    if holding and not force:
+        raise DirectoryNotEmptyError(
+            f"{len(holding)} directories hold data (first: {holding[0]}); "
+            "formatting destroys it: pass --force to wipe them"
+        )
+    for directory in holding:
+        shutil.rmtree(directory)
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+
+    async def drop_cookie() -> bool:
+        from bkaio.meta import open_metadata
+
+        meta = await open_metadata(config.metadata.uri)
+        try:
+            existing = await meta.cookies.get(config.bookie_id)
+            if existing is None:
+                return False
+            if not force:
+                raise DirectoryNotEmptyError(
+                    f"metadata holds a cookie for {config.bookie_id}: pass --force to drop it"
+                )
+            await meta.cookies.delete(config.bookie_id)
+            return True
+        finally:
+            await meta.close()
+
+    dropped = run(drop_cookie())
+    result = {
+        "bookie_id": config.bookie_id,
+        "directories": [str(d) for d in directories],
+        "wiped": [str(d) for d in holding],
+        "cookie_dropped": dropped,
+    }
+    emit(
+        result,
+        as_json=as_json,
+        human=f"formatted {config.bookie_id}: {len(directories)} directories ready, "
+        f"{len(holding)} wiped, metadata cookie {'dropped' if dropped else 'absent'}",
+    )
+
+
+@bookie.command("info")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
+)
+@json_option
+@click.pass_context
+def bookie_info(context: click.Context, config_path: Path | None, as_json: bool) -> None:
+    """What the configuration resolves to: identity, ports, directories and their usage."""
+    config = _config_of(context, config_path)
+    directories = []
+    for directory in _directories(config):
+        probe = directory if directory.exists() else directory.parent
+        while not probe.exists():
+            probe = probe.parent
+        usage = shutil.disk_usage(probe)
+        directories.append(
+            {
+                "path": str(directory),
+                "exists": directory.exists(),
+                "total_bytes": usage.total,
+                "free_bytes": usage.free,
+            }
+        )
+    result = {
+        "bookie_id": config.bookie_id,
+        "listen": f"{config.host}:{config.port}",
+        "shards": config.shard_count,
+        "shard_ports": [config.shard_port(i) for i in range(config.shard_count)],
+        "rack": config.rack,
+        "metadata": config.metadata.uri,
+        "admin": f"http://{config.admin.host}:{config.admin.port}"
+        if config.admin.enabled
+        else None,
+        "directories": directories,
+    }
+    emit(result, as_json=as_json)

@@ -1,0 +1,48 @@
+"""Options and helpers shared by the CLI commands: `--metadata`, `--json`, running a coroutine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+METADATA_ENV = "BKAIO_METADATA"
+
+
+def metadata_option(function: F) -> F:
+    """`--metadata URI`, falling back to $BKAIO_METADATA; required."""
+    decorator = click.option(
+        "--metadata",
+        "metadata_uri",
+        envvar=METADATA_ENV,
+        required=True,
+        metavar="URI",
+        help="Metadata store: etcd://host:port/prefix or sqlite:///path/meta.db "
+        f"(default: ${METADATA_ENV}).",
+    )
+    return decorator(function)
+
+
+def json_option(function: F) -> F:
+    decorator = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+    return decorator(function)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine on a fresh uvloop event loop."""
+    import uvloop
+
+    return uvloop.run(coroutine)
+
+
+def run_with_timeout(coroutine: Coroutine[Any, Any, T], timeout_seconds: float) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout_seconds):
+            return await coroutine
+
+    return run(bounded())

@@ -1,0 +1,290 @@
+"""`bkaio standalone`: a whole cluster on this host, for trying bkaio and for development.
+
+Brings up a metadata store (the embedded SQLite store by default, a given URI, or a local etcd
+process with `--etcd`) and N real bookie processes with one shard each, on loopback. The ports it
+picks the first time are remembered in the data directory, so a restart finds the same bookies
+(bookie ids are host:port and their cookies must match) and every ledger survives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bkaio.cli.common import run
+from bkaio.cli.output import emit
+from bkaio.errors import BKError, ConfigError
+
+LOOPBACK = "127.0.0.1"
+STATE_FILE = "standalone.json"  # Ports chosen on first start; reused on every restart.
+READY_FILE = "ready.json"  # Exists while the cluster is up: the metadata URI and the bookies.
+READY_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 15.0
+
+
+class StandaloneError(BKError):
+    """The standalone cluster could not start."""
+
+
+@dataclass(slots=True)
+class StandaloneLayout:
+    """What a data directory remembers between runs."""
+
+    metadata_uri: str
+    bookie_ports: list[int]
+    admin_ports: list[int]
+    etcd_client_port: int = 0
+    etcd_peer_port: int = 0
+
+
+def _free_port() -> int:
+    from bkaio.testing.procs import free_port
+
+    return free_port(LOOPBACK)
+
+
+def _load_layout(
+    data_dir: Path, bookies: int, metadata_uri: str | None, use_etcd: bool, base_port: int
+) -> StandaloneLayout:
+    state_path = data_dir / STATE_FILE
+    if state_path.exists():
+        layout = StandaloneLayout(**json.loads(state_path.read_text()))
+        if len(layout.bookie_ports) != bookies:
+            raise ConfigError(
+                f"{data_dir} holds a {len(layout.bookie_ports)}-bookie cluster; start it with "
+                f"--bookies {len(layout.bookie_ports)} or use another --data-dir"
+            )
+        if metadata_uri is not None and metadata_uri != layout.metadata_uri:
+            raise ConfigError(
+                f"{data_dir} was created with metadata {layout.metadata_uri}, not {metadata_uri}"
+            )
+        return layout
+    if base_port:
+        bookie_ports = [base_port + i for i in range(bookies)]
+        admin_ports = [base_port + 100 + i for i in range(bookies)]
+    else:
+        bookie_ports = [_free_port() for _ in range(bookies)]
+        admin_ports = [_free_port() for _ in range(bookies)]
+    layout = StandaloneLayout(metadata_uri="", bookie_ports=bookie_ports, admin_ports=admin_ports)
+    if use_etcd:
+        layout.etcd_client_port, layout.etcd_peer_port = _free_port(), _free_port()
+        layout.metadata_uri = f"etcd://{LOOPBACK}:{layout.etcd_client_port}/bkaio"
+    else:
+        default = f"sqlite:///{(data_dir / 'meta.db').resolve()}"
+        layout.metadata_uri = metadata_uri or default
+    data_dir.mkdir(parents=True, exist_ok=True)
+    state_path.write_text(json.dumps(asdict(layout), indent=2))
+    return layout
+
+
+def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
+    bookie_dir = (data_dir / f"bookie-{index}").resolve()
+    bookie_dir.mkdir(parents=True, exist_ok=True)
+    config_path = bookie_dir / "bookie.toml"
+    config_path.write_text(
+        "\n".join(
+            [
+                "[bookie]",
+                f'host = "{LOOPBACK}"',
+                f"port = {layout.bookie_ports[index]}",
+                "shards = 1",
+                f'rack = "/standalone/rack-{index}"',
+                "[metadata]",
+                f'uri = "{layout.metadata_uri}"',
+                "registration_ttl_seconds = 5.0",
+                "[admin]",
+                f'host = "{LOOPBACK}"',
+                f"port = {layout.admin_ports[index]}",
+                "[storage]",
+                f'journal_dirs = ["{bookie_dir / "journal"}"]',
+                f'ledger_dirs = ["{bookie_dir / "ledgers"}"]',
+                "[read_only]",
+                "disk_check_interval_seconds = 5.0",
+                "",
+            ]
+        )
+    )
+    return config_path
+
+
+class StandaloneCluster:
+    """The processes of one standalone cluster; `stop()` is safe to call at any point."""
+
+    def __init__(self, data_dir: Path, layout: StandaloneLayout) -> None:
+        self.data_dir = data_dir
+        self.layout = layout
+        self.bookies: list[subprocess.Popen[bytes]] = []
+        self.etcd: Any = None
+
+    def start(self) -> None:
+        if self.layout.etcd_client_port:
+            from bkaio.testing.procs import EtcdProcess
+
+            self.etcd = EtcdProcess(self.data_dir / "etcd")
+            self.etcd.client_port = self.layout.etcd_client_port
+            self.etcd.peer_port = self.layout.etcd_peer_port
+            self.etcd.start()
+        for index in range(len(self.layout.bookie_ports)):
+            config_path = _bookie_toml(self.data_dir, index, self.layout)
+            log = open(config_path.parent / "bookie.log", "ab")  # noqa: SIM115 - child owns it
+            self.bookies.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bkaio.bookie", "--config", str(config_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches us; we stop the bookies in order.
+                )
+            )
+            log.close()
+        run(self._wait_registered())
+
+    async def _wait_registered(self) -> None:
+        from bkaio.meta import open_metadata
+
+        expected = {f"{LOOPBACK}:{port}" for port in self.layout.bookie_ports}
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        meta = await open_metadata(self.layout.metadata_uri)
+        try:
+            while True:
+                self._check_children()
+                registered = {info.bookie_id for info in await meta.bookies.list()}
+                if expected <= registered:
+                    return
+                if time.monotonic() > deadline:
+                    missing = ", ".join(sorted(expected - registered))
+                    raise StandaloneError(
+                        f"bookies {missing} did not register within {READY_TIMEOUT_SECONDS} s; "
+                        f"see {self.data_dir}/bookie-*/bookie.log"
+                    )
+                import asyncio
+
+                await asyncio.sleep(0.1)
+        finally:
+            await meta.close()
+
+    def _check_children(self) -> None:
+        for index, process in enumerate(self.bookies):
+            if process.poll() is not None:
+                log_path = self.data_dir / f"bookie-{index}" / "bookie.log"
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                raise StandaloneError(
+                    f"bookie {index} exited with {process.returncode}: {tail[0][:300]} "
+                    f"(full log: {log_path})"
+                )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "metadata": self.layout.metadata_uri,
+            "pid": os.getpid(),
+            "bookies": [
+                {
+                    "bookie_id": f"{LOOPBACK}:{port}",
+                    "admin_url": f"http://{LOOPBACK}:{admin}",
+                    "pid": process.pid,
+                }
+                for port, admin, process in zip(
+                    self.layout.bookie_ports, self.layout.admin_ports, self.bookies, strict=False
+                )
+            ],
+        }
+
+    def stop(self) -> int:
+        """SIGTERM every bookie (they drain and deregister), then etcd; the worst exit code."""
+        worst = 0
+        for process in self.bookies:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.bookies:
+            try:
+                code = process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            worst = max(worst, abs(code))
+        if self.etcd is not None:
+            self.etcd.stop()
+        return worst
+
+
+@click.command()
+@click.option("--bookies", default=3, show_default=True, type=click.IntRange(1, 32))
+@click.option(
+    "--data-dir",
+    default=".standalone",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+@click.option(
+    "--metadata",
+    "metadata_uri",
+    default=None,
+    metavar="URI",
+    help="Use this metadata store instead of the embedded one.",
+)
+@click.option("--etcd", "use_etcd", is_flag=True, help="Start a local etcd process for metadata.")
+@click.option(
+    "--base-port",
+    default=0,
+    type=click.IntRange(0, 65000),
+    help="Bookie i listens on BASE+i, its admin HTTP on BASE+100+i (default: free ports).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the cluster description as JSON.")
+def standalone(
+    bookies: int,
+    data_dir: Path,
+    metadata_uri: str | None,
+    use_etcd: bool,
+    base_port: int,
+    as_json: bool,
+) -> int:
+    """Run a metadata store and N bookies on this host until Ctrl-C or SIGTERM."""
+    if use_etcd and metadata_uri:
+        raise click.UsageError("--etcd and --metadata exclude each other")
+    layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port)
+    cluster = StandaloneCluster(data_dir, layout)
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ready_path = data_dir / READY_FILE
+    try:
+        cluster.start()
+        description = cluster.describe()
+        ready_path.write_text(json.dumps(description))
+        human = "\n".join(
+            [
+                f"bkaio standalone: {bookies} bookies up",
+                f"metadata  {layout.metadata_uri}",
+                *(
+                    f"bookie    {b['bookie_id']}  admin {b['admin_url']}"
+                    for b in description["bookies"]
+                ),
+                f"try       BKAIO_METADATA={layout.metadata_uri} bkaio shell simpletest",
+                "stop      Ctrl-C",
+            ]
+        )
+        emit(description, as_json=as_json, human=human)
+        while not stopping:
+            cluster._check_children()
+            time.sleep(0.2)
+    finally:
+        ready_path.unlink(missing_ok=True)
+        code = cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not as_json:
+        click.echo("bkaio standalone: stopped", err=True)
+    return 0 if code in (0, signal.SIGTERM) else 1
