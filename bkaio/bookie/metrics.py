@@ -1,0 +1,325 @@
+"""Bookie metrics: what a shard worker records, how it ships them, how the parent exports them.
+
+Each shard worker records into its own prometheus-client registry (plus whatever the journal and
+storage packages register in the default registry of that process). On a scrape, the parent asks
+every worker for a snapshot over its control pipe (`snapshot_registry`: plain JSON-able lists),
+then `AggregatingCollector` sums the samples of all shards (counters, histogram buckets, gauges)
+and the parent's registry renders them as Prometheus text. Nothing here touches sockets.
+
+Names follow Prometheus conventions (seconds, `_total`); docs/bookie.md maps them to the
+BookKeeper names (`bookkeeper_server_ADD_ENTRY_REQUEST` is
+`bkaio_bookie_request_seconds{op="add_entry"}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+# Requests complete in 0.1 ms (reads from the write cache) to seconds (a slow fsync).
+LATENCY_BUCKETS_SECONDS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+OPS = (
+    "hello",
+    "add_entry",
+    "read_entry",
+    "read_range",
+    "read_lac",
+    "write_lac",
+    "force",
+    "get_bookie_info",
+    "list_entries",
+    "ping",
+)
+
+REJECT_REASONS = ("wrong_shard", "read_only", "bad_digest", "bad_auth_token")
+CLOSE_REASONS = (
+    "protocol_error",
+    "max_connections",
+    "stopping",
+    "hello_timeout",
+    "frame_read_timeout",
+    "idle_timeout",
+)
+
+SnapshotFamily = dict[str, Any]  # {"name", "type", "help", "samples": [[name, labels, value]]}
+
+
+class ShardMetrics:
+    """The metrics one shard worker records. Hot-path children are cached (labels() costs)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.request_seconds = Histogram(
+            "bkaio_bookie_request_seconds",
+            "Time from decoding a request to queueing its response, by operation and outcome",
+            ["op", "success"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.requests_rejected = Counter(
+            "bkaio_bookie_requests_rejected",
+            "Requests refused before reaching storage, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.add_entry_bytes = Counter(
+            "bkaio_bookie_add_entry_bytes", "Payload bytes of acknowledged adds", registry=r
+        )
+        self.read_entry_bytes = Counter(
+            "bkaio_bookie_read_entry_bytes", "Payload bytes returned by reads", registry=r
+        )
+        self.connections_accepted = Counter(
+            "bkaio_bookie_connections_accepted", "Connections accepted", registry=r
+        )
+        self.connections_closed = Counter(
+            "bkaio_bookie_connections_closed",
+            "Connections closed by the bookie, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.protocol_errors = Counter(
+            "bkaio_bookie_protocol_errors",
+            "Malformed frames or requests received",
+            registry=r,
+        )
+        self.connections = Gauge("bkaio_bookie_connections", "Open client connections", registry=r)
+        self.inflight_requests = Gauge(
+            "bkaio_bookie_inflight_requests", "Requests received and not yet answered", registry=r
+        )
+        self.inflight_bytes = Gauge(
+            "bkaio_bookie_inflight_bytes",
+            "Bytes of requests received and not yet answered (the global memory bound)",
+            registry=r,
+        )
+        self.long_poll_waiters = Gauge(
+            "bkaio_bookie_long_poll_waiters", "READ_LAC long polls waiting", registry=r
+        )
+        self.read_only = Gauge(
+            "bkaio_bookie_read_only",
+            "1 when the shard refuses adds (disk full or forced), else 0",
+            registry=r,
+        )
+        self.shard_up = Gauge(
+            "bkaio_bookie_shards_up", "Shard workers serving requests", registry=r
+        )
+        self.disk_usage_fraction_max = Gauge(
+            "bkaio_bookie_disk_usage_fraction_max",
+            "Highest usage fraction among the shard's disks",
+            registry=r,
+        )
+        # Children created up front: the series exist (at 0) before the first event.
+        for reason in REJECT_REASONS:
+            self.requests_rejected.labels(reason=reason)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason=reason)
+        self._success: dict[str, Any] = {}
+        self._failure: dict[str, Any] = {}
+        for op in OPS:
+            self._success[op] = self.request_seconds.labels(op=op, success="true")
+            self._failure[op] = self.request_seconds.labels(op=op, success="false")
+
+    def observe_request(self, op: str, seconds: float, success: bool) -> None:
+        (self._success if success else self._failure)[op].observe(seconds)
+
+    def bind_gauges(
+        self,
+        *,
+        connections: Callable[[], float],
+        inflight_requests: Callable[[], float],
+        inflight_bytes: Callable[[], float],
+        long_poll_waiters: Callable[[], float],
+        read_only: Callable[[], float],
+        disk_usage_fraction_max: Callable[[], float],
+    ) -> None:
+        """Gauges read at scrape time from the server's own counters: no hot-path cost."""
+        self.connections.set_function(connections)
+        self.inflight_requests.set_function(inflight_requests)
+        self.inflight_bytes.set_function(inflight_bytes)
+        self.long_poll_waiters.set_function(long_poll_waiters)
+        self.read_only.set_function(read_only)
+        self.disk_usage_fraction_max.set_function(disk_usage_fraction_max)
+        self.shard_up.set(1)
+
+
+def snapshot_registry(registries: Sequence[Any]) -> list[SnapshotFamily]:
+    """Every sample of `registries` as JSON-able data (what a worker sends to the parent)."""
+    families: list[SnapshotFamily] = []
+    for registry in registries:
+        for metric in registry.collect():
+            families.append(
+                {
+                    "name": metric.name,
+                    "type": metric.type,
+                    "help": metric.documentation,
+                    "samples": [
+                        [sample.name, dict(sample.labels), float(sample.value)]
+                        for sample in metric.samples
+                        if not sample.name.endswith("_created")
+                    ],
+                }
+            )
+    return families
+
+
+def merge_snapshots(snapshots: Iterable[list[SnapshotFamily]]) -> list[Metric]:
+    """Sum the same series across shards; families keep their type and help text."""
+    merged: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for families in snapshots:
+        for family in families:
+            name = str(family["name"])
+            if name not in merged:
+                merged[name] = (str(family["type"]), str(family["help"]), {})
+            series = merged[name][2]
+            for sample_name, labels, value in family["samples"]:
+                key = (str(sample_name), tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+                series[key] = series.get(key, 0.0) + float(value)
+    metrics: list[Metric] = []
+    for name, (metric_type, help_text, series) in merged.items():
+        metric = Metric(name, help_text, metric_type)
+        for (sample_name, labels), value in sorted(series.items(), key=_sample_order):
+            metric.add_sample(sample_name, dict(labels), value)
+        metrics.append(metric)
+    return metrics
+
+
+def _sample_order(item: tuple[tuple[str, tuple[tuple[str, str], ...]], float]) -> tuple[Any, ...]:
+    """Histogram buckets in ascending `le` order (Prometheus requires it), others by name."""
+    (sample_name, labels), _ = item
+    rest = tuple((k, v) for k, v in labels if k != "le")
+    le = next((float(v) for k, v in labels if k == "le"), 0.0)
+    return (rest, sample_name, le)
+
+
+class AggregatingCollector(Collector):
+    """A collector over the latest per-shard snapshots (the parent refreshes them per scrape)."""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[int, list[SnapshotFamily]] = {}
+
+    def collect(self) -> Iterable[Metric]:
+        return merge_snapshots(self.snapshots[shard] for shard in sorted(self.snapshots))
+
+
+def exported_metric_names(registries: Iterable[CollectorRegistry]) -> set[str]:
+    """Every sample name the registries expose (for the dashboard test)."""
+    names: set[str] = set()
+    for registry in registries:
+        for metric in registry.collect():
+            names.update(sample.name for sample in metric.samples)
+            names.add(metric.name)
+    return names
+
+
+class JournalStatsCollector(Collector):
+    """Exports the journal's own counters (`bkaio.journal.JournalStats`) at scrape time.
+
+    The journal counts once per group on the loop thread; reading those counters here costs the
+    add path nothing. Group sizes come in power-of-two buckets, exported as a histogram.
+    """
+
+    def __init__(self, stats: Callable[[], list[Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        all_stats = self._stats()
+        if not all_stats:
+            return []
+        stats = _summed_stats(all_stats)
+        families: list[Metric] = [
+            CounterMetricFamily("bkaio_journal_records", "Records journaled", value=stats.records),
+            CounterMetricFamily(
+                "bkaio_journal_written_bytes",
+                "Bytes written to journal files",
+                value=stats.bytes_written,
+            ),
+            CounterMetricFamily(
+                "bkaio_journal_syncs", "Journal fdatasync calls", value=stats.syncs
+            ),
+            CounterMetricFamily(
+                "bkaio_journal_sync_seconds",
+                "Total seconds spent writing and syncing journal groups",
+                value=stats.sync_seconds_total,
+            ),
+            GaugeMetricFamily(
+                "bkaio_journal_sync_seconds_max",
+                "Slowest journal group write+sync since start",
+                value=stats.max_sync_seconds,
+            ),
+        ]
+        triggers = CounterMetricFamily(
+            "bkaio_journal_group_triggers",
+            "Why each group commit started (bytes, entries, queue_empty, wait)",
+            labels=["trigger"],
+        )
+        triggers.add_metric(["bytes"], stats.trigger_bytes)
+        triggers.add_metric(["entries"], stats.trigger_entries)
+        triggers.add_metric(["queue_empty"], stats.trigger_queue_empty)
+        triggers.add_metric(["wait"], stats.trigger_wait)
+        families.append(triggers)
+        buckets: list[tuple[str, float]] = []
+        cumulative = 0
+        histogram = list(stats.group_records_histogram)
+        for index, count in enumerate(histogram):
+            cumulative += count
+            bound = "+Inf" if index == len(histogram) - 1 else str(float(2**index))
+            buckets.append((bound, cumulative))
+        families.append(
+            HistogramMetricFamily(
+                "bkaio_journal_group_records",
+                "Records per journal group commit (batch size)",
+                buckets=buckets,
+                sum_value=stats.records,
+            )
+        )
+        return families
+
+
+class _SummedStats:
+    """The journals of one shard counted as one (sums; maxima for the max_ fields)."""
+
+    def __init__(self, all_stats: list[Any]) -> None:
+        self.records = sum(s.records for s in all_stats)
+        self.bytes_written = sum(s.bytes_written for s in all_stats)
+        self.syncs = sum(s.syncs for s in all_stats)
+        self.sync_seconds_total = sum(s.sync_seconds_total for s in all_stats)
+        self.max_sync_seconds = max(s.max_sync_seconds for s in all_stats)
+        self.trigger_bytes = sum(s.trigger_bytes for s in all_stats)
+        self.trigger_entries = sum(s.trigger_entries for s in all_stats)
+        self.trigger_queue_empty = sum(s.trigger_queue_empty for s in all_stats)
+        self.trigger_wait = sum(s.trigger_wait for s in all_stats)
+        self.group_records_histogram = [
+            sum(counts)
+            for counts in zip(*(s.group_records_histogram for s in all_stats), strict=True)
+        ]
+
+
+def _summed_stats(all_stats: list[Any]) -> _SummedStats:
+    return _SummedStats(all_stats)

@@ -1,0 +1,407 @@
+"""The bookie parent process: shard workers, registration, admin HTTP, systemd notifications.
+
+    run_bookie(config_path) -> exit code      (`bkaio bookie --config` and `python -m bkaio.bookie`)
+
+Start: load the configuration, check the cookies against metadata, spawn one worker process per
+shard (bkaio/bookie/worker.py), wait until every shard listens, serve admin HTTP, register the
+bookie (lease + keep-alive), send READY=1 and keep the watchdog fed. While running it mirrors
+the shards' read-only state into the registration. SIGTERM/SIGINT: STOPPING=1, deregister, stop
+the workers (they finish in-flight requests and close storage), exit 0. A worker that dies
+unexpectedly stops the others and the parent exits 1; a failed start exits 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvloop
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+
+import bkaio
+from bkaio.config import BookieConfig, load_bookie_config
+from bkaio.errors import BKError
+from bkaio.logs import configure_logging
+
+from .admin import build_admin_app
+from .control import decode_message, encode_message
+from .metrics import AggregatingCollector
+from .sdnotify import SystemdNotifier
+
+log = structlog.get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_WORKER_DIED = 1
+EXIT_START_FAILED = 2
+WORKER_START_TIMEOUT_SECONDS = 120.0  # Journal replay of a large journal can take a while.
+CONTROL_REPLY_TIMEOUT_SECONDS = 5.0
+
+
+class WorkerHandle:
+    """The parent's view of one shard worker process and its control channel."""
+
+    def __init__(self, shard_index: int, process: asyncio.subprocess.Process) -> None:
+        self.shard_index = shard_index
+        self.process = process
+        self.ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.read_only = False
+        self.stopping = False
+        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+        self.on_read_only: Any = None
+        self.reader = asyncio.get_running_loop().create_task(self._read_events())
+
+    async def _read_events(self) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        while True:
+            line = await stdout.readline()
+            if not line:
+                break
+            try:
+                message = decode_message(line)
+            except BKError as error:
+                log.warning("worker_control_garbage", shard=self.shard_index, error=str(error))
+                continue
+            self._on_message(message)
+        if not self.ready.done():
+            self.ready.set_exception(
+                BKError(f"shard {self.shard_index} worker exited before it was ready")
+            )
+        for waiter in self._replies.values():
+            if not waiter.done():
+                waiter.set_exception(BKError(f"shard {self.shard_index} worker is gone"))
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        event = message.get("event")
+        if "reply" in message:
+            waiter = self._replies.pop(int(message["reply"]), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message.get("result") or {})
+        elif event == "ready":
+            self.read_only = bool(message.get("read_only"))
+            if not self.ready.done():
+                self.ready.set_result(message)
+        elif event == "failed":
+            if not self.ready.done():
+                self.ready.set_exception(
+                    BKError(f"shard {self.shard_index}: {message.get('error', 'failed')}")
+                )
+        elif event == "read_only":
+            self.read_only = bool(message.get("read_only"))
+            if self.on_read_only is not None:
+                self.on_read_only()
+
+    def send(self, message: dict[str, Any]) -> None:
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.write(encode_message(message))
+
+    async def call(self, method: str, **fields: Any) -> dict[str, Any]:
+        self._next_id += 1
+        request_id = self._next_id
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._replies[request_id] = waiter
+        try:
+            self.send({"id": request_id, "method": method, **fields})
+            async with asyncio.timeout(CONTROL_REPLY_TIMEOUT_SECONDS):
+                return await waiter
+        finally:
+            self._replies.pop(request_id, None)
+
+
+class BookieParent:
+    def __init__(self, config: BookieConfig) -> None:
+        assert config.source is not None, "workers load the configuration from its file"
+        self.config = config
+        self.log = log.bind(bookie_id=config.bookie_id)
+        self.workers: list[WorkerHandle] = []
+        self.notifier = SystemdNotifier()
+        self.forced_read_only = config.read_only.start_read_only
+        self.shutting_down = False
+        self.running = False
+        self.registration: Any = None
+        self.metadata: Any = None
+        self.admin_url = ""
+        self.metrics_registry = CollectorRegistry(auto_describe=True)
+        self._aggregate = AggregatingCollector()
+        self.metrics_registry.register(self._aggregate)
+        self._registered_gauge = Gauge(
+            "bkaio_bookie_registered",
+            "1 while the bookie holds its registration in metadata",
+            registry=self.metrics_registry,
+        )
+        self._registered_gauge.set_function(lambda: 1.0 if self.registration is not None else 0.0)
+        self._mode_lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+
+    # --- state for admin ---------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.forced_read_only or any(w.read_only for w in self.workers)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "bookie_id": self.config.bookie_id,
+            "running": self.running,
+            "read_only": self.read_only,
+            "forced_read_only": self.forced_read_only,
+            "shutting_down": self.shutting_down,
+            "registered": self.registration is not None,
+            "shards_read_only": [w.read_only for w in self.workers],
+        }
+
+    async def info(self) -> dict[str, Any]:
+        shards = await asyncio.gather(
+            *(w.call("info") for w in self.workers), return_exceptions=True
+        )
+        shard_infos: list[dict[str, Any]] = [
+            s if isinstance(s, dict) else {"error": str(s)} for s in shards
+        ]
+        ledger_disks = [
+            d for s in shard_infos for d in s.get("disks", []) if d.get("kind") == "ledger"
+        ]
+        total = sum(int(d["total_bytes"]) for d in ledger_disks)
+        used = sum(int(d["used_bytes"]) for d in ledger_disks)
+        return {
+            **self.state(),
+            "version": bkaio.__version__,
+            "host": self.config.advertised_host,
+            "port": self.config.port,
+            "shard_count": self.config.shard_count,
+            "rack": self.config.rack,
+            "admin_url": self.admin_url,
+            "total_bytes": total,
+            "free_bytes": max(total - used, 0),
+            "shards": shard_infos,
+        }
+
+    async def refresh_metrics(self) -> None:
+        replies = await asyncio.gather(
+            *(w.call("metrics") for w in self.workers), return_exceptions=True
+        )
+        for worker, reply in zip(self.workers, replies, strict=True):
+            if isinstance(reply, dict) and "families" in reply:
+                self._aggregate.snapshots[worker.shard_index] = reply["families"]
+
+    async def set_forced_read_only(self, value: bool) -> None:
+        self.forced_read_only = value
+        await asyncio.gather(
+            *(w.call("set_forced_read_only", value=value) for w in self.workers),
+            return_exceptions=True,
+        )
+        await self._sync_registration_mode()
+
+    async def _sync_registration_mode(self) -> None:
+        async with self._mode_lock:
+            registration = self.registration
+            if registration is None:
+                return
+            try:
+                await registration.set_read_only(self.read_only)
+            except BKError as error:
+                self.log.warning("registration_mode_change_failed", error=str(error))
+
+    def _on_worker_read_only(self) -> None:
+        asyncio.get_running_loop().create_task(self._sync_registration_mode())
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop.set)
+        from bkaio.meta import BookieInfo, open_metadata
+
+        from .cookies import check_cookies
+
+        runner: web.AppRunner | None = None
+        watchdog: asyncio.Task[None] | None = None
+        try:
+            self.metadata = await open_metadata(self.config.metadata.uri)
+            cookies = await check_cookies(self.config, self.metadata.cookies)
+            await self._spawn_workers([c.instance_id for c in cookies])
+            if not await self._wait_ready():
+                return EXIT_START_FAILED
+            runner = await self._start_admin()
+            self.running = True
+            info = BookieInfo(
+                bookie_id=self.config.bookie_id,
+                host=self.config.advertised_host,
+                port=self.config.port,
+                shard_count=self.config.shard_count,
+                rack=self.config.rack,
+                version=bkaio.__version__,
+                admin_url=self.admin_url,
+                read_only=self.read_only,
+            )
+            registration_wait = asyncio.ensure_future(
+                self.metadata.bookies.register(info, self.config.metadata.registration_ttl_seconds)
+            )
+            if not await self._until_stop_or(registration_wait):
+                return await self._shutdown(EXIT_OK)
+            self.registration = registration_wait.result()
+            await self._sync_registration_mode()  # A shard may have flipped meanwhile.
+            self.notifier.notify("READY=1", f"STATUS=serving {self.config.shard_count} shards")
+            self.log.info(
+                "bookie_started",
+                shards=self.config.shard_count,
+                port=self.config.port,
+                admin_url=self.admin_url,
+                read_only=self.read_only,
+            )
+            watchdog = loop.create_task(self.notifier.run_watchdog())
+            exits = [loop.create_task(w.process.wait()) for w in self.workers]
+            stop_wait = loop.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stop_wait, *exits], return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
+            if stop_wait in done:
+                return await self._shutdown(EXIT_OK)
+            dead = [w for w in self.workers if w.process.returncode is not None]
+            for worker in dead:
+                self.log.error(
+                    "shard_worker_died",
+                    shard=worker.shard_index,
+                    returncode=worker.process.returncode,
+                )
+            return await self._shutdown(EXIT_WORKER_DIED)
+        except BKError as error:
+            self.log.error("bookie_start_failed", error=str(error))
+            print(f"bkaio bookie: {error}", file=sys.stderr)
+            return await self._shutdown(EXIT_START_FAILED)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            if runner is not None:
+                await runner.cleanup()
+            if self.metadata is not None:
+                with contextlib.suppress(BKError):
+                    await self.metadata.close()
+
+    async def _until_stop_or(self, future: asyncio.Future[Any]) -> bool:
+        """Wait for `future`; False (and `future` cancelled) if a stop signal comes first."""
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([stop_wait, future], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if future.done():
+            future.result()  # Raise its error, if any.
+            return True
+        future.cancel()
+        return False
+
+    async def _spawn_workers(self, instance_ids: list[str]) -> None:
+        assert self.config.source is not None
+        for shard_index in range(self.config.shard_count):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bkaio.bookie.worker",
+                "--config",
+                str(self.config.source),
+                "--shard",
+                str(shard_index),
+                "--instance-id",
+                instance_ids[shard_index],
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            worker = WorkerHandle(shard_index, process)
+            worker.on_read_only = self._on_worker_read_only
+            self.workers.append(worker)
+
+    async def _wait_ready(self) -> bool:
+        readies = asyncio.gather(*(w.ready for w in self.workers))
+        try:
+            async with asyncio.timeout(WORKER_START_TIMEOUT_SECONDS):
+                started = await self._until_stop_or(readies)
+        except (BKError, TimeoutError) as error:
+            self.log.error("shard_start_failed", error=str(error) or "timed out")
+            await self._stop_workers()
+            return False
+        if not started:
+            await self._stop_workers()
+            return False
+        return True
+
+    async def _start_admin(self) -> web.AppRunner | None:
+        admin = self.config.admin
+        if not admin.enabled:
+            return None
+        runner = web.AppRunner(build_admin_app(self), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, admin.host, admin.port)
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            raise BKError(
+                f"admin HTTP cannot listen on {admin.host}:{admin.port}: {error}"
+            ) from error
+        server = site._server  # aiohttp keeps the listening sockets here.
+        sockets = getattr(server, "sockets", None) or ()
+        port = sockets[0].getsockname()[1] if sockets else admin.port
+        self.admin_url = f"http://{admin.host}:{port}"
+        return runner
+
+    async def _shutdown(self, exit_code: int) -> int:
+        self.shutting_down = True
+        self.notifier.notify("STOPPING=1")
+        self.log.info("bookie_stopping", exit_code=exit_code)
+        registration, self.registration = self.registration, None
+        if registration is not None:
+            try:
+                await registration.deregister()
+            except BKError as error:
+                self.log.warning("deregister_failed", error=str(error))
+        codes = await self._stop_workers()
+        if exit_code == EXIT_OK and any(code not in (0, None) for code in codes):
+            self.log.error("shard_worker_stopped_badly", returncodes=codes)
+            exit_code = EXIT_WORKER_DIED
+        self.running = False
+        self.log.info("bookie_stopped", exit_code=exit_code)
+        return exit_code
+
+    async def _stop_workers(self) -> list[int | None]:
+        for worker in self.workers:
+            if worker.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGTERM)
+        grace = self.config.server.drain_timeout_seconds + 10.0
+        codes: list[int | None] = []
+        for worker in self.workers:
+            try:
+                async with asyncio.timeout(grace):
+                    codes.append(await worker.process.wait())
+            except TimeoutError:
+                self.log.error("shard_worker_kill", shard=worker.shard_index)
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.kill()
+                codes.append(await worker.process.wait())
+            worker.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker.reader
+        return codes
+
+
+def run_bookie(config_path: Path) -> int:
+    """Run a bookie until SIGTERM/SIGINT; exit code 0 clean, 1 a worker died, 2 start failed."""
+    try:
+        config = load_bookie_config(config_path)
+    except BKError as error:
+        print(f"bkaio bookie: {error}", file=sys.stderr)
+        return EXIT_START_FAILED
+    configure_logging(json=config.log.json, level=config.log.level)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+    async def main() -> int:
+        return await BookieParent(config).run()
+
+    return uvloop.run(main())

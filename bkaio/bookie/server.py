@@ -1,0 +1,481 @@
+"""One shard's request handling: routing checks, read-only mode, the operations of protocol v1.
+
+`ShardServer` owns the shard's storage handle, its connections, the long-poll waiters and the
+global memory bound. Connections (bkaio/bookie/connection.py) hand it decoded requests; each
+operation is a coroutine returning its response, run as one task and answered through the
+connection's batched writer. Semantics follow BookKeeper (reference 1.5): an add is answered only
+after `add_entry` returned (journal synced); a fencing read is answered only after the fence is
+durable. Imports protocol and storage types; never the ledger client or sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from bkaio.config import BookieConfig
+from bkaio.entrylog.types import DiskUsage, LedgerState, StoredEntry
+from bkaio.errors import (
+    BadDigestError,
+    BKError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadOnlyBookieError,
+    UnauthorizedError,
+    WrongShardError,
+)
+from bkaio.protocol.digest import entry_digest
+from bkaio.protocol.messages import (
+    PROTOCOL_VERSION,
+    AddEntryRequest,
+    AddEntryResponse,
+    Flag,
+    ForceRequest,
+    ForceResponse,
+    GetBookieInfoRequest,
+    GetBookieInfoResponse,
+    HelloRequest,
+    HelloResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    Op,
+    PingRequest,
+    PingResponse,
+    ReadEntryRequest,
+    ReadEntryResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRangeRequest,
+    ReadRangeResponse,
+    Request,
+    Response,
+    WireEntry,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from bkaio.protocol.status import Status
+
+from .lac_waiters import LacWaiters
+from .metrics import ShardMetrics
+
+if TYPE_CHECKING:
+    from .connection import BookieServerProtocol
+
+log = structlog.get_logger(__name__)
+
+FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries")
+# Memory charged for a request beyond its payload: the decoded message and its bookkeeping.
+REQUEST_OVERHEAD_BYTES = 256
+_OP_NAMES = {op: op.name.lower() for op in Op}
+
+
+class Storage(Protocol):
+    """The part of `bkaio.entrylog.shard_storage.ShardStorage` the server uses."""
+
+    async def add_entry(
+        self, entry: StoredEntry, master_key: bytes, *, recovery: bool = False
+    ) -> None: ...
+    async def fence(self, ledger_id: int, master_key: bytes) -> None: ...
+    async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None: ...
+    async def force(self, ledger_id: int) -> None: ...
+    async def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
+    async def read_range(
+        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredEntry]: ...
+    def ledger_state(self, ledger_id: int) -> LedgerState | None: ...
+    def last_add_confirmed(self, ledger_id: int) -> int: ...
+    async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]: ...
+    def disk_usage(self) -> list[DiskUsage]: ...
+    async def close(self) -> None: ...
+
+
+class ShardServer:
+    """The request handling of one shard; every method runs on the shard's event loop."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        shard_index: int,
+        storage: Storage,
+        metrics: ShardMetrics,
+        *,
+        on_read_only_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        assert 0 <= shard_index < config.shard_count, (shard_index, config.shard_count)
+        self.config = config
+        self.limits = config.server
+        self.shard_index = shard_index
+        self.shard_count = config.shard_count
+        self.storage = storage
+        self.metrics = metrics
+        self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
+        self.connections: set[BookieServerProtocol] = set()
+        self.lac_waiters = LacWaiters(config.server.max_long_poll_waiters)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.inflight_requests = 0
+        self.inflight_bytes = 0
+        self.memory_paused: set[BookieServerProtocol] = set()
+        self.forced_read_only = config.read_only.start_read_only
+        self.disk_full = False
+        self.disk_usage_fraction_max = 0.0
+        self.stopping = False
+        self._on_read_only_change = on_read_only_change
+        self._handlers: dict[Op, Callable[[Any], Awaitable[Response]]] = {
+            Op.ADD_ENTRY: self._add_entry,
+            Op.READ_ENTRY: self._read_entry,
+            Op.READ_RANGE: self._read_range,
+            Op.READ_LAC: self._read_lac,
+            Op.WRITE_LAC: self._write_lac,
+            Op.FORCE: self._force,
+            Op.LIST_ENTRIES: self._list_entries,
+        }
+        metrics.bind_gauges(
+            connections=lambda: len(self.connections),
+            inflight_requests=lambda: self.inflight_requests,
+            inflight_bytes=lambda: self.inflight_bytes,
+            long_poll_waiters=lambda: len(self.lac_waiters),
+            read_only=lambda: 1.0 if self.read_only else 0.0,
+            disk_usage_fraction_max=lambda: self.disk_usage_fraction_max,
+        )
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.forced_read_only or self.disk_full
+
+    def set_read_only(self, *, forced: bool | None = None, disk_full: bool | None = None) -> None:
+        before = self.read_only
+        if forced is not None:
+            self.forced_read_only = forced
+        if disk_full is not None:
+            self.disk_full = disk_full
+        if self.read_only != before:
+            self.log.warning(
+                "shard_read_only_changed",
+                read_only=self.read_only,
+                forced=self.forced_read_only,
+                disk_full=self.disk_full,
+            )
+            if self._on_read_only_change is not None:
+                self._on_read_only_change(self.read_only)
+
+    def measure_disk_usage(self) -> float:
+        """The highest usage fraction of the shard's disks (blocking: run it in an executor)."""
+        injected = _read_injected_usage(self.config.read_only.debug_disk_usage_file)
+        if injected is not None:
+            return injected
+        return max((usage.fraction for usage in self.storage.disk_usage()), default=0.0)
+
+    def apply_disk_usage(self, highest: float) -> None:
+        """Flip read-only when a disk passes `disk_read_only_fraction`; back below the low mark."""
+        self.disk_usage_fraction_max = highest
+        thresholds = self.config.read_only
+        if not self.disk_full and highest >= thresholds.disk_read_only_fraction:
+            self.log.warning("disk_full", usage_fraction=round(highest, 4))
+            self.set_read_only(disk_full=True)
+        elif self.disk_full and highest < thresholds.disk_writable_fraction:
+            self.log.info("disk_writable_again", usage_fraction=round(highest, 4))
+            self.set_read_only(disk_full=False)
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    def hello(self, request: HelloRequest) -> tuple[Response, bool]:
+        """The reply to a HELLO and whether the connection may continue."""
+        if request.protocol_version != PROTOCOL_VERSION:
+            return request.error_response(Status.UNSUPPORTED_VERSION), False
+        token = self.limits.auth_token
+        if token and not hmac.compare_digest((request.auth_token or "").encode(), token.encode()):
+            self.metrics.requests_rejected.labels(reason="bad_auth_token").inc()
+            return request.error_response(Status.UNAUTHORIZED), False
+        response = HelloResponse(
+            request.request_id,
+            Status.OK,
+            PROTOCOL_VERSION,
+            self.config.bookie_id,
+            self.shard_index,
+            self.shard_count,
+            FEATURES,
+        )
+        return response, True
+
+    def dispatch(self, connection: BookieServerProtocol, request: Request) -> None:
+        """Answer `request` on `connection`: now when it needs no I/O, else from a task."""
+        op = request.op
+        handler = self._handlers.get(op)
+        if handler is None:
+            started = time.perf_counter()
+            response = self._immediate(request)
+            connection.respond(response)
+            self.metrics.observe_request(
+                _OP_NAMES[op], time.perf_counter() - started, response.status is Status.OK
+            )
+            return
+        size = REQUEST_OVERHEAD_BYTES
+        if op is Op.ADD_ENTRY:
+            size += len(request.payload)  # type: ignore[union-attr]
+        connection.request_started(size)
+        self.inflight_requests += 1
+        self.inflight_bytes += size
+        if self.inflight_bytes > self.limits.max_memory_bytes:
+            self.memory_paused.add(connection)
+            connection.pause_for_memory()
+        task = asyncio.get_running_loop().create_task(
+            self._run(connection, request, handler, size, time.perf_counter())
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if op is Op.READ_LAC:
+            connection.long_polls.add(task)
+            task.add_done_callback(connection.long_polls.discard)
+
+    def _immediate(self, request: Request) -> Response:
+        if isinstance(request, PingRequest):
+            return PingResponse(request.request_id, Status.OK)
+        if isinstance(request, GetBookieInfoRequest):
+            usages = self.storage.disk_usage()
+            total = sum(u.total_bytes for u in usages if u.kind == "ledger") or sum(
+                u.total_bytes for u in usages
+            )
+            used = sum(u.used_bytes for u in usages if u.kind == "ledger") or sum(
+                u.used_bytes for u in usages
+            )
+            return GetBookieInfoResponse(
+                request.request_id,
+                Status.OK,
+                total,
+                max(total - used, 0),
+                self.shard_index,
+                self.shard_count,
+                self.read_only,
+            )
+        if isinstance(request, HelloRequest):
+            return request.error_response(Status.BAD_REQUEST)  # A second HELLO.
+        raise AssertionError(f"no immediate handler for {request!r}")
+
+    async def _run(
+        self,
+        connection: BookieServerProtocol,
+        request: Any,
+        handler: Callable[[Any], Awaitable[Response]],
+        size: int,
+        started: float,
+    ) -> None:
+        try:
+            response = await handler(request)
+        except BKError as error:
+            response = request.error_response(error.status)
+            self.log.debug("request_failed", op=request.op.name, error=str(error))
+        except asyncio.CancelledError:
+            self._finish(connection, size)
+            raise
+        except Exception:
+            self.log.exception("request_crashed", op=request.op.name)
+            response = request.error_response(Status.INTERNAL_ERROR)
+        self._finish(connection, size)
+        connection.respond(response)
+        self.metrics.observe_request(
+            _OP_NAMES[request.op], time.perf_counter() - started, response.status is Status.OK
+        )
+
+    def _finish(self, connection: BookieServerProtocol, size: int) -> None:
+        self.inflight_requests -= 1
+        self.inflight_bytes -= size
+        connection.request_finished(size)
+        if self.memory_paused and self.inflight_bytes <= self.limits.max_memory_bytes * 3 // 4:
+            paused, self.memory_paused = self.memory_paused, set()
+            for waiting in paused:
+                waiting.resume_after_memory()
+
+    def _check_shard(self, ledger_id: int) -> None:
+        if ledger_id % self.shard_count != self.shard_index:
+            self.metrics.requests_rejected.labels(reason="wrong_shard").inc()
+            raise WrongShardError(
+                f"ledger {ledger_id} belongs to shard {ledger_id % self.shard_count} of "
+                f"{self.config.bookie_id}, not shard {self.shard_index}"
+            )
+
+    def _lac_of(self, ledger_id: int) -> int:
+        try:
+            return self.storage.last_add_confirmed(ledger_id)
+        except NoSuchLedgerError:
+            return -1
+
+    async def _fence(self, ledger_id: int, master_key: bytes | None) -> None:
+        if master_key is None:
+            raise UnauthorizedError(f"ledger {ledger_id}: a fencing read needs the master key")
+        await self.storage.fence(ledger_id, master_key)
+        if self.lac_waiters:
+            self.lac_waiters.wake_ledger(ledger_id, self._lac_of(ledger_id))
+
+    # --- operations --------------------------------------------------------------------------
+
+    async def _add_entry(self, request: AddEntryRequest) -> Response:
+        ledger_id = request.ledger_id
+        self._check_shard(ledger_id)
+        recovery = bool(request.flags & Flag.RECOVERY_ADD)
+        if not recovery and self.read_only:
+            self.metrics.requests_rejected.labels(reason="read_only").inc()
+            raise ReadOnlyBookieError(f"{self.config.bookie_id} shard {self.shard_index}")
+        payload = request.payload
+        digest = entry_digest(ledger_id, request.entry_id, request.lac, request.length, payload)
+        if digest != request.digest:
+            self.metrics.requests_rejected.labels(reason="bad_digest").inc()
+            raise BadDigestError(
+                f"ledger {ledger_id}: entry {request.entry_id} digest {request.digest:#010x} "
+                f"does not match its bytes ({digest:#010x})"
+            )
+        entry = StoredEntry(
+            ledger_id, request.entry_id, request.lac, request.length, request.digest, payload
+        )
+        await self.storage.add_entry(entry, request.master_key, recovery=recovery)
+        self.metrics.add_entry_bytes.inc(len(payload))
+        if self.lac_waiters:
+            self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+        return AddEntryResponse(request.request_id, Status.OK, ledger_id, request.entry_id)
+
+    async def _read_entry(self, request: ReadEntryRequest) -> Response:
+        ledger_id = request.ledger_id
+        self._check_shard(ledger_id)
+        if request.flags & Flag.FENCE:
+            await self._fence(ledger_id, request.master_key)
+        try:
+            stored = await self.storage.read_entry(ledger_id, request.entry_id)
+        except NoSuchEntryError:
+            return ReadEntryResponse(
+                request.request_id,
+                Status.NO_SUCH_ENTRY,
+                ledger_id,
+                request.entry_id,
+                self._lac_of(ledger_id),
+                None,
+            )
+        self.metrics.read_entry_bytes.inc(len(stored.payload))
+        wire = WireEntry(stored.entry_id, stored.lac, stored.length, stored.digest, stored.payload)
+        return ReadEntryResponse(
+            request.request_id, Status.OK, ledger_id, stored.entry_id, self._lac_of(ledger_id), wire
+        )
+
+    async def _read_range(self, request: ReadRangeRequest) -> Response:
+        ledger_id = request.ledger_id
+        self._check_shard(ledger_id)
+        if request.flags & Flag.FENCE:
+            await self._fence(ledger_id, request.master_key)
+        max_count = min(request.max_count, self.limits.max_read_range_count)
+        max_bytes = min(request.max_bytes, self.limits.max_read_range_bytes)
+        stored = await self.storage.read_range(
+            ledger_id, request.first_entry_id, max_count, max_bytes
+        )
+        entries = tuple(WireEntry(e.entry_id, e.lac, e.length, e.digest, e.payload) for e in stored)
+        self.metrics.read_entry_bytes.inc(sum(len(e.payload) for e in entries))
+        status = Status.OK if entries or max_count == 0 else Status.NO_SUCH_ENTRY
+        return ReadRangeResponse(
+            request.request_id, status, ledger_id, self._lac_of(ledger_id), entries
+        )
+
+    async def _read_lac(self, request: ReadLacRequest) -> Response:
+        ledger_id = request.ledger_id
+        self._check_shard(ledger_id)
+        if request.flags & Flag.FENCE:
+            await self._fence(ledger_id, request.master_key)
+        long_poll = bool(request.flags & Flag.LONG_POLL)
+        if not long_poll and self.storage.ledger_state(ledger_id) is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not on {self.config.bookie_id}")
+        lac = self._lac_of(ledger_id)
+        if long_poll and lac <= request.previous_lac and not self.stopping:
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self.lac_waiters.add(ledger_id, request.previous_lac, future)
+            try:
+                async with asyncio.timeout(request.timeout_ms / 1000):
+                    await future
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # Our task was cancelled, not
+                    raise  # just the waiter (which wake_all cancels at shutdown).
+            finally:
+                self.lac_waiters.remove(ledger_id, future)
+            lac = self._lac_of(ledger_id)
+        state = self.storage.ledger_state(ledger_id)
+        last_entry_id = state.last_entry_id if state is not None else -1
+        return ReadLacResponse(request.request_id, Status.OK, ledger_id, lac, last_entry_id)
+
+    async def _write_lac(self, request: WriteLacRequest) -> Response:
+        ledger_id = request.ledger_id
+        self._check_shard(ledger_id)
+        await self.storage.write_lac(ledger_id, request.master_key, request.lac)
+        if self.lac_waiters:
+            self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+        return WriteLacResponse(request.request_id, Status.OK, ledger_id)
+
+    async def _force(self, request: ForceRequest) -> Response:
+        self._check_shard(request.ledger_id)
+        await self.storage.force(request.ledger_id)
+        return ForceResponse(request.request_id, Status.OK, request.ledger_id)
+
+    async def _list_entries(self, request: ListEntriesRequest) -> Response:
+        self._check_shard(request.ledger_id)
+        ranges = await self.storage.list_entries(request.ledger_id)
+        return ListEntriesResponse(
+            request.request_id,
+            Status.OK,
+            request.ledger_id,
+            tuple(map(tuple, ranges)),  # type: ignore[arg-type]
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def drain(self, timeout_seconds: float) -> None:
+        """Stop reading, answer long polls, let in-flight requests finish (up to the timeout)."""
+        self.stopping = True
+        for connection in list(self.connections):
+            connection.stop_reading()
+        self.lac_waiters.wake_all()
+        pending = set(self.tasks)
+        if pending:
+            _, still_running = await asyncio.wait(pending, timeout=timeout_seconds)
+            if still_running:
+                self.log.warning("drain_timed_out", unfinished_requests=len(still_running))
+                for task in still_running:
+                    task.cancel()
+                await asyncio.wait(still_running, timeout=1.0)
+        for connection in list(self.connections):
+            connection.close_after_flush()
+        await asyncio.sleep(0)  # Let the flush callbacks run.
+
+    def sweep(self, now: float) -> None:
+        """Close connections past their HELLO, partial-frame or idle deadline."""
+        limits = self.limits
+        for connection in list(self.connections):
+            connection.check_deadlines(
+                now,
+                hello_timeout=limits.hello_timeout_seconds,
+                frame_timeout=limits.frame_read_timeout_seconds,
+                idle_timeout=limits.idle_timeout_seconds,
+            )
+
+
+def _read_injected_usage(path: str) -> float | None:
+    """The usage fraction written in the debug file, when configured and present."""
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        log.warning("debug_disk_usage_file_unreadable", path=path, error=str(error))
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        log.warning("debug_disk_usage_file_invalid", path=path, content=text[:40])
+        return None
+    return min(max(value, 0.0), 1.0)

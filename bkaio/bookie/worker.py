@@ -1,0 +1,289 @@
+"""A shard worker process: one uvloop event loop serving one shard of a bookie.
+
+    python -m bkaio.bookie.worker --config bookie.toml --shard 0 [--instance-id ID]
+
+Opens the shard's `ShardStorage` (cookies checked, journal replayed), listens on port + shard,
+serves requests (bkaio/bookie/server.py), checks disk usage periodically, and talks to the parent
+over the control channel (bkaio/bookie/control.py). SIGTERM/SIGINT or EOF from the parent: stop
+accepting, finish in-flight requests, close storage (which syncs), exit 0. Exit 2: it could not
+start (bad config, cookie mismatch, port in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+import structlog
+import uvloop
+
+from bkaio.config import BookieConfig, load_bookie_config
+from bkaio.errors import BKError
+from bkaio.journal import JournalConfig
+from bkaio.logs import configure_logging
+
+from .connection import BookieServerProtocol
+from .control import decode_message, encode_message
+from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
+from .server import ShardServer
+
+log = structlog.get_logger(__name__)
+
+EXIT_START_FAILED = 2
+
+
+class _ControlReader(asyncio.Protocol):
+    """Lines from the parent (stdin); EOF means the parent is gone."""
+
+    def __init__(self, on_message: Any, on_eof: Any) -> None:
+        self._buffer = bytearray()
+        self._on_message = on_message
+        self._on_eof = on_eof
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\n")) >= 0:
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            if line.strip():
+                self._on_message(decode_message(line))
+
+    def eof_received(self) -> bool | None:
+        self._on_eof()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_eof()
+
+
+class ShardWorker:
+    def __init__(self, config: BookieConfig, shard_index: int, instance_id: str) -> None:
+        self.config = config
+        self.shard_index = shard_index
+        self.instance_id = instance_id
+        self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
+        self.stop_requested = asyncio.Event()
+        self.metrics = ShardMetrics()
+        self._journals: list[Any] = []
+        self._control: asyncio.WriteTransport | None = None
+        self.server: ShardServer | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._control is not None and not self._control.is_closing():
+            self._control.write(encode_message(message))
+
+    async def _open_journal(self, journal_config: JournalConfig, directory: Path) -> Any:
+        from bkaio.entrylog.shard_storage import open_journal
+
+        journal = await open_journal(journal_config, directory)
+        self._journals.append(journal)
+        return journal
+
+    def _journal_stats(self) -> list[Any]:
+        return [j.metrics for j in self._journals if getattr(j, "metrics", None) is not None]
+
+    async def run(self, control_fd: int) -> int:
+        from bkaio.entrylog.shard_storage import ShardStorage
+
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stop_requested.set)
+        self._control, _ = await loop.connect_write_pipe(
+            asyncio.Protocol, os.fdopen(control_fd, "wb", buffering=0)
+        )
+        await loop.connect_read_pipe(
+            lambda: _ControlReader(self._on_control, self.stop_requested.set), sys.stdin
+        )
+        self.metrics.registry.register(JournalStatsCollector(self._journal_stats))
+        config = self.config
+        try:
+            storage = await ShardStorage.open(
+                config.storage[self.shard_index],
+                bookie_id=config.bookie_id,
+                shard_index=self.shard_index,
+                shard_count=config.shard_count,
+                instance_id=self.instance_id,
+                journal_factory=self._open_journal,
+            )
+        except BKError as error:
+            self.log.error("shard_storage_open_failed", error=str(error))
+            self.send({"event": "failed", "error": str(error)})
+            return EXIT_START_FAILED
+        server = ShardServer(
+            config,
+            self.shard_index,
+            storage,
+            self.metrics,
+            on_read_only_change=lambda ro: self.send({"event": "read_only", "read_only": ro}),
+        )
+        self.server = server
+        await self._check_disks()
+        port = config.shard_port(self.shard_index)
+        try:
+            listener = await loop.create_server(
+                lambda: BookieServerProtocol(server),
+                config.host,
+                port,
+                reuse_address=True,
+                backlog=1024,
+            )
+        except OSError as error:
+            self.log.error("listen_failed", host=config.host, port=port, error=str(error))
+            self.send({"event": "failed", "error": f"cannot listen on {port}: {error}"})
+            await storage.close()
+            return EXIT_START_FAILED
+        self.log.info(
+            "shard_listening",
+            port=port,
+            ledgers=len(storage.ledger_ids()),
+            read_only=server.read_only,
+            cookie_instance_id=storage.cookie.instance_id,
+        )
+        self.send(
+            {
+                "event": "ready",
+                "port": port,
+                "read_only": server.read_only,
+                "instance_id": storage.cookie.instance_id,
+            }
+        )
+        background = [
+            loop.create_task(self._sweep_loop(server)),
+            loop.create_task(self._disk_loop()),
+        ]
+        await self.stop_requested.wait()
+        self.log.info("shard_stopping", connections=len(server.connections))
+        listener.close()
+        await server.drain(config.server.drain_timeout_seconds)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await storage.close()
+        self.log.info("shard_stopped")
+        self.send({"event": "stopped"})
+        return 0
+
+    async def _sweep_loop(self, server: ShardServer) -> None:
+        limits = self.config.server
+        shortest = min(
+            limits.hello_timeout_seconds,
+            limits.frame_read_timeout_seconds,
+            limits.idle_timeout_seconds,
+        )
+        interval = min(1.0, shortest / 4)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            server.sweep(loop.time())
+
+    async def _check_disks(self) -> None:
+        server = self.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        try:
+            highest = await loop.run_in_executor(None, server.measure_disk_usage)
+        except OSError as error:
+            self.log.warning("disk_check_failed", error=str(error))
+            return
+        server.apply_disk_usage(highest)
+
+    async def _disk_loop(self) -> None:
+        interval = self.config.read_only.disk_check_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            await self._check_disks()
+
+    def _on_control(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        request_id = message.get("id")
+        server = self.server
+        if method == "stop":
+            self.stop_requested.set()
+            return
+        result: dict[str, Any]
+        if server is None:
+            result = {"error": "shard not started"}
+        elif method == "metrics":
+            registries: list[Any] = [self.metrics.registry, _BkaioOnly(prometheus_client.REGISTRY)]
+            result = {"families": snapshot_registry(registries)}
+        elif method == "info":
+            result = self._info(server)
+        elif method == "set_forced_read_only":
+            server.set_read_only(forced=bool(message.get("value")))
+            result = self._info(server)
+        elif method == "check_disks":
+            asyncio.get_running_loop().create_task(self._check_disks())
+            result = {}
+        else:
+            result = {"error": f"unknown method {method!r}"}
+        if request_id is not None:
+            self.send({"reply": request_id, "result": result})
+
+    def _info(self, server: ShardServer) -> dict[str, Any]:
+        usages = server.storage.disk_usage()
+        return {
+            "shard_index": self.shard_index,
+            "port": self.config.shard_port(self.shard_index),
+            "read_only": server.read_only,
+            "forced_read_only": server.forced_read_only,
+            "disk_full": server.disk_full,
+            "connections": len(server.connections),
+            "inflight_requests": server.inflight_requests,
+            "disks": [
+                {
+                    "path": str(u.path),
+                    "kind": u.kind,
+                    "total_bytes": u.total_bytes,
+                    "used_bytes": u.used_bytes,
+                    "fraction": round(u.fraction, 6),
+                }
+                for u in usages
+            ],
+        }
+
+
+class _BkaioOnly:
+    """The bkaio_* families of a registry (the default one also holds process_* and gc_*)."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Any:
+        return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bkaio.bookie.worker")
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--shard", type=int, required=True)
+    parser.add_argument("--instance-id", default="")
+    args = parser.parse_args(argv)
+    # The control channel gets a private copy of stdout; fd 1 now goes to stderr, so a stray
+    # print cannot corrupt it.
+    control_fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        config = load_bookie_config(args.config)
+    except BKError as error:
+        print(f"bookie shard {args.shard}: {error}", file=sys.stderr)
+        return EXIT_START_FAILED
+    configure_logging(json=config.log.json, level=config.log.level)
+    if not 0 <= args.shard < config.shard_count:
+        log.error("bad_shard_index", shard=args.shard, shard_count=config.shard_count)
+        return EXIT_START_FAILED
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    worker = ShardWorker(config, args.shard, args.instance_id)
+    with contextlib.suppress(KeyboardInterrupt):
+        return uvloop.run(worker.run(control_fd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

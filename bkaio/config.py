@@ -1,0 +1,449 @@
+"""The bookie's configuration: the ONE place that reads TOML and `BKAIO_*` environment overrides.
+
+    [bookie]     identity and address: bookie_id, host, port, advertised_host, shards, rack
+    [metadata]   uri, registration_ttl_seconds
+    [server]     connection limits and deadlines
+    [admin]      admin HTTP (host, port, token)
+    [read_only]  disk thresholds, disk check interval, an injectable usage figure for tests
+    [storage]    journal_dirs, ledger_dirs, index_dirs and the other `StorageConfig` knobs
+    [journal]    the `JournalConfig` knobs except its directory
+    [log]        level, json
+
+Every key may be overridden by `BKAIO_<SECTION>_<KEY>` (upper case), e.g. `BKAIO_BOOKIE_PORT=3181`
+or `BKAIO_STORAGE_LEDGER_DIRS=/d1,/d2`. An unknown key, in the file or in a `BKAIO_<SECTION>_`
+variable of a known section, is a `ConfigError` naming it. Each component gets its own frozen
+branch: a shard worker gets `config.storage[shard_index]`, a `StorageConfig` whose journal, ledger
+and index directories are that shard's own subdirectories (`<dir>/shard-<i>`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bkaio.entrylog.config import StorageConfig
+from bkaio.errors import ConfigError
+from bkaio.journal import JournalConfig
+
+ENV_PREFIX = "BKAIO_"
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieSection:
+    bookie_id: str = ""  # Empty: derived as "<advertised_host>:<port>".
+    host: str = "0.0.0.0"  # Listening address of every shard.
+    port: int = 3181  # Shard i listens on port + i.
+    advertised_host: str = ""  # Empty: host, or this machine's name when host is a wildcard.
+    shards: int = 0  # 0: one shard per CPU core.
+    rack: str = "/default-rack"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port <= 65535:
+            raise ConfigError(f"bookie.port={self.port} must be in [1, 65535]")
+        if not 0 <= self.shards <= 1024:
+            raise ConfigError(f"bookie.shards={self.shards} must be in [0, 1024] (0 = CPU count)")
+        if not self.rack.startswith("/"):
+            raise ConfigError(f"bookie.rack={self.rack!r} must start with '/' (e.g. /dc1/rack1)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetadataSection:
+    uri: str = "etcd://127.0.0.1:2379/bkaio"
+    registration_ttl_seconds: float = 10.0  # Lease TTL: a dead bookie vanishes after this.
+
+    def __post_init__(self) -> None:
+        if "://" not in self.uri:
+            raise ConfigError(f"metadata.uri={self.uri!r} must be etcd://... or sqlite:///...")
+        if not 1.0 <= self.registration_ttl_seconds <= 3600.0:
+            raise ConfigError(
+                f"metadata.registration_ttl_seconds={self.registration_ttl_seconds} "
+                "must be in [1, 3600]"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    max_frame_bytes: int = 8 * 1024 * 1024  # One 8 MiB entry plus envelope.
+    max_inflight_per_connection: int = 10_000  # Past this, the connection stops being read.
+    max_connections: int = 4096  # Per shard; more are closed at once.
+    max_memory_bytes: int = (
+        512 * 1024 * 1024
+    )  # Per shard: request bytes in flight, all connections.
+    hello_timeout_seconds: float = 10.0  # A connection must send HELLO within this.
+    frame_read_timeout_seconds: float = 30.0  # A started frame must complete within this.
+    idle_timeout_seconds: float = 600.0  # A connection with nothing in flight is closed after this.
+    max_long_poll_waiters: int = 10_000  # Per shard; more long polls get TOO_MANY_REQUESTS.
+    max_read_range_count: int = 10_000  # READ_RANGE answers at most this many entries.
+    max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
+    drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.
+    auth_token: str = ""  # Non-empty: HELLO must carry this token.
+
+    def __post_init__(self) -> None:
+        positive_ints = (
+            "max_frame_bytes",
+            "max_inflight_per_connection",
+            "max_connections",
+            "max_memory_bytes",
+            "max_long_poll_waiters",
+            "max_read_range_count",
+            "max_read_range_bytes",
+        )
+        for name in positive_ints:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
+        positive_floats = (
+            "hello_timeout_seconds",
+            "frame_read_timeout_seconds",
+            "idle_timeout_seconds",
+            "drain_timeout_seconds",
+        )
+        for name in positive_floats:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
+        if self.max_memory_bytes < self.max_frame_bytes:
+            raise ConfigError(
+                f"server.max_memory_bytes={self.max_memory_bytes} must be >= "
+                f"server.max_frame_bytes={self.max_frame_bytes} (one frame must fit)"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminConfig:
+    enabled: bool = True
+    host: str = "127.0.0.1"  # Loopback by default: the admin API is not for the open network.
+    port: int = 8180  # 0: any free port (tests).
+    token: str = ""  # Bearer token for PUT endpoints; empty disables them.
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"admin.port={self.port} must be in [0, 65535]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadOnlyConfig:
+    disk_check_interval_seconds: float = 10.0
+    disk_warn_fraction: float = 0.90
+    disk_read_only_fraction: float = 0.95  # Any disk above this: the shard turns read-only.
+    disk_writable_fraction: float = 0.90  # Back to writable once every disk is below this.
+    start_read_only: bool = False
+    # Tests and drills: a file holding one number in [0, 1] that replaces the measured usage
+    # fraction of every disk while it exists.
+    debug_disk_usage_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.disk_check_interval_seconds <= 0:
+            raise ConfigError(
+                f"read_only.disk_check_interval_seconds={self.disk_check_interval_seconds} "
+                "must be > 0"
+            )
+        if not (
+            0.0 < self.disk_writable_fraction <= self.disk_read_only_fraction <= 1.0
+            and 0.0 < self.disk_warn_fraction <= self.disk_read_only_fraction
+        ):
+            raise ConfigError(
+                f"read_only fractions must satisfy 0 < disk_writable_fraction "
+                f"({self.disk_writable_fraction}) <= disk_read_only_fraction "
+                f"({self.disk_read_only_fraction}) <= 1 and 0 < disk_warn_fraction "
+                f"({self.disk_warn_fraction}) <= disk_read_only_fraction"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageDirs:
+    """Where the shards' data lives; each shard uses `<dir>/shard-<i>` of each directory."""
+
+    journal_dirs: tuple[Path, ...] = (Path("/var/lib/bkaio/journal"),)
+    ledger_dirs: tuple[Path, ...] = (Path("/var/lib/bkaio/ledgers"),)
+    index_dirs: tuple[Path, ...] = ()  # Empty: "index" next to each ledger dir's shard dir.
+
+    def __post_init__(self) -> None:
+        if not self.journal_dirs:
+            raise ConfigError("storage.journal_dirs is empty: at least one directory is needed")
+        if not self.ledger_dirs:
+            raise ConfigError("storage.ledger_dirs is empty: at least one directory is needed")
+        for name in ("journal_dirs", "ledger_dirs", "index_dirs"):
+            for directory in getattr(self, name):
+                if not directory.is_absolute():
+                    raise ConfigError(f"storage.{name} entry {str(directory)!r} must be absolute")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogConfig:
+    level: str = "info"
+    json: bool = True
+
+    def __post_init__(self) -> None:
+        if self.level.lower() not in {"debug", "info", "warning", "error", "critical"}:
+            raise ConfigError(f"log.level={self.level!r} must be debug|info|warning|error|critical")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieConfig:
+    bookie_id: str  # Resolved: never empty.
+    host: str
+    port: int
+    advertised_host: str  # Resolved: never empty.
+    shard_count: int  # Resolved: never 0.
+    rack: str
+    metadata: MetadataSection
+    server: ServerConfig
+    admin: AdminConfig
+    read_only: ReadOnlyConfig
+    storage: tuple[StorageConfig, ...]  # One per shard, in shard order.
+    log: LogConfig
+    source: Path | None = field(default=None, compare=False)  # The TOML file it came from.
+
+    def __post_init__(self) -> None:
+        assert self.bookie_id and self.advertised_host and self.shard_count > 0, self
+        assert len(self.storage) == self.shard_count, (len(self.storage), self.shard_count)
+        if self.port + self.shard_count - 1 > 65535:
+            raise ConfigError(
+                f"bookie.port={self.port} with {self.shard_count} shards needs ports up to "
+                f"{self.port + self.shard_count - 1}, above 65535"
+            )
+
+    def shard_port(self, shard_index: int) -> int:
+        assert 0 <= shard_index < self.shard_count, (shard_index, self.shard_count)
+        return self.port + shard_index
+
+    def shard_of(self, ledger_id: int) -> int:
+        """The shard that owns `ledger_id`."""
+        return ledger_id % self.shard_count
+
+
+# The TOML sections that map 1:1 onto a dataclass (the journal and storage ones are merged).
+_SECTIONS: dict[str, type[Any]] = {
+    "bookie": BookieSection,
+    "metadata": MetadataSection,
+    "server": ServerConfig,
+    "admin": AdminConfig,
+    "read_only": ReadOnlyConfig,
+    "log": LogConfig,
+}
+# Keys of StorageConfig/JournalConfig the bookie sets itself (directories, disk thresholds).
+_STORAGE_OWN_KEYS = frozenset(
+    {"journal", "ledger_dirs", "index_dirs", "disk_warn_fraction", "disk_read_only_fraction"}
+)
+_JOURNAL_DIR_KEYS = frozenset({"directory", "directories", "journal_dir", "journal_dirs"})
+
+
+def _settable_fields(cls: type[Any], excluded: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Field name -> resolved type hint of the init fields of dataclass `cls`."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init and f.name not in excluded
+    }
+
+
+def _all_sections() -> dict[str, dict[str, Any]]:
+    sections = {name: _settable_fields(cls) for name, cls in _SECTIONS.items()}
+    storage = _settable_fields(StorageDirs)
+    storage.update(_settable_fields(StorageConfig, _STORAGE_OWN_KEYS))
+    sections["storage"] = storage
+    sections["journal"] = _settable_fields(JournalConfig, _JOURNAL_DIR_KEYS)
+    return sections
+
+
+def _coerce(where: str, hint: Any, value: Any, *, from_env: bool) -> Any:
+    """`value` (a TOML value, or an environment string) as type `hint`, or a ConfigError."""
+    origin = typing.get_origin(hint)
+    if origin is types.UnionType or origin is typing.Union:
+        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if from_env and value.strip().lower() in {"", "none"}:
+            return None
+        assert len(options) == 1, hint
+        return _coerce(where, options[0], value, from_env=from_env)
+    if origin is tuple:
+        (item_hint, ellipsis) = typing.get_args(hint)
+        assert ellipsis is Ellipsis, hint
+        if from_env:
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        elif isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}={value!r} must be a list")
+        return tuple(
+            _coerce(f"{where}[{i}]", item_hint, item, from_env=False)
+            for i, item in enumerate(value)
+        )
+    if hint is bool:
+        if from_env:
+            lowered = value.strip().lower()
+            if lowered in {"1", "true", "yes", "on"}:
+                return True
+            if lowered in {"0", "false", "no", "off"}:
+                return False
+        elif isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}={value!r} must be a boolean (true/false)")
+    if hint is int:
+        if from_env:
+            try:
+                return int(value.strip().replace("_", ""), 0)
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}={value!r} must be an integer")
+    if hint is float:
+        if from_env:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}={value!r} must be a number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}={value!r} must be a string")
+    if hint is Path:
+        if isinstance(value, str) and value:
+            return Path(value).expanduser()
+        raise ConfigError(f"{where}={value!r} must be a non-empty path string")
+    raise AssertionError(f"{where}: no coercion for type {hint!r}")
+
+
+def _merge_sources(
+    data: Mapping[str, Any], env: Mapping[str, str], origin: str
+) -> dict[str, dict[str, Any]]:
+    """Every section's typed values: the file's, then the environment's over them."""
+    sections = _all_sections()
+    merged: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    for section_name, table in data.items():
+        if section_name not in sections:
+            raise ConfigError(
+                f"{origin}: unknown section [{section_name}]; known: {', '.join(sorted(sections))}"
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: {section_name} must be a table ([{section_name}])")
+        hints = sections[section_name]
+        for key, value in table.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{origin}: unknown key {section_name}.{key}; known keys of "
+                    f"[{section_name}]: {', '.join(sorted(hints))}"
+                )
+            where = f"{origin}: {section_name}.{key}"
+            merged[section_name][key] = _coerce(where, hints[key], value, from_env=False)
+    # Longest section name first, so BKAIO_READ_ONLY_X is never read as section "read".
+    by_length = sorted(sections, key=len, reverse=True)
+    for variable, value in env.items():
+        if not variable.startswith(ENV_PREFIX):
+            continue
+        rest = variable[len(ENV_PREFIX) :].lower()
+        for section_name in by_length:
+            if rest.startswith(section_name + "_"):
+                key = rest[len(section_name) + 1 :]
+                hints = sections[section_name]
+                if key not in hints:
+                    raise ConfigError(
+                        f"environment: {variable} names unknown key {section_name}.{key}; known "
+                        f"keys of [{section_name}]: {', '.join(sorted(hints))}"
+                    )
+                where = f"environment {variable}"
+                merged[section_name][key] = _coerce(where, hints[key], value, from_env=True)
+                break
+    return merged
+
+
+def _shard_storage(
+    dirs: StorageDirs,
+    storage_options: Mapping[str, Any],
+    journal_options: Mapping[str, Any],
+    read_only: ReadOnlyConfig,
+    shard_index: int,
+) -> StorageConfig:
+    shard_dir = f"shard-{shard_index}"
+    journal_dir = dirs.journal_dirs[shard_index % len(dirs.journal_dirs)] / shard_dir
+    ledger_dirs = tuple(d / shard_dir for d in dirs.ledger_dirs)
+    if dirs.index_dirs:
+        index_dirs = tuple(d / shard_dir for d in dirs.index_dirs)
+    else:
+        index_dirs = tuple(d / shard_dir / "index" for d in dirs.ledger_dirs)
+        ledger_dirs = tuple(d / "entrylog" for d in ledger_dirs)
+    journal = JournalConfig(**_journal_dir_kwargs(journal_dir), **journal_options)
+    return StorageConfig(
+        journal=journal,
+        ledger_dirs=ledger_dirs,
+        index_dirs=index_dirs,
+        disk_warn_fraction=read_only.disk_warn_fraction,
+        disk_read_only_fraction=read_only.disk_read_only_fraction,
+        **storage_options,
+    )
+
+
+def _journal_dir_kwargs(journal_dir: Path) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(JournalConfig)}
+    if "directory" in names:
+        return {"directory": journal_dir}
+    assert "directories" in names, names
+    return {"directories": (journal_dir,)}
+
+
+def build_bookie_config(
+    data: Mapping[str, Any], env: Mapping[str, str] = os.environ, *, source: Path | None = None
+) -> BookieConfig:
+    """A validated `BookieConfig` from parsed TOML `data` and environment overrides."""
+    origin = str(source) if source is not None else "config"
+    merged = _merge_sources(data, env, origin)
+    try:
+        bookie = BookieSection(**merged["bookie"])
+        metadata = MetadataSection(**merged["metadata"])
+        server = ServerConfig(**merged["server"])
+        admin = AdminConfig(**merged["admin"])
+        read_only = ReadOnlyConfig(**merged["read_only"])
+        log = LogConfig(**merged["log"])
+        dir_keys = set(_settable_fields(StorageDirs))
+        dirs = StorageDirs(**{k: v for k, v in merged["storage"].items() if k in dir_keys})
+        storage_options = {k: v for k, v in merged["storage"].items() if k not in dir_keys}
+        shard_count = bookie.shards or os.cpu_count() or 1
+        storage = tuple(
+            _shard_storage(dirs, storage_options, merged["journal"], read_only, shard_index)
+            for shard_index in range(shard_count)
+        )
+        advertised_host = bookie.advertised_host or (
+            socket.getfqdn() if bookie.host in _WILDCARD_HOSTS else bookie.host
+        )
+        return BookieConfig(
+            bookie_id=bookie.bookie_id or f"{advertised_host}:{bookie.port}",
+            host=bookie.host,
+            port=bookie.port,
+            advertised_host=advertised_host,
+            shard_count=shard_count,
+            rack=bookie.rack,
+            metadata=metadata,
+            server=server,
+            admin=admin,
+            read_only=read_only,
+            storage=storage,
+            log=log,
+            source=source,
+        )
+    except ConfigError as error:
+        raise ConfigError(f"{origin}: {error}") from error
+
+
+def load_bookie_config(path: Path | str, env: Mapping[str, str] = os.environ) -> BookieConfig:
+    """Read the TOML file at `path`, apply `BKAIO_<SECTION>_<KEY>` overrides, validate."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError as error:
+        raise ConfigError(f"bookie config {path} does not exist") from error
+    except OSError as error:
+        raise ConfigError(f"bookie config {path} cannot be read: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"bookie config {path} is not valid TOML: {error}") from error
+    return build_bookie_config(data, env, source=path)

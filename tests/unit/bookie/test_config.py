@@ -1,0 +1,91 @@
+"""bkaio.config: TOML plus BKAIO_<SECTION>_<KEY> overrides into one frozen, validated tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bkaio.config import build_bookie_config, load_bookie_config
+from bkaio.errors import ConfigError
+
+MINIMAL = {
+    "bookie": {"host": "127.0.0.1", "port": 4000, "shards": 2},
+    "storage": {"journal_dirs": ["/j"], "ledger_dirs": ["/d1", "/d2"]},
+}
+
+
+def test_each_shard_gets_its_own_directories() -> None:
+    config = build_bookie_config(MINIMAL, env={})
+    assert config.bookie_id == "127.0.0.1:4000" and config.shard_count == 2
+    assert [config.shard_port(i) for i in range(2)] == [4000, 4001]
+    assert config.shard_of(7) == 1
+    second = config.storage[1]
+    assert second.journal.directories == (Path("/j/shard-1"),)
+    assert second.ledger_dirs == (Path("/d1/shard-1/entrylog"), Path("/d2/shard-1/entrylog"))
+    assert second.index_dirs == (Path("/d1/shard-1/index"), Path("/d2/shard-1/index"))
+
+
+def test_environment_overrides_the_file() -> None:
+    env = {
+        "BKAIO_BOOKIE_PORT": "5000",
+        "BKAIO_READ_ONLY_DISK_READ_ONLY_FRACTION": "0.8",
+        "BKAIO_READ_ONLY_DISK_WRITABLE_FRACTION": "0.7",
+        "BKAIO_READ_ONLY_DISK_WARN_FRACTION": "0.7",
+        "BKAIO_STORAGE_LEDGER_DIRS": "/x,/y",
+        "BKAIO_JOURNAL_SYNC": "false",
+        "BKAIO_ADMIN_ENABLED": "no",
+        "BKAIO_METADATA": "etcd://elsewhere",  # Not a section key: another tool's variable.
+        "BKAIO_SEED": "7",
+    }
+    config = build_bookie_config(MINIMAL, env=env)
+    assert config.port == 5000 and config.bookie_id == "127.0.0.1:5000"
+    assert config.read_only.disk_read_only_fraction == 0.8
+    assert config.storage[0].disk_read_only_fraction == 0.8
+    assert config.storage[0].ledger_dirs[0] == Path("/x/shard-0/entrylog")
+    assert config.storage[0].journal.sync is False
+    assert config.admin.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("data", "env", "message"),
+    [
+        ({"bookie": {"prot": 1}}, {}, "unknown key bookie.prot"),
+        ({"bokie": {}}, {}, "unknown section [bokie]"),
+        (
+            {"server": {"max_frame_bytes": "big"}},
+            {},
+            "server.max_frame_bytes='big' must be an integer",
+        ),
+        ({"admin": {"enabled": 1}}, {}, "must be a boolean"),
+        (
+            {},
+            {"BKAIO_SERVER_MAX_FRAMES": "3"},
+            "BKAIO_SERVER_MAX_FRAMES names unknown key server.max_frames",
+        ),
+        ({}, {"BKAIO_BOOKIE_PORT": "x"}, "environment BKAIO_BOOKIE_PORT='x' must be an integer"),
+        ({"bookie": {"port": 70000}}, {}, "bookie.port=70000"),
+        ({"journal": {"max_group_bytes": 0}}, {}, "journal.max_group_bytes=0"),
+        ({"storage": {"ledger_dirs": ["relative"]}}, {}, "must be absolute"),
+        ({"read_only": {"disk_writable_fraction": 0.99}}, {}, "disk_writable_fraction"),
+        ({"journal": {"directories": ["/x"]}}, {}, "unknown key journal.directories"),
+    ],
+)
+def test_bad_input_is_a_config_error_naming_the_key(
+    data: dict[str, dict[str, object]], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        build_bookie_config({**MINIMAL, **data} if "storage" not in data else data, env=env)
+
+
+def test_load_reports_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_bookie_config(tmp_path / "nope.toml", env={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[bookie\nport = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_bookie_config(broken, env={})
+    good = tmp_path / "good.toml"
+    good.write_text('[bookie]\nport = 3999\nhost = "127.0.0.1"\nshards = 1\n')
+    config = load_bookie_config(good, env={})
+    assert config.source == good and config.bookie_id == "127.0.0.1:3999"

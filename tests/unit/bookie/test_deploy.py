@@ -1,0 +1,113 @@
+"""The shipped deploy files: the example config loads, the dashboard queries real metrics, the
+systemd unit parses."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bkaio.bookie.metrics import (
+    AggregatingCollector,
+    JournalStatsCollector,
+    ShardMetrics,
+    exported_metric_names,
+    merge_snapshots,
+    snapshot_registry,
+)
+from bkaio.config import load_bookie_config
+from bkaio.journal import JournalStats
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+# PromQL words that look like metric names but are functions, keywords or label names.
+_PROMQL_WORDS = {
+    "histogram_quantile", "sum", "by", "le", "rate", "max", "count", "or", "vector", "and",
+    "on", "op", "success", "job", "instance", "reason", "label_values", "without",
+}  # fmt: skip
+
+
+def _bookie_registry() -> CollectorRegistry:
+    """The parent's registry as it is when the shards report (what /metrics renders)."""
+    shard = ShardMetrics()
+    shard.registry.register(JournalStatsCollector(lambda: [JournalStats()]))
+    shard.bind_gauges(
+        connections=lambda: 0,
+        inflight_requests=lambda: 0,
+        inflight_bytes=lambda: 0,
+        long_poll_waiters=lambda: 0,
+        read_only=lambda: 0,
+        disk_usage_fraction_max=lambda: 0,
+    )
+    aggregate = AggregatingCollector()
+    aggregate.snapshots[0] = snapshot_registry([shard.registry])
+    registry = CollectorRegistry()
+    registry.register(aggregate)
+    from prometheus_client import Gauge
+
+    Gauge("bkaio_bookie_registered", "registered", registry=registry).set(1)
+    return registry
+
+
+def test_example_config_loads() -> None:
+    config = load_bookie_config(DEPLOY / "bookie.toml", env={})
+    assert config.port == 3181 and config.admin.host == "127.0.0.1"
+    assert config.storage[0].journal.directories == (Path("/var/lib/bkaio/journal/shard-0"),)
+
+
+def test_dashboard_queries_only_metrics_the_bookie_exports() -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "bkaio-bookie.json").read_text())
+    exported = exported_metric_names([_bookie_registry()])
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    expressions += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert expressions
+    for expression in expressions:
+        stripped = re.sub(r'"[^"]*"', '""', expression)  # Label values are not names.
+        stripped = re.sub(r"\[[^\]]*\]", "", stripped)  # Nor range selectors.
+        names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", stripped)) - _PROMQL_WORDS
+        unknown = {n for n in names if not n.replace(".", "").isdigit()} - exported
+        assert not unknown, f"{expression!r} uses metrics the bookie does not export: {unknown}"
+
+
+def test_shard_snapshots_are_summed() -> None:
+    first, second = ShardMetrics(), ShardMetrics()
+    first.observe_request("add_entry", 0.001, True)
+    second.observe_request("add_entry", 0.002, True)
+    second.observe_request("add_entry", 0.003, True)
+    merged = merge_snapshots(
+        [snapshot_registry([first.registry]), snapshot_registry([second.registry])]
+    )
+    family = next(m for m in merged if m.name == "bkaio_bookie_request_seconds")
+    counts = {
+        s.labels["success"]: s.value
+        for s in family.samples
+        if s.name.endswith("_count") and s.labels["op"] == "add_entry"
+    }
+    assert counts == {"true": 3.0, "false": 0.0}
+    buckets = [
+        s
+        for s in family.samples
+        if s.name.endswith("_bucket")
+        and s.labels["op"] == "add_entry"
+        and s.labels["success"] == "true"
+    ]
+    assert [float(s.labels["le"]) for s in buckets] == sorted(
+        float(s.labels["le"]) for s in buckets
+    )
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_unit_verifies() -> None:
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(DEPLOY / "systemd" / "bkaio-bookie.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # systemd-analyze exits 0 on unknown keys and bad values; it only prints them.
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
