@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal clean etcd venv
+.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie clean etcd venv
 
 venv: $(STAMP)
 
@@ -58,6 +58,9 @@ bench-codec: venv
 
 bench-journal: venv
 	$(PY) benchmarks/journal_bench.py
+
+bench-bookie: venv
+	$(PY) benchmarks/bookie_bench.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/results

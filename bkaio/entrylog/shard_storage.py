@@ -1,0 +1,1054 @@
+"""`ShardStorage`: the storage engine of one bookie shard (docs/internal-apis.md, docs/storage.md).
+
+Owns the journal of the shard, the write cache, the entry logs and LMDB indexes of every disk,
+per-ledger state (master key, fenced, LAC), checkpoints, compaction, cookies and disk usage.
+Must not import `protocol` or `meta`.
+
+Add path: check key/fencing/conflict -> reserve write-cache room -> journal the record -> once
+the journal says durable, put it in the write cache and advance the ledger's LAC. A flush
+(periodic, or when the cache is half full) swaps the cache, appends to entry logs, fsyncs them,
+commits the index, writes `lastMark` and lets the journal drop older files. Every blocking call
+runs on the storage thread (writes, one at a time) or the reader pool; the journal has its own
+writer thread, so storage fsyncs never share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from bkaio.entrylog.checkpoint import AppliedMarks, read_last_mark, write_last_mark
+from bkaio.entrylog.config import StorageConfig
+from bkaio.entrylog.cookie import Cookie, expected_cookie, verify_or_stamp
+from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory, encode_record
+from bkaio.entrylog.index import LedgerIndex
+from bkaio.entrylog.types import CompactionReport, DiskUsage, LedgerState, StoredEntry
+from bkaio.entrylog.write_cache import WriteCache, cached_bytes
+from bkaio.errors import (
+    BKError,
+    BookieIOError,
+    EntryConflictError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+from bkaio.journal.config import JournalConfig
+from bkaio.journal.journal import Journal
+from bkaio.journal.records import (
+    EntryRecord,
+    FenceRecord,
+    JournalMark,
+    JournalRecord,
+    LacRecord,
+    MasterKeyRecord,
+)
+from bkaio.journal.replay import ReplayResult
+
+__all__ = [
+    "CompactionReport",
+    "DiskUsage",
+    "JournalLike",
+    "LedgerState",
+    "ShardStorage",
+    "StorageConfig",
+    "StorageStats",
+    "StoredEntry",
+]
+
+log = structlog.get_logger(__name__)
+
+UsageFunction = Callable[[Path], tuple[int, int, int]]  # shutil.disk_usage: total, used, free.
+
+
+class JournalLike(Protocol):
+    """The part of `bkaio.journal.Journal` storage uses (a Fake* in unit tests)."""
+
+    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]: ...
+
+    async def wait_for_room(self) -> None: ...
+
+    def replay(self, after: JournalMark | None) -> ReplayResult: ...
+
+    async def delete_files_before(self, mark: JournalMark) -> object: ...
+
+    async def close(self) -> None: ...
+
+
+JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
+
+
+async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
+    """The real journal of one directory (ledgers go to journal `ledger_id % directories`)."""
+    return await Journal.open(config, sync_function=os.fdatasync, directory=directory)
+
+
+SLOW_FLUSH_SECONDS = 1.0  # A flush this slow holds adds back behind a full cache: say so.
+
+
+@dataclass(slots=True)
+class StorageStats:
+    """Counters of one shard's storage, updated on the loop thread (exported by the bookie)."""
+
+    flushes: int = 0
+    entries_flushed: int = 0
+    bytes_flushed: int = 0
+    flush_seconds_total: float = 0.0
+    max_flush_seconds: float = 0.0
+    checkpoints_written: int = 0
+    cache_full_waits: int = 0  # Adds that had to wait for a flush.
+    cache_full_rejections: int = 0  # Adds refused with TooManyRequestsError.
+    replayed_records: int = 0
+    compactions: int = 0
+    compaction_entries_moved: int = 0
+    compaction_bytes_freed: int = 0
+    ledgers_deleted: int = 0
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """Mutable per-ledger state, event loop only. `LedgerState` is its frozen snapshot."""
+
+    ledger_id: int
+    master_key: bytes
+    fenced: bool = False
+    lac: int = -1
+    explicit_lac: int = -1
+    last_entry_id: int = -1
+    fence_durable: asyncio.Future[JournalMark] | None = None
+
+    def snapshot(self) -> LedgerState:
+        return LedgerState(
+            ledger_id=self.ledger_id,
+            fenced=self.fenced,
+            master_key=self.master_key,
+            lac=self.lac,
+            explicit_lac=self.explicit_lac,
+            last_entry_id=self.last_entry_id,
+        )
+
+    @classmethod
+    def from_state(cls, state: LedgerState) -> _Ledger:
+        return cls(
+            ledger_id=state.ledger_id,
+            master_key=state.master_key,
+            fenced=state.fenced,
+            lac=state.lac,
+            explicit_lac=state.explicit_lac,
+            last_entry_id=state.last_entry_id,
+        )
+
+
+class ShardStorage:
+    def __init__(
+        self,
+        config: StorageConfig,
+        journals: list[JournalLike],
+        cookie: Cookie,
+        logs: list[EntryLogDirectory],
+        indexes: list[LedgerIndex],
+        states: dict[int, LedgerState],
+        usage_function: UsageFunction,
+        storage_thread: ThreadPoolExecutor,
+        reader_pool: ThreadPoolExecutor,
+    ) -> None:
+        self.config = config
+        self.cookie = cookie
+        self._journals = journals
+        self._logs = logs
+        self._indexes = indexes
+        self._usage_function = usage_function
+        self._storage_thread = storage_thread  # Flush, compaction, deletes: one at a time.
+        self._reader_pool = reader_pool
+        self._loop = asyncio.get_running_loop()
+        self._ledgers = {i: _Ledger.from_state(s) for i, s in states.items()}
+        self._dirty: set[int] = set()  # Ledgers whose state changed since the last flush.
+        self._active = WriteCache()
+        self._flushing = WriteCache()
+        self._reserved_bytes = 0  # Room promised to adds that are in the journal.
+        self._cache_freed = asyncio.Event()
+        self._flush_requested = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
+        self._written_marks: list[JournalMark | None] = [None] * len(journals)
+        self._pending: dict[tuple[int, int], tuple[StoredEntry, asyncio.Future[JournalMark]]] = {}
+        self._lac_waiters: dict[int, list[asyncio.Future[int]]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+        self.stats = StorageStats()
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        config: StorageConfig,
+        *,
+        bookie_id: str,
+        shard_index: int,
+        shard_count: int,
+        instance_id: str = "",
+        journal_factory: JournalFactory = open_journal,
+        usage_function: UsageFunction = shutil.disk_usage,
+    ) -> ShardStorage:
+        """Check cookies, open indexes and entry logs, replay the journal, checkpoint."""
+        loop = asyncio.get_running_loop()
+        storage_thread = ThreadPoolExecutor(1, thread_name_prefix="bkaio-storage")
+        reader_pool = ThreadPoolExecutor(4, thread_name_prefix="bkaio-storage-read")
+        try:
+            cookie, logs, indexes, states, marks = await loop.run_in_executor(
+                storage_thread,
+                _open_disks,
+                config,
+                expected_cookie(
+                    bookie_id=bookie_id,
+                    shard_index=shard_index,
+                    shard_count=shard_count,
+                    journal_dirs=config.journal.directories,
+                    ledger_dirs=config.ledger_dirs,
+                    index_dirs=config.index_dirs,
+                    instance_id=instance_id,
+                ),
+            )
+        except BaseException:
+            storage_thread.shutdown()
+            reader_pool.shutdown()
+            raise
+        journals: list[JournalLike] = []
+        try:
+            for directory in config.journal.directories:
+                journals.append(await journal_factory(config.journal, directory))
+        except BaseException:
+            for journal in journals:
+                await journal.close()
+            await loop.run_in_executor(storage_thread, _close_disks, logs, indexes)
+            storage_thread.shutdown()
+            reader_pool.shutdown()
+            raise
+        storage = cls(
+            config,
+            journals,
+            cookie,
+            logs,
+            indexes,
+            states,
+            usage_function,
+            storage_thread,
+            reader_pool,
+        )
+        storage._written_marks = list(marks)
+        try:
+            for journal_index, mark in enumerate(marks):
+                await storage._replay(journal_index, mark)
+            await storage.checkpoint()
+        except BaseException:
+            await storage.close()
+            raise
+        storage._flusher = asyncio.create_task(storage._flush_loop(), name="bkaio-storage-flush")
+        return storage
+
+    async def _replay(self, journal_index: int, mark: JournalMark | None) -> None:
+        journal = self._journals[journal_index]
+        result = await self._loop.run_in_executor(self._reader_pool, journal.replay, mark)
+        for corruption in result.corruption:
+            log.error(
+                "journal_corruption",
+                file=str(corruption.file),
+                offset=corruption.offset,
+                reason=corruption.reason,
+            )
+        if result.corruption:
+            first = result.corruption[0]
+            raise BookieIOError(
+                f"journal {first.file} is corrupt at offset {first.offset} ({first.reason}) "
+                "with valid records after it: acknowledged data may be damaged; refusing to start"
+            )
+        if result.torn_tail is not None:
+            tail = result.torn_tail
+            log.warning(
+                "journal_torn_tail", file=str(tail.file), offset=tail.offset, reason=tail.reason
+            )
+        for tail in result.earlier_torn_tails:
+            log.info("journal_earlier_torn_tail", file=str(tail.file), offset=tail.offset)
+        counts = {"entries": 0, "keys": 0, "fences": 0, "lacs": 0}
+        for _mark, record in result.records:
+            self._apply_record(record, counts)
+        self.stats.replayed_records += len(result.records)
+        self._marks[journal_index].advance(result.end_mark)
+        log.info(
+            "journal_replayed",
+            journal=journal_index,
+            after=None if mark is None else f"{mark.file_id}:{mark.offset}",
+            end=f"{result.end_mark.file_id}:{result.end_mark.offset}",
+            **counts,
+        )
+
+    def _apply_record(self, record: JournalRecord, counts: dict[str, int]) -> None:
+        if isinstance(record, EntryRecord):
+            entry = StoredEntry(
+                record.ledger_id,
+                record.entry_id,
+                record.lac,
+                record.length,
+                record.digest,
+                record.payload,
+            )
+            ledger = self._ledgers.get(entry.ledger_id)
+            if ledger is None:  # Its key record precedes the checkpoint; state lost: skip.
+                log.warning("replay_entry_without_ledger", ledger_id=entry.ledger_id)
+                return
+            self._apply_entry(entry)
+            counts["entries"] += 1
+        elif isinstance(record, MasterKeyRecord):
+            if record.ledger_id not in self._ledgers:
+                self._ledgers[record.ledger_id] = _Ledger(record.ledger_id, record.master_key)
+                self._dirty.add(record.ledger_id)
+            counts["keys"] += 1
+        elif isinstance(record, FenceRecord):
+            ledger = self._ledgers.get(record.ledger_id)
+            if ledger is not None:
+                ledger.fenced = True
+                self._dirty.add(record.ledger_id)
+            counts["fences"] += 1
+        elif isinstance(record, LacRecord):
+            self._apply_lac(record.ledger_id, record.lac)
+            counts["lacs"] += 1
+
+    async def close(self, *, checkpoint: bool = True) -> None:
+        """Flush and checkpoint, close the journal and every file. Idempotent.
+
+        `checkpoint=False` skips the final flush (a fast stop: the next open replays the
+        journal), which is also how tests imitate a crash after the journal acknowledged."""
+        if self._closed:
+            return
+        if self._flusher is not None:
+            async with self._flush_lock:  # Never cancel a flush halfway.
+                self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        try:
+            if self._pending:
+                await asyncio.wait([future for _entry, future in self._pending.values()])
+            if checkpoint:
+                with contextlib.suppress(BKError, OSError):
+                    await self.checkpoint()
+        finally:
+            self._closed = True
+            for waiters in self._lac_waiters.values():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.cancel()
+            self._lac_waiters.clear()
+            try:
+                for journal in self._journals:
+                    with contextlib.suppress(BKError):
+                        await journal.close()
+            finally:
+                await self._loop.run_in_executor(
+                    self._storage_thread, _close_disks, self._logs, self._indexes
+                )
+                self._storage_thread.shutdown()
+                self._reader_pool.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BookieIOError("ledger storage is closed")
+
+    # -- adds, fencing, LAC ----------------------------------------------------------------
+
+    async def add_entry(
+        self, entry: StoredEntry, master_key: bytes, *, recovery: bool = False
+    ) -> None:
+        """Durable (journal fdatasync'ed) when it returns."""
+        self._check_open()
+        _check_ids(entry.ledger_id, entry.entry_id)
+        existing = self._check_add(entry, master_key, recovery)
+        if existing is None:
+            ledger = self._ledgers.get(entry.ledger_id)
+            if ledger is not None and entry.entry_id <= ledger.last_entry_id:
+                existing = await self._read_indexed(entry.ledger_id, entry.entry_id)
+        if existing is not None:
+            await self._accept_duplicate(entry, existing)
+            return
+        size = cached_bytes(entry)
+        await self._reserve(size, entry)
+        future: asyncio.Future[JournalMark] | None = None
+        try:
+            await self._journal_of(entry.ledger_id).wait_for_room()
+            # No await between these checks and the journal append: they see one state.
+            existing = self._check_add(entry, master_key, recovery)
+            if existing is None:
+                future = self._journal_entry(entry, master_key, size)
+        finally:
+            if future is None:  # Not journaled: give the cache room back.
+                self._reserved_bytes -= size
+                self._cache_freed.set()
+        if future is None:
+            assert existing is not None
+            await self._accept_duplicate(entry, existing)
+            return
+        await asyncio.shield(future)
+
+    def _check_add(
+        self, entry: StoredEntry, master_key: bytes, recovery: bool
+    ) -> StoredEntry | None:
+        ledger = self._ledgers.get(entry.ledger_id)
+        if ledger is not None:
+            if ledger.master_key != master_key:
+                raise UnauthorizedError(
+                    f"ledger {entry.ledger_id}: add of entry {entry.entry_id} with a master key "
+                    "that differs from the one recorded at creation"
+                )
+            if ledger.fenced and not recovery:
+                raise LedgerFencedError(
+                    f"ledger {entry.ledger_id} is fenced: entry {entry.entry_id} refused "
+                    "(only recovery adds are accepted)"
+                )
+        pending = self._pending.get((entry.ledger_id, entry.entry_id))
+        if pending is not None:
+            return pending[0]
+        return self._cached(entry.ledger_id, entry.entry_id)
+
+    async def _accept_duplicate(self, entry: StoredEntry, existing: StoredEntry) -> None:
+        if not entry.same_content(existing):
+            raise EntryConflictError(
+                f"ledger {entry.ledger_id}: entry {entry.entry_id} is already stored with "
+                f"digest {existing.digest:#010x}, {len(existing.payload)} bytes; the add carries "
+                f"digest {entry.digest:#010x}, {len(entry.payload)} bytes"
+            )
+        pending = self._pending.get((entry.ledger_id, entry.entry_id))
+        if pending is not None:  # Identical add in flight: durable when that one is.
+            await asyncio.shield(pending[1])
+
+    def _journal_entry(
+        self, entry: StoredEntry, master_key: bytes, size: int
+    ) -> asyncio.Future[JournalMark]:
+        if entry.ledger_id not in self._ledgers:
+            self._create_ledger(entry.ledger_id, master_key)
+        record = EntryRecord(
+            entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
+        )
+        key = (entry.ledger_id, entry.entry_id)
+
+        def applied(done: asyncio.Future[JournalMark]) -> bool:
+            self._pending.pop(key, None)
+            self._reserved_bytes -= size
+            if done.cancelled() or done.exception() is not None:
+                self._cache_freed.set()
+                return False
+            self._apply_entry(entry)
+            return True
+
+        future = self._append_record(entry.ledger_id, record, applied)
+        self._pending[key] = (entry, future)
+        return future
+
+    def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
+        """First sight of a ledger: its key is journaled before anything else of it."""
+        ledger = _Ledger(ledger_id, master_key)
+        self._append_record(ledger_id, MasterKeyRecord(ledger_id, master_key))
+        self._ledgers[ledger_id] = ledger
+        self._dirty.add(ledger_id)
+        return ledger
+
+    def _append_record(
+        self,
+        ledger_id: int,
+        record: JournalRecord,
+        apply: Callable[[asyncio.Future[JournalMark]], bool] | None = None,
+    ) -> asyncio.Future[JournalMark]:
+        """Journal a record; `apply` runs once it is durable (or failed), in journal order.
+
+        Records whose effect is applied in memory before they are durable (keys, fences,
+        LACs) pass no `apply`: their mark counts as applied once durable."""
+        journal_index = ledger_id % len(self._journals)
+        marks = self._marks[journal_index]
+        slot = marks.begin()
+        try:
+            future = self._journals[journal_index].append(record)
+        except BaseException:
+            marks.finish(slot, None)
+            raise
+
+        def durable(done: asyncio.Future[JournalMark]) -> None:
+            ok = not done.cancelled() and done.exception() is None
+            if apply is not None:
+                ok = apply(done) and ok
+            marks.finish(slot, done.result() if ok else None)
+
+        future.add_done_callback(durable)
+        return future
+
+    def _journal_of(self, ledger_id: int) -> JournalLike:
+        return self._journals[ledger_id % len(self._journals)]
+
+    def _apply_entry(self, entry: StoredEntry) -> None:
+        ledger = self._ledgers.get(entry.ledger_id)
+        if ledger is None:  # Deleted while the add was in the journal: nothing to keep it for.
+            return
+        self._active.put(entry)
+        self._dirty.add(entry.ledger_id)
+        if entry.entry_id > ledger.last_entry_id:
+            ledger.last_entry_id = entry.entry_id
+        self._raise_lac(ledger, entry.lac)
+        if self._active.bytes >= self.config.write_cache_bytes // 2:
+            self._flush_requested.set()
+
+    def _apply_lac(self, ledger_id: int, lac: int) -> None:
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            return
+        ledger.explicit_lac = max(ledger.explicit_lac, lac)
+        self._dirty.add(ledger_id)
+        self._raise_lac(ledger, lac)
+
+    def _raise_lac(self, ledger: _Ledger, lac: int) -> None:
+        if lac <= ledger.lac:
+            return
+        ledger.lac = lac
+        self._wake_lac_waiters(ledger.ledger_id, lac)
+
+    async def _reserve(self, size: int, entry: StoredEntry) -> None:
+        """Wait for write-cache room, at most `write_cache_max_wait_seconds`."""
+        limit = self.config.write_cache_bytes
+        if self._active.bytes + self._flushing.bytes + self._reserved_bytes + size <= limit:
+            self._reserved_bytes += size  # The common case: no timer, no wait.
+            return
+        self.stats.cache_full_waits += 1
+        try:
+            async with asyncio.timeout(self.config.write_cache_max_wait_seconds):
+                while (
+                    self._active.bytes + self._flushing.bytes + self._reserved_bytes + size > limit
+                    and (self._active.bytes + self._flushing.bytes + self._reserved_bytes) > 0
+                ):
+                    self._flush_requested.set()
+                    self._cache_freed.clear()
+                    await self._cache_freed.wait()
+        except TimeoutError:
+            self.stats.cache_full_rejections += 1
+            raise TooManyRequestsError(
+                f"ledger {entry.ledger_id}: entry {entry.entry_id} waited "
+                f"{self.config.write_cache_max_wait_seconds}s for room in the "
+                f"{limit}-byte write cache; flushes are falling behind"
+            ) from None
+        self._reserved_bytes += size
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence the ledger (creating it if unknown); durable when it returns. Idempotent."""
+        self._check_open()
+        _check_ids(ledger_id, 0)
+        await self._journal_of(ledger_id).wait_for_room()
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            ledger = self._create_ledger(ledger_id, master_key)
+        elif ledger.master_key != master_key:
+            raise UnauthorizedError(
+                f"ledger {ledger_id}: fence with a master key that differs from the recorded one"
+            )
+        # Adds that passed the fencing check before now must be applied before we answer, so
+        # that a recovery reading after the fence sees them.
+        earlier = [f for (lid, _e), (_x, f) in self._pending.items() if lid == ledger_id]
+        if not ledger.fenced:
+            ledger.fenced = True
+            self._dirty.add(ledger_id)
+            ledger.fence_durable = self._append_record(ledger_id, FenceRecord(ledger_id))
+            self._wake_lac_waiters(ledger_id, ledger.lac)
+        if ledger.fence_durable is not None:
+            await asyncio.shield(ledger.fence_durable)
+        if earlier:
+            await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
+
+    async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
+        """Store an explicit LAC (WRITE_LAC); durable when it returns."""
+        self._check_open()
+        _check_ids(ledger_id, 0)
+        await self._journal_of(ledger_id).wait_for_room()
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            ledger = self._create_ledger(ledger_id, master_key)
+        elif ledger.master_key != master_key:
+            raise UnauthorizedError(
+                f"ledger {ledger_id}: write_lac with a master key that differs from the "
+                "recorded one"
+            )
+        self._apply_lac(ledger_id, lac)
+        await asyncio.shield(self._append_record(ledger_id, LacRecord(ledger_id, lac)))
+
+    async def force(self, ledger_id: int) -> None:
+        """Everything added to the ledger before this call is durable when it returns."""
+        self._check_open()
+        earlier = [f for (lid, _e), (_x, f) in self._pending.items() if lid == ledger_id]
+        if earlier:
+            await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
+
+    # -- LAC watchers (long poll) ----------------------------------------------------------
+
+    def watch_lac(self, ledger_id: int, previous_lac: int) -> asyncio.Future[int]:
+        """A future resolved with the ledger's LAC once it exceeds `previous_lac` (at once if it
+        already does). Fencing and deletion resolve it with the current LAC so pollers return.
+        The caller cancels it on timeout; a cancelled waiter is simply dropped."""
+        self._check_open()
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored on this bookie shard")
+        waiter: asyncio.Future[int] = self._loop.create_future()
+        if ledger.lac > previous_lac or ledger.fenced:
+            waiter.set_result(ledger.lac)
+            return waiter
+        self._lac_waiters.setdefault(ledger_id, []).append(waiter)
+        return waiter
+
+    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_seconds: float) -> int:
+        """The LAC once it exceeds `previous_lac`, or the current LAC after the timeout."""
+        waiter = self.watch_lac(ledger_id, previous_lac)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                return await waiter
+        except TimeoutError:
+            return self.last_add_confirmed(ledger_id)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            waiters = self._lac_waiters.get(ledger_id)
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
+
+    def _wake_lac_waiters(self, ledger_id: int, lac: int) -> None:
+        waiters = self._lac_waiters.pop(ledger_id, None)
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(lac)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def ledger_state(self, ledger_id: int) -> LedgerState | None:
+        ledger = self._ledgers.get(ledger_id)
+        return None if ledger is None else ledger.snapshot()
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        return self._ledger(ledger_id).lac
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    def _ledger(self, ledger_id: int) -> _Ledger:
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored on this bookie shard")
+        return ledger
+
+    def _cached(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
+        entry = self._active.get(ledger_id, entry_id)
+        return entry if entry is not None else self._flushing.get(ledger_id, entry_id)
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
+        """The stored entry; entry_id -1 is the last one stored."""
+        self._check_open()
+        ledger = self._ledger(ledger_id)
+        if entry_id == -1:
+            entry_id = ledger.last_entry_id
+            if entry_id < 0:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entries on this bookie shard")
+        elif entry_id < 0:
+            raise NoSuchEntryError(f"ledger {ledger_id}: entry id {entry_id} is invalid")
+        entry = self._cached(ledger_id, entry_id)
+        if entry is None:
+            entry = await self._read_indexed(ledger_id, entry_id)
+        if entry is None:
+            raise NoSuchEntryError(
+                f"ledger {ledger_id}: entry {entry_id} is not stored on this bookie shard "
+                f"(last entry {ledger.last_entry_id})"
+            )
+        return entry
+
+    async def _read_indexed(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
+        run = await self._loop.run_in_executor(
+            self._reader_pool, self._read_run_blocking, ledger_id, entry_id, 1, 1
+        )
+        return run[0] if run else None
+
+    def _read_run_blocking(
+        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredEntry]:
+        """Consecutive indexed entries from `first_entry_id` (reader pool)."""
+        disk = self.config.disk_of(ledger_id)
+        index = self._indexes[disk]
+        entries: list[StoredEntry] = []
+        total_bytes = 0
+        for location in index.get_run(ledger_id, first_entry_id, max_count):
+            entry_id = first_entry_id + len(entries)
+            entry = self._read_location_blocking(ledger_id, entry_id, location)
+            if entry is None:
+                break
+            total_bytes += len(entry.payload)
+            if entries and total_bytes > max_bytes:
+                break
+            entries.append(entry)
+        return entries
+
+    def _read_location_blocking(
+        self, ledger_id: int, entry_id: int, location: EntryLocation | None
+    ) -> StoredEntry | None:
+        disk = self.config.disk_of(ledger_id)
+        for _attempt in range(3):  # Compaction may move the entry between lookup and read.
+            if location is None:
+                return None
+            entry = self._logs[disk].read(location)
+            if entry is not None:
+                if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
+                    raise BookieIOError(
+                        f"{self._logs[disk].directory}: location {location} of ledger "
+                        f"{ledger_id} entry {entry_id} holds ledger {entry.ledger_id} entry "
+                        f"{entry.entry_id}: index and entry log disagree"
+                    )
+                return entry
+            location = self._indexes[disk].get(ledger_id, entry_id)
+        raise BookieIOError(f"ledger {ledger_id}: entry {entry_id} keeps moving under compaction")
+
+    async def read_range(
+        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredEntry]:
+        """Consecutive entries from `first_entry_id`, stopping at the first missing entry, at
+        `max_count`, or before going over `max_bytes` (the first entry is always returned).
+        NoSuchEntryError when `first_entry_id` itself is missing."""
+        self._check_open()
+        self._ledger(ledger_id)
+        entries: list[StoredEntry] = []
+        total_bytes = 0
+        next_id = first_entry_id
+        while len(entries) < max_count:
+            cached = self._cached(ledger_id, next_id)
+            if cached is not None:
+                batch = [cached]
+            else:
+                batch = await self._loop.run_in_executor(
+                    self._reader_pool,
+                    self._read_run_blocking,
+                    ledger_id,
+                    next_id,
+                    max_count - len(entries),
+                    max(max_bytes - total_bytes, 1),
+                )
+                if not batch:
+                    break
+            for entry in batch:
+                if entries and total_bytes + len(entry.payload) > max_bytes:
+                    return entries
+                entries.append(entry)
+                total_bytes += len(entry.payload)
+            next_id += len(batch)
+        if not entries and max_count > 0:
+            raise NoSuchEntryError(
+                f"ledger {ledger_id}: entry {first_entry_id} is not stored on this bookie shard"
+            )
+        return entries
+
+    async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
+        """The entries of the ledger stored here, as ascending inclusive ranges."""
+        self._check_open()
+        self._ledger(ledger_id)
+        disk = self.config.disk_of(ledger_id)
+        indexed = await self._loop.run_in_executor(
+            self._reader_pool, self._indexes[disk].entry_ids, ledger_id
+        )
+        ids = set(indexed)
+        ids.update(self._active.entry_ids(ledger_id))
+        ids.update(self._flushing.entry_ids(ledger_id))
+        return _ranges(sorted(ids))
+
+    # -- flush, checkpoint, delete, compaction --------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.flush_interval_seconds):
+                    await self._flush_requested.wait()
+            self._flush_requested.clear()
+            try:
+                await self.checkpoint()
+            except BKError as error:
+                log.error("storage_flush_failed", error=str(error))
+
+    async def checkpoint(self) -> None:
+        """Flush the write cache to entry logs and indexes, then record the journal mark."""
+        self._check_open()
+        async with self._flush_lock:
+            await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> None:
+        assert self._flush_lock.locked()
+        marks = [applied.applied for applied in self._marks]
+        flushing, self._active = self._active, WriteCache()
+        self._flushing = flushing
+        states = [self._ledgers[i].snapshot() for i in self._dirty if i in self._ledgers]
+        dirty, self._dirty = self._dirty, set()
+        write_mark = marks != self._written_marks
+        started = self._loop.time()
+        try:
+            if len(flushing) or states or write_mark:
+                await self._loop.run_in_executor(
+                    self._storage_thread,
+                    self._flush_blocking,
+                    flushing,
+                    states,
+                    marks if write_mark else None,
+                )
+        except BaseException:
+            for entry in flushing:  # Keep them readable and flush them next time.
+                if self._active.get(entry.ledger_id, entry.entry_id) is None:
+                    self._active.put(entry)
+            self._dirty |= dirty
+            raise
+        finally:
+            self._flushing = WriteCache()
+            self._cache_freed.set()
+        self._count_flush(flushing, self._loop.time() - started, write_mark)
+        if write_mark:
+            self._written_marks = marks
+            for journal, mark in zip(self._journals, marks, strict=True):
+                if mark is not None:
+                    await journal.delete_files_before(mark)
+
+    def _count_flush(self, flushing: WriteCache, seconds: float, wrote_mark: bool) -> None:
+        stats = self.stats
+        stats.flushes += 1
+        stats.entries_flushed += len(flushing)
+        stats.bytes_flushed += flushing.bytes
+        stats.flush_seconds_total += seconds
+        stats.max_flush_seconds = max(stats.max_flush_seconds, seconds)
+        stats.checkpoints_written += 1 if wrote_mark else 0
+        if seconds >= SLOW_FLUSH_SECONDS:
+            log.warning(
+                "storage_flush_slow",
+                flush_ms=round(seconds * 1000, 2),
+                entries=len(flushing),
+                cache_bytes=flushing.bytes,
+            )
+
+    def _flush_blocking(
+        self,
+        flushing: WriteCache,
+        states: list[LedgerState],
+        marks: list[JournalMark | None] | None,
+    ) -> None:
+        """Storage thread: entry logs, fsync, index commit, then lastMark everywhere."""
+        disk_count = self.config.disk_count
+        states_by_disk: list[list[LedgerState]] = [[] for _ in range(disk_count)]
+        for state in states:
+            states_by_disk[self.config.disk_of(state.ledger_id)].append(state)
+        for disk, entries in enumerate(flushing.sorted_by_disk(disk_count)):
+            if not entries and not states_by_disk[disk]:
+                continue
+            locations = self._logs[disk].append([encode_record(e) for e in entries])
+            self._logs[disk].sync()
+            self._indexes[disk].commit(
+                ((e.ledger_id, e.entry_id, loc) for e, loc in zip(entries, locations, strict=True)),
+                states_by_disk[disk],
+            )
+        if marks is not None:
+            for directory in self.config.ledger_dirs:
+                write_last_mark(directory, marks)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Drop the ledger's entries and state. Space returns at the next compaction."""
+        await self.delete_ledgers([ledger_id])
+
+    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> list[int]:
+        """Drop several ledgers with one checkpoint (GC); returns those that existed."""
+        self._check_open()
+        async with self._flush_lock:
+            doomed = sorted({i for i in ledger_ids if i in self._ledgers})
+            if not doomed:
+                return []
+            # Checkpoint first, so that a restart does not replay the ledgers back to life.
+            await self._checkpoint_locked()
+            for ledger_id in doomed:
+                self._ledgers.pop(ledger_id, None)
+                self._dirty.discard(ledger_id)
+                self._active.remove_ledger(ledger_id)
+            removed = await self._loop.run_in_executor(
+                self._storage_thread, self._delete_blocking, doomed
+            )
+        for ledger_id in doomed:
+            self._wake_lac_waiters(ledger_id, -1)
+        self.stats.ledgers_deleted += len(doomed)
+        log.info("ledgers_deleted", ledger_ids=doomed, index_entries=removed)
+        return doomed
+
+    def _delete_blocking(self, ledger_ids: list[int]) -> int:
+        return sum(
+            self._indexes[self.config.disk_of(ledger_id)].delete_ledger(ledger_id)
+            for ledger_id in ledger_ids
+        )
+
+    async def compact(self) -> CompactionReport:
+        """Rewrite entry logs whose live fraction is below the threshold; delete empty ones."""
+        self._check_open()
+        async with self._flush_lock:
+            await self._checkpoint_locked()
+            reports = [
+                await self._loop.run_in_executor(self._storage_thread, self._compact_disk, disk)
+                for disk in range(self.config.disk_count)
+            ]
+        report = CompactionReport(
+            logs_examined=sum(r.logs_examined for r in reports),
+            logs_compacted=sum(r.logs_compacted for r in reports),
+            logs_deleted=sum(r.logs_deleted for r in reports),
+            entries_moved=sum(r.entries_moved for r in reports),
+            bytes_moved=sum(r.bytes_moved for r in reports),
+            bytes_freed=sum(r.bytes_freed for r in reports),
+        )
+        self.stats.compactions += 1
+        self.stats.compaction_entries_moved += report.entries_moved
+        self.stats.compaction_bytes_freed += report.bytes_freed
+        log.info("compaction_done", **dataclasses.asdict(report))
+        return report
+
+    def _compact_disk(self, disk: int) -> CompactionReport:
+        """Storage thread, flush lock held: copy live entries out of sparse logs, drop them."""
+        logs, index = self._logs[disk], self._indexes[disk]
+        live: dict[int, list[tuple[int, int, EntryLocation]]] = {}
+        for ledger_id, entry_id, location in index.all_locations():
+            live.setdefault(location.log_id, []).append((ledger_id, entry_id, location))
+        threshold = self.config.compaction_threshold
+
+        def sparse(log_id: int) -> bool:
+            total = logs.file_bytes(log_id)
+            live_bytes = sum(loc.size for _l, _e, loc in live.get(log_id, ()))
+            return total <= 0 or live_bytes < threshold * total
+
+        log_ids = logs.log_ids()
+        current = logs.current_log_id
+        if logs.file_bytes(current) > 0 and sparse(current):
+            logs.roll()  # The current log qualifies too: seal it so it can be rewritten.
+        victims = [i for i in log_ids if i != logs.current_log_id and sparse(i)]
+        moves: list[tuple[int, int, EntryLocation, EntryLocation]] = []
+        bytes_moved = 0
+        for log_id in victims:
+            survivors = live.get(log_id, [])
+            for start in range(0, len(survivors), 1000):  # Bounded memory per copy batch.
+                chunk = survivors[start : start + 1000]
+                records = []
+                for ledger_id, entry_id, location in chunk:
+                    entry = self._read_location_blocking(ledger_id, entry_id, location)
+                    assert entry is not None, (log_id, location)
+                    records.append(encode_record(entry))
+                new_locations = logs.append(records)
+                for (ledger_id, entry_id, old), new in zip(chunk, new_locations, strict=True):
+                    moves.append((ledger_id, entry_id, old, new))
+                bytes_moved += sum(len(r) for r in records)
+        logs.sync()
+        index.move_locations(moves)
+        bytes_freed = sum(logs.remove(log_id) for log_id in victims)
+        return CompactionReport(
+            logs_examined=len(log_ids),
+            logs_compacted=sum(1 for i in victims if live.get(i)),
+            logs_deleted=sum(1 for i in victims if not live.get(i)),
+            entries_moved=len(moves),
+            bytes_moved=bytes_moved,
+            bytes_freed=bytes_freed,
+        )
+
+    # -- disk usage ------------------------------------------------------------------------
+
+    def disk_usage(self) -> list[DiskUsage]:
+        """Usage of every journal, ledger and index directory against the thresholds."""
+        found: list[DiskUsage] = []
+        groups = (
+            ("journal", self.config.journal.directories),
+            ("ledger", self.config.ledger_dirs),
+            ("index", self.config.index_dirs),
+        )
+        for kind, directories in groups:
+            for directory in directories:
+                total, used, _free = self._usage_function(Path(directory))
+                fraction = used / total if total > 0 else 1.0
+                found.append(
+                    DiskUsage(
+                        path=Path(directory),
+                        kind=kind,
+                        total_bytes=total,
+                        used_bytes=used,
+                        fraction=fraction,
+                        over_warn=fraction >= self.config.disk_warn_fraction,
+                        over_read_only=fraction >= self.config.disk_read_only_fraction,
+                    )
+                )
+        return found
+
+    def is_over_read_only_threshold(self) -> bool:
+        """True when any directory is at or over `disk_read_only_fraction`."""
+        return any(usage.over_read_only for usage in self.disk_usage())
+
+    def is_over_warn_threshold(self) -> bool:
+        return any(usage.over_warn for usage in self.disk_usage())
+
+
+def _check_ids(ledger_id: int, entry_id: int) -> None:
+    if not 0 <= ledger_id < 1 << 63:
+        raise NoSuchLedgerError(f"ledger id {ledger_id} is outside [0, 2**63)")
+    if not 0 <= entry_id < 1 << 63:
+        raise NoSuchEntryError(f"ledger {ledger_id}: entry id {entry_id} is outside [0, 2**63)")
+
+
+def _ranges(ids: list[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for entry_id in ids:
+        if ranges and ranges[-1][1] == entry_id - 1:
+            ranges[-1] = (ranges[-1][0], entry_id)
+        else:
+            ranges.append((entry_id, entry_id))
+    return ranges
+
+
+def _open_disks(
+    config: StorageConfig, expected: Cookie
+) -> tuple[
+    Cookie,
+    list[EntryLogDirectory],
+    list[LedgerIndex],
+    dict[int, LedgerState],
+    list[JournalMark | None],
+]:
+    """Blocking: cookies, then each disk's entry logs and index, the ledger states, the mark."""
+    directories = [
+        Path(d) for d in (*config.journal.directories, *config.ledger_dirs, *config.index_dirs)
+    ]
+    cookie = verify_or_stamp(expected, directories)
+    logs: list[EntryLogDirectory] = []
+    indexes: list[LedgerIndex] = []
+    try:
+        for ledger_dir, index_dir in zip(config.ledger_dirs, config.index_dirs, strict=True):
+            entry_logs = EntryLogDirectory(Path(ledger_dir) / "logs", config.entry_log_max_bytes)
+            entry_logs.open()
+            logs.append(entry_logs)
+            indexes.append(LedgerIndex(Path(index_dir), config.index_map_bytes))
+        states: dict[int, LedgerState] = {}
+        for index in indexes:
+            states.update(index.states())
+        marks = read_last_mark(
+            [Path(d) for d in config.ledger_dirs], len(config.journal.directories)
+        )
+    except BaseException:
+        _close_disks(logs, indexes)
+        raise
+    return cookie, logs, indexes, states, marks
+
+
+def _close_disks(logs: list[EntryLogDirectory], indexes: list[LedgerIndex]) -> None:
+    for entry_logs in logs:
+        with contextlib.suppress(OSError, BKError):
+            entry_logs.close()
+    for index in indexes:
+        index.close()

@@ -1,0 +1,313 @@
+"""ShardStorage semantics over several tmp disks, with the real journal and LMDB."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import structlog
+
+from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.errors import (
+    EntryConflictError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+from bkaio.journal.files import SUFFIX
+from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
+
+LEDGERS = (3, 4, 5, 10)  # Spread over disks by ledger_id % disks.
+
+
+async def _fill(storage: ShardStorage, ledgers: tuple[int, ...], count: int) -> None:
+    await asyncio.gather(
+        *(storage.add_entry(make_entry(lid, e), KEY) for lid in ledgers for e in range(count))
+    )
+
+
+async def _check_all(storage: ShardStorage, ledgers: tuple[int, ...], count: int) -> None:
+    for ledger_id in ledgers:
+        for entry_id in range(count):
+            assert await storage.read_entry(ledger_id, entry_id) == make_entry(ledger_id, entry_id)
+
+
+@pytest.mark.parametrize("disks", [2, 3])
+async def test_entries_read_back_from_cache_and_after_flush(
+    open_storage: OpenStorage, tmp_path: Path, disks: int
+) -> None:
+    storage = await open_storage(make_config(tmp_path, disks=disks))
+    await _fill(storage, LEDGERS, 20)
+    await _check_all(storage, LEDGERS, 20)  # From the write cache.
+    await storage.checkpoint()
+    await _check_all(storage, LEDGERS, 20)  # From entry logs through the index.
+    for disk in range(disks):  # Every disk got its share, in its own directories.
+        assert list((tmp_path / f"ledgers{disk}" / "logs").glob("*.log"))
+        assert (tmp_path / f"index{disk}" / "index.lmdb").exists()
+        assert (tmp_path / f"ledgers{disk}" / "lastMark").exists()
+    assert storage.ledger_ids() == sorted(LEDGERS)
+
+
+async def test_read_last_entry_range_and_list(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    for entry_id in (*range(0, 5), *range(7, 10)):
+        await storage.add_entry(make_entry(1, entry_id), KEY)
+    await storage.checkpoint()
+    await storage.add_entry(make_entry(1, 10), KEY)  # This one stays in the cache.
+    assert (await storage.read_entry(1, -1)).entry_id == 10
+    assert await storage.list_entries(1) == [(0, 4), (7, 10)]
+    found = await storage.read_range(1, 0, 100, 1 << 20)
+    assert [e.entry_id for e in found] == [0, 1, 2, 3, 4]  # Stops at the first gap.
+    found = await storage.read_range(1, 7, 100, 1 << 20)
+    assert [e.entry_id for e in found] == [7, 8, 9, 10]  # Index, then write cache.
+    assert len(await storage.read_range(1, 0, 2, 1 << 20)) == 2
+    assert len(await storage.read_range(1, 0, 100, 250)) == 2  # 100-byte payloads.
+    assert len(await storage.read_range(1, 0, 100, 1)) == 1  # Always at least one.
+    with pytest.raises(NoSuchEntryError):
+        await storage.read_range(1, 5, 10, 1 << 20)
+
+
+async def test_missing_ledger_and_entry(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    with pytest.raises(NoSuchLedgerError):
+        await storage.read_entry(99, 0)
+    with pytest.raises(NoSuchLedgerError):
+        storage.last_add_confirmed(99)
+    with pytest.raises(NoSuchLedgerError):
+        await storage.list_entries(99)
+    assert storage.ledger_state(99) is None
+    await storage.fence(99, KEY)  # A fence creates the ledger, with no entries.
+    with pytest.raises(NoSuchEntryError):
+        await storage.read_entry(99, -1)
+    await storage.add_entry(make_entry(7, 0), KEY)
+    with pytest.raises(NoSuchEntryError, match="entry 1 is not stored"):
+        await storage.read_entry(7, 1)
+    await storage.checkpoint()
+    with pytest.raises(NoSuchEntryError):
+        await storage.read_entry(7, 1)
+
+
+async def test_master_key_and_fencing(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(2, 0), KEY)
+    with pytest.raises(UnauthorizedError):
+        await storage.add_entry(make_entry(2, 1), OTHER_KEY)
+    with pytest.raises(UnauthorizedError):
+        await storage.fence(2, OTHER_KEY)
+    with pytest.raises(UnauthorizedError):
+        await storage.write_lac(2, OTHER_KEY, 0)
+    await storage.fence(2, KEY)
+    await storage.fence(2, KEY)  # Idempotent.
+    with pytest.raises(LedgerFencedError):
+        await storage.add_entry(make_entry(2, 1), KEY)
+    await storage.add_entry(make_entry(2, 1), KEY, recovery=True)
+    state = storage.ledger_state(2)
+    assert state is not None and state.fenced and state.master_key == KEY
+    assert state.last_entry_id == 1
+
+
+async def test_conflicting_and_identical_re_adds(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(3, 0), KEY)
+    await storage.add_entry(make_entry(3, 0), KEY)  # Identical: fine.
+    with pytest.raises(EntryConflictError):
+        await storage.add_entry(make_entry(3, 0, payload=b"other"), KEY)
+    await storage.checkpoint()
+    await storage.add_entry(make_entry(3, 0), KEY, recovery=True)
+    with pytest.raises(EntryConflictError):
+        await storage.add_entry(make_entry(3, 0, payload=b"other"), KEY)
+    # Two concurrent adds of one id with different payloads: exactly one wins.
+    results = await asyncio.gather(
+        storage.add_entry(make_entry(3, 1), KEY),
+        storage.add_entry(make_entry(3, 1, payload=b"other"), KEY),
+        return_exceptions=True,
+    )
+    assert results[0] is None and isinstance(results[1], EntryConflictError)
+    assert await storage.read_entry(3, 1) == make_entry(3, 1)
+
+
+async def test_lac_piggyback_explicit_and_watchers(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(4, 0, lac=-1), KEY)
+    assert storage.last_add_confirmed(4) == -1
+    waiter = storage.watch_lac(4, -1)
+    assert not waiter.done()
+    await storage.add_entry(make_entry(4, 1, lac=0), KEY)
+    assert await waiter == 0
+    await storage.add_entry(make_entry(4, 2, lac=-1), KEY)  # LAC never goes back.
+    assert storage.last_add_confirmed(4) == 0
+    await storage.write_lac(4, KEY, 2)
+    assert storage.last_add_confirmed(4) == 2
+    assert await storage.wait_for_lac(4, 2, timeout_seconds=0.01) == 2  # Timed out: current.
+    poll = asyncio.ensure_future(storage.wait_for_lac(4, 2, timeout_seconds=30))
+    await asyncio.sleep(0)
+    await storage.fence(4, KEY)  # Fencing wakes long polls.
+    assert await poll == 2
+
+
+async def test_delete_ledger(open_storage: OpenStorage, tmp_path: Path) -> None:
+    storage = await open_storage()
+    await _fill(storage, (6, 8), 10)
+    await storage.checkpoint()
+    await storage.add_entry(make_entry(6, 10), KEY)  # One in the cache too.
+    await storage.delete_ledger(6)
+    await storage.delete_ledger(6)  # Idempotent.
+    with pytest.raises(NoSuchLedgerError):
+        await storage.read_entry(6, 0)
+    assert storage.ledger_ids() == [8]
+    await storage.close(checkpoint=False)
+    reopened = await open_storage()  # Replay must not bring it back.
+    assert reopened.ledger_ids() == [8]
+    await _check_all(reopened, (8,), 10)
+
+
+async def test_compaction_frees_space_and_keeps_live_entries(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, disks=2, entry_log_max_bytes=4096, compaction_threshold=0.9)
+    storage = await open_storage(config)
+    live, dead = (11, 13), (21, 23)  # All on disk 1, interleaved in the same entry logs.
+    for entry_id in range(40):
+        for ledger_id in (*live, *dead):
+            await storage.add_entry(make_entry(ledger_id, entry_id), KEY)
+        if entry_id % 10 == 9:
+            await storage.checkpoint()
+    logs_dir = tmp_path / "ledgers1" / "logs"
+    before = sum(p.stat().st_size for p in logs_dir.glob("*.log"))
+    files_before = {p.name for p in logs_dir.glob("*.log")}
+    for ledger_id in dead:
+        await storage.delete_ledger(ledger_id)
+    report = await storage.compact()
+    after = sum(p.stat().st_size for p in logs_dir.glob("*.log"))
+    assert report.logs_compacted > 0 and report.bytes_freed > 0
+    assert after < before * 0.65  # Half the entries were deleted.
+    assert files_before - {p.name for p in logs_dir.glob("*.log")}  # Old files are gone.
+    await _check_all(storage, live, 40)
+    await storage.close()
+    reopened = await open_storage(config)
+    await _check_all(reopened, live, 40)
+    assert await reopened.list_entries(11) == [(0, 39)]
+
+
+async def test_reopen_keeps_entries_fences_keys_and_lacs(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    storage = await open_storage()
+    await _fill(storage, LEDGERS, 5)
+    await storage.fence(3, KEY)
+    await storage.write_lac(4, KEY, 4)
+    await storage.close()
+    reopened = await open_storage()
+    await _check_all(reopened, LEDGERS, 5)
+    _assert_state_restored(reopened)
+
+
+@pytest.mark.parametrize("journals", [1, 2])
+async def test_replay_after_unclean_stop(
+    open_storage: OpenStorage, tmp_path: Path, journals: int
+) -> None:
+    """No final flush: everything comes back from the journal(s)."""
+    config = make_config(tmp_path, journals=journals)
+    storage = await open_storage(config)
+    await _fill(storage, LEDGERS, 3)
+    await storage.checkpoint()  # Part of it in entry logs, the rest only in the journal.
+    await _fill(storage, LEDGERS, 5)
+    await storage.fence(3, KEY)
+    await storage.write_lac(4, KEY, 4)
+    await storage.close(checkpoint=False)
+    reopened = await open_storage(config)
+    await _check_all(reopened, LEDGERS, 5)
+    _assert_state_restored(reopened)
+    # After replay a checkpoint ran: a second unclean stop loses nothing either.
+    await reopened.close(checkpoint=False)
+    again = await open_storage(config)
+    await _check_all(again, LEDGERS, 5)
+    _assert_state_restored(again)
+
+
+def _assert_state_restored(storage: ShardStorage) -> None:
+    fenced = storage.ledger_state(3)
+    assert fenced is not None and fenced.fenced and fenced.master_key == KEY
+    assert fenced.last_entry_id == 4
+    with_lac = storage.ledger_state(4)
+    assert with_lac is not None and with_lac.explicit_lac == 4 and with_lac.lac == 4
+    assert storage.last_add_confirmed(5) == 3  # Piggybacked LAC of entry 4.
+
+
+async def test_write_cache_full_refuses_after_the_wait(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, write_cache_bytes=1000, write_cache_max_wait_seconds=0.0)
+    storage = await open_storage(config)
+    await storage.add_entry(make_entry(1, 0, payload=b"x" * 700), KEY)
+    with pytest.raises(TooManyRequestsError, match="write cache"):
+        await storage.add_entry(make_entry(1, 1, payload=b"y" * 700), KEY)
+
+
+async def test_a_full_cache_is_flushed_for_waiting_adds(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, write_cache_bytes=4000, write_cache_max_wait_seconds=30.0)
+    storage = await open_storage(config)
+    await _fill(storage, (1, 2), 50)  # ~23 KB through a 4 KB cache.
+    await _check_all(storage, (1, 2), 50)
+
+
+async def test_periodic_flush_writes_a_checkpoint(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    storage = await open_storage(make_config(tmp_path, flush_interval_seconds=0.01))
+    mark_file = tmp_path / "ledgers0" / "lastMark"
+    first = mark_file.read_bytes()
+    await storage.add_entry(make_entry(2, 0), KEY)
+    for _ in range(500):
+        if mark_file.read_bytes() != first:
+            break
+        await asyncio.sleep(0.01)
+    assert mark_file.read_bytes() != first
+
+
+async def test_disk_usage_thresholds(open_storage: OpenStorage, tmp_path: Path) -> None:
+    used = {"fraction": 0.5}
+
+    def usage(path: Path) -> tuple[int, int, int]:
+        total = 1000
+        taken = int(total * used["fraction"])
+        return total, taken, total - taken
+
+    storage = await open_storage(usage_function=usage)
+    entries = storage.disk_usage()
+    assert len(entries) == 1 + 2 + 2  # Journal, ledger and index directories.
+    assert {e.kind for e in entries} == {"journal", "ledger", "index"}
+    assert not storage.is_over_read_only_threshold()
+    used["fraction"] = 0.92
+    assert storage.is_over_warn_threshold() and not storage.is_over_read_only_threshold()
+    used["fraction"] = 0.96
+    assert storage.is_over_read_only_threshold()
+    assert all(e.fraction == pytest.approx(0.96) for e in storage.disk_usage())
+
+
+async def test_closed_storage_refuses(open_storage: OpenStorage) -> None:
+    storage = await open_storage()
+    await storage.close()
+    await storage.close()
+    with pytest.raises(Exception, match="closed"):
+        await storage.add_entry(make_entry(1, 0), KEY)
+
+
+async def test_a_torn_journal_tail_is_a_warning_and_loses_nothing_acknowledged(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    storage = await open_storage()
+    await _fill(storage, LEDGERS, 3)
+    await storage.close(checkpoint=False)
+    journal_file = max((tmp_path / "journal").glob(f"*{SUFFIX}"))
+    torn = b"\x00\x00\x01\x00\x00\x00\x00\x10\x01partial"  # A record cut mid-write.
+    journal_file.write_bytes(journal_file.read_bytes() + torn)
+    with structlog.testing.capture_logs() as logs:
+        reopened = await open_storage()
+    assert any(event["event"] == "journal_torn_tail" for event in logs), logs
+    await _check_all(reopened, LEDGERS, 3)
