@@ -5,6 +5,8 @@
     [server]     connection limits and deadlines
     [admin]      admin HTTP (host, port, token)
     [read_only]  disk thresholds, disk check interval, an injectable usage figure for tests
+    [autorecovery] the auditor and replication worker this bookie runs (docs/autorecovery.md)
+    [gc]         garbage collection of deleted and moved ledgers, compaction cadence
     [storage]    journal_dirs, ledger_dirs, index_dirs and the other `StorageConfig` knobs
     [journal]    the `JournalConfig` knobs except its directory
     [log]        level, json
@@ -158,6 +160,71 @@ class ReadOnlyConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AutorecoveryConfig:
+    """The [autorecovery] section: what this process contributes to autorecovery."""
+
+    enabled: bool = True  # Run a replication worker (and stand for auditor) in this bookie.
+    auditor_enabled: bool = True  # Stand for auditor election.
+    lost_bookie_delay_seconds: float = 30.0  # A bookie gone this long has its ledgers marked.
+    audit_interval_seconds: float = 3600.0  # Periodic check of every ledger against the registry.
+    auditor_lease_ttl_seconds: float = 10.0  # A dead auditor is replaced about this fast.
+    worker_lease_ttl_seconds: float = 10.0  # Locks of a dead worker vanish after this.
+    open_ledger_grace_seconds: float = 30.0  # An open ledger's writer gets this long to move off.
+    retry_backoff_seconds: float = 5.0  # After a failed attempt, before the next claim.
+    poll_interval_seconds: float = 5.0  # Idle worker re-checks the queue at least this often.
+    worker_concurrency: int = 2  # Ledgers one worker re-replicates at the same time.
+    entries_in_flight: int = 256  # Entries being copied at once per fragment.
+    admin_token: str = ""  # Token for other bookies' admin HTTP; empty: this bookie's admin.token.
+
+    def __post_init__(self) -> None:
+        non_negative = ("lost_bookie_delay_seconds", "open_ledger_grace_seconds")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be >= 0")
+        positive = (
+            "audit_interval_seconds",
+            "auditor_lease_ttl_seconds",
+            "worker_lease_ttl_seconds",
+            "retry_backoff_seconds",
+            "poll_interval_seconds",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be > 0")
+        for name in ("worker_concurrency", "entries_in_flight"):
+            if not 1 <= getattr(self, name) <= 100_000:
+                raise ConfigError(
+                    f"autorecovery.{name}={getattr(self, name)} must be in [1, 100000]"
+                )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GcConfig:
+    """The [gc] section: each shard drops ledgers the metadata no longer places on it."""
+
+    enabled: bool = True
+    interval_seconds: float = 600.0  # Between scans (BookKeeper's gcWaitTime).
+    # A ledger is collected only when absent from metadata in two scans at least this far
+    # apart, so a ledger whose metadata lags its first entries is never collected.
+    grace_seconds: float = 60.0
+    # Ledgers still in metadata whose ensembles no longer name this bookie (moved away by
+    # re-replication or decommission); 0 in overreplicated_grace_seconds means the same
+    # two-scan rule with no extra wait.
+    collect_overreplicated: bool = True
+    overreplicated_grace_seconds: float = 3600.0
+    compact_after_delete: bool = True  # Reclaim entry-log space right after a deletion.
+    compaction_interval_seconds: float = 3600.0  # Compaction also runs at least this often.
+
+    def __post_init__(self) -> None:
+        for name in ("interval_seconds", "compaction_interval_seconds"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"gc.{name}={getattr(self, name)} must be > 0")
+        for name in ("grace_seconds", "overreplicated_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"gc.{name}={getattr(self, name)} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StorageDirs:
     """Where the shards' data lives; each shard uses `<dir>/shard-<i>` of each directory."""
 
@@ -200,6 +267,8 @@ class BookieConfig:
     read_only: ReadOnlyConfig
     storage: tuple[StorageConfig, ...]  # One per shard, in shard order.
     log: LogConfig
+    autorecovery: AutorecoveryConfig = field(default_factory=AutorecoveryConfig)
+    gc: GcConfig = field(default_factory=GcConfig)
     source: Path | None = field(default=None, compare=False)  # The TOML file it came from.
 
     def __post_init__(self) -> None:
@@ -228,10 +297,19 @@ _SECTIONS: dict[str, type[Any]] = {
     "admin": AdminConfig,
     "read_only": ReadOnlyConfig,
     "log": LogConfig,
+    "autorecovery": AutorecoveryConfig,
+    "gc": GcConfig,
 }
 # Keys of StorageConfig/JournalConfig the bookie sets itself (directories, disk thresholds).
 _STORAGE_OWN_KEYS = frozenset(
-    {"journal", "ledger_dirs", "index_dirs", "disk_warn_fraction", "disk_read_only_fraction"}
+    {
+        "journal",
+        "ledger_dirs",
+        "index_dirs",
+        "disk_warn_fraction",
+        "disk_read_only_fraction",
+        "ledger_stride",
+    }
 )
 _JOURNAL_DIR_KEYS = frozenset({"directory", "directories", "journal_dir", "journal_dirs"})
 
@@ -363,6 +441,7 @@ def _shard_storage(
     journal_options: Mapping[str, Any],
     read_only: ReadOnlyConfig,
     shard_index: int,
+    shard_count: int,
 ) -> StorageConfig:
     shard_dir = f"shard-{shard_index}"
     journal_dir = dirs.journal_dirs[shard_index % len(dirs.journal_dirs)] / shard_dir
@@ -379,6 +458,7 @@ def _shard_storage(
         index_dirs=index_dirs,
         disk_warn_fraction=read_only.disk_warn_fraction,
         disk_read_only_fraction=read_only.disk_read_only_fraction,
+        ledger_stride=shard_count,
         **storage_options,
     )
 
@@ -404,12 +484,16 @@ def build_bookie_config(
         admin = AdminConfig(**merged["admin"])
         read_only = ReadOnlyConfig(**merged["read_only"])
         log = LogConfig(**merged["log"])
+        autorecovery = AutorecoveryConfig(**merged["autorecovery"])
+        gc = GcConfig(**merged["gc"])
         dir_keys = set(_settable_fields(StorageDirs))
         dirs = StorageDirs(**{k: v for k, v in merged["storage"].items() if k in dir_keys})
         storage_options = {k: v for k, v in merged["storage"].items() if k not in dir_keys}
         shard_count = bookie.shards or os.cpu_count() or 1
         storage = tuple(
-            _shard_storage(dirs, storage_options, merged["journal"], read_only, shard_index)
+            _shard_storage(
+                dirs, storage_options, merged["journal"], read_only, shard_index, shard_count
+            )
             for shard_index in range(shard_count)
         )
         advertised_host = bookie.advertised_host or (
@@ -428,6 +512,8 @@ def build_bookie_config(
             read_only=read_only,
             storage=storage,
             log=log,
+            autorecovery=autorecovery,
+            gc=gc,
             source=source,
         )
     except ConfigError as error:

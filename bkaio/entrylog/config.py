@@ -29,6 +29,10 @@ class StorageConfig:
     disk_warn_fraction: float = 0.90
     disk_read_only_fraction: float = 0.95
     index_map_bytes: int = 1 << 36  # LMDB address space per index; sparse, not preallocated.
+    # The bookie's shard count. A shard only sees ledgers with L % shards == its index, so
+    # spreading by L % disks would put all of them on one disk whenever disks divides shards:
+    # spread by (L // ledger_stride) instead.
+    ledger_stride: int = 1
 
     def __post_init__(self) -> None:
         if not self.ledger_dirs:
@@ -70,6 +74,8 @@ class StorageConfig:
                 f"disk_read_only_fraction={self.disk_read_only_fraction} must satisfy "
                 "0 < warn <= read_only <= 1"
             )
+        if self.ledger_stride < 1:
+            raise ConfigError(f"storage.ledger_stride={self.ledger_stride} must be >= 1")
         if self.index_map_bytes < 1 << 20:
             raise ConfigError(f"storage.index_map_bytes={self.index_map_bytes} must be >= 1 MiB")
 
@@ -79,4 +85,8 @@ class StorageConfig:
 
     def disk_of(self, ledger_id: int) -> int:
         """The disk (index into ledger_dirs/index_dirs) that stores `ledger_id`."""
-        return ledger_id % len(self.ledger_dirs)
+        return (ledger_id // self.ledger_stride) % len(self.ledger_dirs)
+
+    def journal_of(self, ledger_id: int) -> int:
+        """The journal (index into journal.directories) that logs `ledger_id`."""
+        return (ledger_id // self.ledger_stride) % len(self.journal.directories)

@@ -90,7 +90,7 @@ JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
 
 
 async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
-    """The real journal of one directory (ledgers go to journal `ledger_id % directories`)."""
+    """The real journal of one directory (ledgers go to journal `config.journal_of(ledger_id)`)."""
     return await Journal.open(config, sync_function=os.fdatasync, directory=directory)
 
 
@@ -472,7 +472,7 @@ class ShardStorage:
 
         Records whose effect is applied in memory before they are durable (keys, fences,
         LACs) pass no `apply`: their mark counts as applied once durable."""
-        journal_index = ledger_id % len(self._journals)
+        journal_index = self.config.journal_of(ledger_id)
         marks = self._marks[journal_index]
         slot = marks.begin()
         try:
@@ -491,7 +491,7 @@ class ShardStorage:
         return future
 
     def _journal_of(self, ledger_id: int) -> JournalLike:
-        return self._journals[ledger_id % len(self._journals)]
+        return self._journals[self.config.journal_of(ledger_id)]
 
     def _apply_entry(self, entry: StoredEntry) -> None:
         ledger = self._ledgers.get(entry.ledger_id)
@@ -847,7 +847,7 @@ class ShardStorage:
         states_by_disk: list[list[LedgerState]] = [[] for _ in range(disk_count)]
         for state in states:
             states_by_disk[self.config.disk_of(state.ledger_id)].append(state)
-        for disk, entries in enumerate(flushing.sorted_by_disk(disk_count)):
+        for disk, entries in enumerate(flushing.sorted_by_disk(disk_count, self.config.disk_of)):
             if not entries and not states_by_disk[disk]:
                 continue
             locations = self._logs[disk].append([encode_record(e) for e in entries])

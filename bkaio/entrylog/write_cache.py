@@ -7,7 +7,7 @@ durable). Reads look in both before the index.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from bkaio.entrylog.types import StoredEntry
 
@@ -54,12 +54,14 @@ class WriteCache:
         self.entries -= len(ledger)
         return len(ledger)
 
-    def sorted_by_disk(self, disk_count: int) -> list[list[StoredEntry]]:
-        """Entries grouped per disk (ledger_id % disk_count), each sorted by (ledger, entry)."""
+    def sorted_by_disk(
+        self, disk_count: int, disk_of: Callable[[int], int]
+    ) -> list[list[StoredEntry]]:
+        """Entries grouped per disk (`disk_of(ledger_id)`), each sorted by (ledger, entry)."""
         disks: list[list[StoredEntry]] = [[] for _ in range(disk_count)]
         for ledger_id in sorted(self._by_ledger):
             ledger = self._by_ledger[ledger_id]
-            disks[ledger_id % disk_count].extend(ledger[e] for e in sorted(ledger))
+            disks[disk_of(ledger_id)].extend(ledger[e] for e in sorted(ledger))
         return disks
 
     def __iter__(self) -> Iterator[StoredEntry]:

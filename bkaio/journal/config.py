@@ -1,0 +1,67 @@
+"""The journal's branch of the bookie configuration: one typed, frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bkaio.errors import ConfigError
+
+# A journal file must hold its header and at least a few records; smaller is a typo.
+MIN_FILE_BYTES = 4096
+# Adaptive wait beyond 10 ms would be a fixed delay, not a coalescing window.
+MAX_ADAPTIVE_WAIT_US = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalConfig:
+    """How the journals of one bookie shard write.
+
+    `directories`: one journal (one writer thread, its own files) per directory; ideally each
+    on its own disk. `JournalSet` routes a ledger's records to one of them.
+    `max_group_bytes` / `max_group_entries`: bounds of one group commit. They bound memory (at
+    most two groups exist: one being written, one filling) and the size of one write.
+    `max_file_bytes`: a journal file is rolled, after a sync, once it reaches this size.
+    `adaptive_wait_us`: 0 (default) commits as soon as the writer is free, with no timer. A
+    positive value holds a group back until at least this long after the previous group
+    started, which lowers the sync rate (CPU) under load at no cost to an idle journal.
+    `sync`: False skips fdatasync. UNSAFE: an acknowledged record can be lost on power failure
+    or kill -9 of the host. For tests only.
+    `preallocate_next_file`: zero-fill and sync the *next* file in a background thread, so that
+    commits overwrite allocated blocks. The current file is never touched by another thread.
+    """
+
+    directories: tuple[Path, ...]
+    max_group_bytes: int = 512 * 1024
+    max_group_entries: int = 10_000
+    max_file_bytes: int = 256 * 1024 * 1024
+    adaptive_wait_us: int = 0
+    sync: bool = True
+    preallocate_next_file: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directories, tuple) or not self.directories:
+            raise ConfigError(
+                f"journal.directories={self.directories!r} must be a non-empty tuple of paths"
+            )
+        resolved = [Path(directory).absolute() for directory in self.directories]
+        if len(set(resolved)) != len(resolved):
+            raise ConfigError(f"journal.directories={self.directories!r} names a directory twice")
+        if self.max_file_bytes < MIN_FILE_BYTES:
+            raise ConfigError(
+                f"journal.max_file_bytes={self.max_file_bytes} must be at least {MIN_FILE_BYTES}"
+            )
+        if not 0 < self.max_group_bytes <= self.max_file_bytes:
+            raise ConfigError(
+                f"journal.max_group_bytes={self.max_group_bytes} must be in "
+                f"(0, journal.max_file_bytes={self.max_file_bytes}]"
+            )
+        if self.max_group_entries <= 0:
+            raise ConfigError(
+                f"journal.max_group_entries={self.max_group_entries} must be positive"
+            )
+        if not 0 <= self.adaptive_wait_us <= MAX_ADAPTIVE_WAIT_US:
+            raise ConfigError(
+                f"journal.adaptive_wait_us={self.adaptive_wait_us} must be in "
+                f"[0, {MAX_ADAPTIVE_WAIT_US}] (0 = off)"
+            )

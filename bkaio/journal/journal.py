@@ -1,0 +1,561 @@
+"""One journal directory: group commit on a writer thread, roll-over, replay, file deletion.
+
+The loop side (this module) builds the next group in a bytearray and hands whole groups to one
+writer thread, which writes a group, calls `sync_function` once, and wakes the loop once per
+group (`call_soon_threadsafe`). Appends that arrive while a sync is in flight form the next
+group, so groups grow with load and a lone append on an idle journal commits at once. There
+is no timer in the commit path unless `adaptive_wait_us` asks for one.
+
+Limits: at most two groups exist (one being written, one filling), and the filling one is
+bounded by `max_group_bytes` (plus the one record that crossed it) and `max_group_entries`.
+Past a bound `append` raises `JournalFullError`; `await wait_for_room()` first, or use
+`append_and_wait`. A write or sync error fails the whole group with `BookieIOError`, and the
+journal stops: it never acknowledges a later record.
+
+This module must not import `protocol` or `meta`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from bkaio.errors import BKError, BookieIOError, ConfigError
+from bkaio.journal.config import JournalConfig
+from bkaio.journal.errors import JournalError, JournalFullError, RecordError
+from bkaio.journal.files import (
+    HEADER_BYTES,
+    file_name,
+    list_file_ids,
+    lock_directory,
+    remove_stale_preallocated,
+    sync_directory,
+)
+from bkaio.journal.records import (
+    RECORD_HEADER,
+    RECORD_HEADER_BYTES,
+    EntryRecord,
+    JournalMark,
+    JournalRecord,
+    encode_entry_head,
+    encode_record,
+)
+from bkaio.journal.replay import JournalReader, ReplayResult
+from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
+
+log = structlog.get_logger(__name__)
+
+SLOW_SYNC_SECONDS: Final = 0.05  # A sync this slow stalls every add behind it: say so.
+# Group sizes are counted in power-of-two buckets: 1, 2, 4, ... up to this many records.
+_GROUP_BUCKETS: Final = 16
+
+
+@dataclass(slots=True)
+class JournalStats:
+    """Counters of one journal, updated once per group on the loop thread."""
+
+    records: int = 0
+    bytes_written: int = 0
+    groups: int = 0
+    syncs: int = 0
+    rolls: int = 0
+    # Why each group was handed to the writer (BookKeeper counts the same triggers).
+    trigger_bytes: int = 0  # It reached max_group_bytes.
+    trigger_entries: int = 0  # It reached max_group_entries.
+    trigger_queue_empty: int = 0  # The writer was free (the usual case, no timer).
+    trigger_wait: int = 0  # The adaptive wait ran out.
+    max_group_records: int = 0
+    max_group_bytes: int = 0
+    sync_seconds_total: float = 0.0
+    max_sync_seconds: float = 0.0
+    # group_records_histogram[i]: groups of 2**(i-1) < records <= 2**i (the last: any more).
+    group_records_histogram: list[int] = field(default_factory=lambda: [0] * _GROUP_BUCKETS)
+
+    def count_group(self, group: Group, sync_seconds: float, *, synced: bool) -> None:
+        records = len(group.ends)
+        self.records += records
+        self.bytes_written += len(group.data)
+        self.groups += 1
+        self.syncs += 1 if synced else 0
+        self.rolls += 1 if group.new_file else 0
+        self.max_group_records = max(self.max_group_records, records)
+        self.max_group_bytes = max(self.max_group_bytes, len(group.data))
+        self.sync_seconds_total += sync_seconds
+        self.max_sync_seconds = max(self.max_sync_seconds, sync_seconds)
+        bucket = min((records - 1).bit_length(), _GROUP_BUCKETS - 1)
+        self.group_records_histogram[bucket] += 1
+
+
+class Journal:
+    """The write-ahead journal of one directory. Create with `await Journal.open(...)`."""
+
+    def __init__(
+        self,
+        *,
+        directory: Path,
+        config: JournalConfig,
+        loop: asyncio.AbstractEventLoop,
+        executor: concurrent.futures.ThreadPoolExecutor,
+        writer: JournalFileWriter,
+        preallocator: Preallocator | None,
+        lock_fd: int,
+        recovered_file_ids: list[int],
+        first_file_id: int,
+    ) -> None:
+        self._directory = directory
+        self._config = config
+        self._loop = loop
+        self._executor = executor
+        self._writer = writer
+        self._preallocator = preallocator
+        self._lock_fd = lock_fd
+        self._recovered_file_ids = recovered_file_ids
+        self._log = log.bind(journal_dir=str(directory))
+        self.metrics = JournalStats()
+        # Position after the last appended byte, and after the last durable one.
+        self._tail_file_id = first_file_id
+        self._tail_offset = HEADER_BYTES
+        self._durable = JournalMark(first_file_id, HEADER_BYTES)
+        # The group being filled.
+        self._data = bytearray()
+        self._ends: list[int] = []
+        self._waiters: list[asyncio.Future[JournalMark]] = []
+        self._group_file_id = first_file_id
+        self._group_start = HEADER_BYTES
+        self._group_new_file = False
+        # Hand-off state.
+        self._writing = False
+        self._handoff_scheduled = False
+        self._adaptive_wait_s = config.adaptive_wait_us / 1e6
+        self._adaptive_timer: asyncio.TimerHandle | None = None
+        self._last_handoff_time = 0.0
+        self._force_waiters: list[tuple[JournalMark, asyncio.Future[JournalMark]]] = []
+        self._room_waiters: list[asyncio.Future[None]] = []
+        self._failure: BKError | None = None
+        self._closing = False
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        config: JournalConfig,
+        *,
+        sync_function: Callable[[int], None] = os.fdatasync,
+        loop: asyncio.AbstractEventLoop | None = None,
+        directory: Path | None = None,
+    ) -> Journal:
+        """Open (creating if needed) and lock one journal directory; start a new file in it.
+
+        Does not replay: call `replay` (in an executor) for the files that were there. New
+        appends go to a new file after every existing one. `directory` picks one of
+        `config.directories`; it may be omitted when there is only one (see `JournalSet`).
+        """
+        if directory is None:
+            if len(config.directories) != 1:
+                raise ConfigError(
+                    f"journal.directories has {len(config.directories)} entries: pass "
+                    "directory= to Journal.open, or use JournalSet"
+                )
+            directory = config.directories[0]
+        elif directory not in config.directories:
+            raise ConfigError(f"{directory} is not one of journal.directories")
+        loop = loop if loop is not None else asyncio.get_running_loop()
+        executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="journal-writer"
+        )
+        preallocator = (
+            Preallocator(directory, config.max_file_bytes, sync=config.sync)
+            if config.preallocate_next_file
+            else None
+        )
+        writer = JournalFileWriter(
+            directory, sync=config.sync, sync_function=sync_function, preallocator=preallocator
+        )
+
+        def set_up() -> tuple[int, list[int], int]:
+            lock_fd = lock_directory(directory)
+            try:
+                remove_stale_preallocated(directory)
+                file_ids = list_file_ids(directory)
+                first_file_id = (file_ids[-1] if file_ids else 0) + 1
+                writer.open_new(first_file_id)
+            except BaseException:
+                os.close(lock_fd)
+                raise
+            return lock_fd, file_ids, first_file_id
+
+        try:
+            lock_fd, file_ids, first_file_id = await loop.run_in_executor(executor, set_up)
+        except BaseException as error:
+            executor.shutdown(wait=False)
+            if preallocator is not None:
+                await loop.run_in_executor(None, preallocator.shutdown)
+            if isinstance(error, OSError):
+                raise BookieIOError(
+                    f"journal directory {directory}: cannot open: {error}"
+                ) from error
+            raise
+        journal = cls(
+            directory=directory,
+            config=config,
+            loop=loop,
+            executor=executor,
+            writer=writer,
+            preallocator=preallocator,
+            lock_fd=lock_fd,
+            recovered_file_ids=file_ids,
+            first_file_id=first_file_id,
+        )
+        journal._log.info(
+            "journal_opened", file_id=first_file_id, existing_files=len(file_ids), sync=config.sync
+        )
+        return journal
+
+    # -- Reading back -------------------------------------------------------------------
+
+    def iter_replay(self, after: JournalMark | None) -> JournalReader:
+        """Records after `after` in the files that existed at open, one by one. Blocking.
+
+        Iterate it in an executor; afterwards its `end_mark`, `torn_tail`,
+        `earlier_torn_tails` and `corruption` describe how replay ended.
+        """
+        return JournalReader(self._directory, list(self._recovered_file_ids), after)
+
+    def replay(self, after: JournalMark | None) -> ReplayResult:
+        """Every record after `after`, in order, with how replay ended. Blocking."""
+        return self.iter_replay(after).result()
+
+    # -- Appending ------------------------------------------------------------------------
+
+    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]:
+        """Queue `record`; the future resolves to the mark after it once it is durable."""
+        if isinstance(record, EntryRecord):
+            return self.append_entry(
+                record.ledger_id,
+                record.entry_id,
+                record.lac,
+                record.length,
+                record.digest,
+                record.payload,
+            )
+        return self.append_encoded(encode_record(record))
+
+    def append_entry(
+        self, ledger_id: int, entry_id: int, lac: int, length: int, digest: int, payload: bytes
+    ) -> asyncio.Future[JournalMark]:
+        """`append(EntryRecord(...))` without building the record object (the add path)."""
+        head = encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
+        return self._enqueue(head, payload)
+
+    def append_encoded(self, data: bytes) -> asyncio.Future[JournalMark]:
+        """Queue one record already encoded by `encode_record` / `encode_entry`."""
+        if len(data) < RECORD_HEADER_BYTES or (
+            RECORD_HEADER.unpack_from(data)[1] != len(data) - RECORD_HEADER_BYTES
+        ):
+            raise RecordError(
+                f"journal {self._directory}: {len(data)} bytes are not one encoded record"
+            )
+        return self._enqueue(data, b"")
+
+    def _enqueue(self, head: bytes, tail: bytes) -> asyncio.Future[JournalMark]:
+        """Add one record (`head + tail`) to the filling group; the hot path of every append.
+
+        Raises JournalFullError when the group is at a bound (await `wait_for_room`), and the
+        journal's failure (BookieIOError) or JournalError once it failed or closed.
+        """
+        if self._failure is not None or self._closing:
+            self._check_usable()
+        if not self._has_room():
+            raise JournalFullError(
+                f"journal {self._directory}: next group holds {len(self._ends)} records, "
+                f"{len(self._data)} bytes (bounds {self._config.max_group_entries} records, "
+                f"{self._config.max_group_bytes} bytes); await wait_for_room()"
+            )
+        if not self._ends:
+            self._start_group()
+        data = self._data
+        data += head
+        if tail:
+            data += tail
+        self._tail_offset += len(head) + len(tail)
+        self._ends.append(self._tail_offset)
+        waiter: asyncio.Future[JournalMark] = self._loop.create_future()
+        self._waiters.append(waiter)
+        if not self._writing:
+            if not self._handoff_scheduled:
+                self._handoff_scheduled = True
+                # Not a timer: every append of this loop iteration joins the group first.
+                self._loop.call_soon(self._hand_off)
+            elif self._adaptive_timer is not None and not self._has_room():
+                self._adaptive_timer.cancel()  # Full already: waiting longer gains nothing.
+                self._adaptive_timer = None
+                self._loop.call_soon(self._hand_off)
+        return waiter
+
+    async def wait_for_room(self) -> None:
+        """Return once the next group can take a record (at once, unless it is full)."""
+        while not self._has_room():
+            self._check_usable()
+            room: asyncio.Future[None] = self._loop.create_future()
+            self._room_waiters.append(room)
+            await room
+        self._check_usable()
+
+    async def append_and_wait(self, record: JournalRecord) -> JournalMark:
+        """Wait for room, append `record`, and return its mark once it is durable."""
+        data = encode_record(record)
+        await self.wait_for_room()
+        return await self.append_encoded(data)
+
+    def force(self) -> asyncio.Future[JournalMark]:
+        """A future that resolves when everything appended so far is durable."""
+        self._check_usable(closing_ok=True)
+        target = JournalMark(self._tail_file_id, self._tail_offset)
+        waiter: asyncio.Future[JournalMark] = self._loop.create_future()
+        if self._durable >= target:
+            waiter.set_result(self._durable)
+        else:
+            self._force_waiters.append((target, waiter))
+        return waiter
+
+    @property
+    def durable_mark(self) -> JournalMark:
+        """Everything before this position is on disk (synced, unless sync=False)."""
+        return self._durable
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def current_file_id(self) -> int:
+        """The file new records go to (the last one; it is never deleted)."""
+        return self._tail_file_id
+
+    @property
+    def failure(self) -> BKError | None:
+        """Why the journal stopped, or None while it works."""
+        return self._failure
+
+    def _check_usable(self, *, closing_ok: bool = False) -> None:
+        if self._failure is not None:
+            raise _copy_error(self._failure)
+        if self._closed:
+            raise JournalError(f"journal {self._directory} is closed")
+        if self._closing and not closing_ok:
+            raise JournalError(f"journal {self._directory} is closing")
+
+    def _has_room(self) -> bool:
+        return (
+            len(self._data) < self._config.max_group_bytes
+            and len(self._ends) < self._config.max_group_entries
+        )
+
+    def _start_group(self) -> None:
+        """Place a new group: in the current file, or at the start of the next one."""
+        self._group_new_file = self._tail_offset >= self._config.max_file_bytes
+        if self._group_new_file:
+            self._tail_file_id += 1
+            self._tail_offset = HEADER_BYTES
+        self._group_file_id = self._tail_file_id
+        self._group_start = self._tail_offset
+
+    # -- Group commit ---------------------------------------------------------------------
+
+    def _hand_off(self, waited: bool = False) -> None:
+        """Give the filling group to the writer thread, if it is free and there is one."""
+        self._handoff_scheduled = False
+        self._adaptive_timer = None
+        if self._writing or self._failure is not None or not self._ends:
+            return
+        full = not self._has_room()
+        if self._adaptive_wait_s > 0.0 and not full and not waited:
+            remaining = self._last_handoff_time + self._adaptive_wait_s - self._loop.time()
+            if remaining > 0.0:
+                self._handoff_scheduled = True
+                self._adaptive_timer = self._loop.call_later(remaining, self._hand_off, True)
+                return
+        group = Group(
+            data=self._data,
+            file_id=self._group_file_id,
+            start_offset=self._group_start,
+            new_file=self._group_new_file,
+            ends=self._ends,
+            waiters=self._waiters,
+            trigger=self._trigger(waited),
+        )
+        self._data, self._ends, self._waiters = bytearray(), [], []
+        self._writing = True
+        self._last_handoff_time = self._loop.time()
+        self._executor.submit(self._commit_on_writer_thread, group)
+        for room in self._room_waiters:
+            if not room.done():
+                room.set_result(None)
+        self._room_waiters.clear()
+
+    def _trigger(self, waited: bool) -> str:
+        stats = self.metrics
+        if len(self._data) >= self._config.max_group_bytes:
+            stats.trigger_bytes += 1
+            return "bytes"
+        if len(self._ends) >= self._config.max_group_entries:
+            stats.trigger_entries += 1
+            return "entries"
+        if waited:
+            stats.trigger_wait += 1
+            return "wait"
+        stats.trigger_queue_empty += 1
+        return "queue_empty"
+
+    def _commit_on_writer_thread(self, group: Group) -> None:
+        """Runs on the writer thread: write, sync once, wake the loop once."""
+        error: BaseException | None = None
+        sync_seconds = 0.0
+        try:
+            sync_seconds = self._writer.commit(group)
+        except BaseException as caught:  # Reported to the loop; this thread must not die silently.
+            error = caught
+        with contextlib.suppress(RuntimeError):  # A closed loop: nobody is left to tell.
+            self._loop.call_soon_threadsafe(self._on_group_done, group, sync_seconds, error)
+
+    def _on_group_done(
+        self, group: Group, sync_seconds: float, error: BaseException | None
+    ) -> None:
+        self._writing = False
+        if error is not None:
+            self._fail(group, error)
+            return
+        self.metrics.count_group(group, sync_seconds, synced=self._config.sync)
+        self._durable = JournalMark(group.file_id, group.ends[-1])
+        if self._ends and not self._handoff_scheduled:
+            self._hand_off()  # Keep the disk busy before waking anyone.
+        file_id = group.file_id
+        for end, waiter in zip(group.ends, group.waiters, strict=True):
+            if not waiter.done():  # The appender may have been cancelled meanwhile.
+                waiter.set_result(JournalMark(file_id, end))
+        if self._force_waiters:
+            self._resolve_force_waiters()
+        if group.new_file:
+            self._log.info("journal_rolled", file_id=file_id)
+        if sync_seconds >= SLOW_SYNC_SECONDS:
+            self._log.warning(
+                "journal_fsync_slow",
+                fsync_ms=round(sync_seconds * 1000, 2),
+                group_records=len(group.ends),
+                group_bytes=len(group.data),
+            )
+
+    def _resolve_force_waiters(self) -> None:
+        durable = self._durable
+        still_waiting = []
+        for target, waiter in self._force_waiters:
+            if target <= durable:
+                if not waiter.done():
+                    waiter.set_result(durable)
+            else:
+                still_waiting.append((target, waiter))
+        self._force_waiters = still_waiting
+
+    def _fail(self, group: Group, error: BaseException) -> None:
+        """Stop for good: fail this group, the filling one and every waiter."""
+        failure = BookieIOError(
+            f"journal {self._directory}: writing {len(group.ends)} records "
+            f"({len(group.data)} bytes) to {file_name(group.file_id)} at offset "
+            f"{group.start_offset} failed: {error!r}; the journal has stopped"
+        )
+        self._failure = failure
+        self._log.error("journal_failed", error=repr(error), group_records=len(group.ends))
+        waiters: list[asyncio.Future[JournalMark]] = [*group.waiters, *self._waiters]
+        waiters += [waiter for _target, waiter in self._force_waiters]
+        self._data, self._ends, self._waiters, self._force_waiters = bytearray(), [], [], []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(_copy_error(failure))
+        for room in self._room_waiters:
+            if not room.done():
+                room.set_result(None)  # wait_for_room re-checks and raises the failure.
+        self._room_waiters.clear()
+
+    # -- Checkpoints and shutdown ---------------------------------------------------------
+
+    async def delete_files_before(self, mark: JournalMark) -> list[Path]:
+        """Delete the files wholly before `mark` (ids below its file's); return their paths.
+
+        `mark` must be durable (<= durable_mark): a checkpoint of ledger storage. The file
+        holding the mark, any later file and the file being written are always kept.
+        """
+        if mark > self._durable:
+            raise JournalError(
+                f"journal {self._directory}: mark {mark.file_id}:{mark.offset} is beyond the "
+                f"durable mark {self._durable.file_id}:{self._durable.offset}; only a durable "
+                "checkpoint may release journal files"
+            )
+        keep_from = min(mark.file_id, self._tail_file_id)
+        directory, sync = self._directory, self._config.sync
+
+        def delete() -> list[Path]:
+            deleted: list[Path] = []
+            for file_id in list_file_ids(directory):
+                if file_id < keep_from:
+                    path = directory / file_name(file_id)
+                    path.unlink(missing_ok=True)
+                    deleted.append(path)
+            if deleted and sync:
+                sync_directory(directory)
+            return deleted
+
+        try:
+            deleted = await self._loop.run_in_executor(None, delete)
+        except OSError as error:
+            raise BookieIOError(
+                f"journal {self._directory}: deleting files before {mark}: {error}"
+            ) from error
+        self._recovered_file_ids = [i for i in self._recovered_file_ids if i >= keep_from]
+        if deleted:
+            self._log.info("journal_files_deleted", files=len(deleted), before_file_id=keep_from)
+        return deleted
+
+    async def close(self) -> None:
+        """Write and sync what is queued, then stop the threads and release the directory."""
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        if self._failure is None and self._ends:
+            if self._adaptive_timer is not None:
+                self._adaptive_timer.cancel()
+                self._adaptive_timer = None
+                self._handoff_scheduled = False
+            if not self._writing and not self._handoff_scheduled:
+                self._hand_off(waited=True)
+        if self._failure is None:
+            try:
+                await self.force()
+            except BKError as error:
+                self._log.warning("journal_close_flush_failed", error=str(error))
+        assert not self._writing, "a group is still on the writer thread"
+        if self._preallocator is not None:
+            await self._loop.run_in_executor(None, self._preallocator.shutdown)
+        await asyncio.wrap_future(self._executor.submit(self._release_files))
+        self._executor.shutdown(wait=False)
+        self._closed = True
+        self._log.info(
+            "journal_closed", durable_mark=f"{self._durable.file_id}:{self._durable.offset}"
+        )
+
+    def _release_files(self) -> None:
+        """On the writer thread: close the current file, then give up the directory lock."""
+        self._writer.close()
+        os.close(self._lock_fd)
+
+
+def _copy_error(error: BKError) -> BKError:
+    """A fresh exception per waiter, so tracebacks do not pile up on one shared object."""
+    return type(error)(*error.args)

@@ -1,0 +1,136 @@
+"""The journal's disk side: the file being written, and the preparation of the next one.
+
+`JournalFileWriter` is confined to the journal's single writer thread: only that thread
+writes, syncs or rolls the current file. `Preallocator` owns a second thread that prepares
+the *next* file (header and zeros, synced) aside, under another name; it never touches the
+current file, so its fdatasync never covers a region the commit path is writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bkaio.journal.files import (
+    create_file,
+    install_preallocated,
+    preallocate_file,
+    write_all,
+)
+from bkaio.journal.records import JournalMark
+
+
+@dataclass(slots=True)
+class Group:
+    """One group commit: records back to back, written at `start_offset` of `file_id`."""
+
+    data: bytearray
+    file_id: int
+    start_offset: int
+    new_file: bool  # Roll to `file_id` (a new file) before writing.
+    ends: list[int]  # Offset just after each record: its JournalMark.
+    waiters: list[asyncio.Future[JournalMark]]  # Touched only on the loop thread.
+    trigger: str
+
+
+class Preallocator:
+    """Prepares the next journal file in the background (header, zeros, fdatasync)."""
+
+    def __init__(self, directory: Path, size_bytes: int, *, sync: bool) -> None:
+        self._directory = directory
+        self._size_bytes = size_bytes
+        self._sync = sync
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="journal-prealloc"
+        )
+        self._jobs: dict[int, tuple[concurrent.futures.Future[Path | None], list[bool]]] = {}
+
+    def prepare(self, file_id: int) -> None:
+        stop = [False]
+        job = self._executor.submit(
+            preallocate_file, self._directory, file_id, self._size_bytes, sync=self._sync, stop=stop
+        )
+        self._jobs[file_id] = (job, stop)
+
+    def take(self, file_id: int) -> Path | None:
+        """The prepared file for `file_id` if it is ready now; never waits for it."""
+        entry = self._jobs.pop(file_id, None)
+        if entry is None:
+            return None
+        job, stop = entry
+        if job.done() and job.exception() is None:
+            return job.result()
+        stop[0] = True  # Not ready: drop it rather than wait; the commit path never waits.
+        return None
+
+    def shutdown(self) -> None:
+        """Stop and remove unfinished preparations; wait for the thread (blocking)."""
+        for job, stop in self._jobs.values():
+            stop[0] = True
+            job.cancel()
+        self._executor.shutdown(wait=True)
+        for job, _stop in self._jobs.values():
+            if job.done() and not job.cancelled() and job.exception() is None:
+                path = job.result()
+                if path is not None:
+                    path.unlink(missing_ok=True)
+        self._jobs.clear()
+
+
+class JournalFileWriter:
+    """The current journal file. Every method runs on the journal's writer thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        sync: bool,
+        sync_function: Callable[[int], None],
+        preallocator: Preallocator | None,
+    ) -> None:
+        self._directory = directory
+        self._sync = sync
+        self._sync_function = sync_function
+        self._preallocator = preallocator
+        self._fd: int | None = None
+        self._file_id = 0
+
+    def open_new(self, file_id: int) -> None:
+        """Start writing `file_id`: a prepared file if one is ready, else a fresh one."""
+        assert file_id > self._file_id, (file_id, self._file_id)
+        self.close_current()
+        prepared = self._preallocator.take(file_id) if self._preallocator else None
+        if prepared is not None:
+            self._fd = install_preallocated(self._directory, prepared, file_id, sync=self._sync)
+        else:
+            self._fd = create_file(self._directory, file_id, sync=self._sync)
+        self._file_id = file_id
+        if self._preallocator is not None:
+            self._preallocator.prepare(file_id + 1)
+
+    def commit(self, group: Group) -> float:
+        """Write the group and sync it once; return the seconds the sync took."""
+        if group.new_file:
+            self.open_new(group.file_id)
+        assert self._fd is not None and group.file_id == self._file_id, (group, self._file_id)
+        write_all(self._fd, group.data, group.start_offset)
+        if not self._sync:
+            return 0.0  # UNSAFE mode (tests only): the page cache is not flushed.
+        started = time.perf_counter()
+        self._sync_function(self._fd)
+        return time.perf_counter() - started
+
+    def close_current(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.close_current()

@@ -1,0 +1,165 @@
+"""Journal files: deletion after a checkpoint, preallocation of the next file, journal sets."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bkaio.errors import ConfigError
+from bkaio.journal import (
+    CheckpointRecord,
+    EntryRecord,
+    FenceRecord,
+    Journal,
+    JournalConfig,
+    JournalError,
+    JournalMark,
+    JournalSet,
+    RecordError,
+    record_ledger_id,
+)
+from bkaio.journal.files import HEADER_BYTES, file_name, list_file_ids
+from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
+
+
+def entry(entry_id: int, ledger_id: int = 1) -> EntryRecord:
+    return EntryRecord(ledger_id, entry_id, entry_id - 1, entry_id, 0, bytes(300))
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> JournalConfig:
+    return JournalConfig(
+        directories=(tmp_path / "journal",), max_file_bytes=4096, max_group_bytes=1024, sync=False
+    )
+
+
+async def test_delete_files_before_keeps_the_mark_file_and_later(config: JournalConfig) -> None:
+    journal = await Journal.open(config)
+    try:
+        marks = [await journal.append(entry(i)) for i in range(60)]
+        directory = config.directories[0]
+        all_ids = list_file_ids(directory)
+        assert len(all_ids) >= 5
+        checkpoint = next(mark for mark in marks if mark.file_id == all_ids[2])
+
+        deleted = await journal.delete_files_before(checkpoint)
+
+        assert deleted == [directory / file_name(file_id) for file_id in all_ids[:2]]
+        assert list_file_ids(directory) == all_ids[2:]
+        # Everything after the checkpoint still replays after a restart.
+        await journal.close()
+        journal = await Journal.open(config)
+        result = journal.replay(checkpoint)
+        later_marks = [mark for mark in marks if mark > checkpoint]
+        assert [mark for mark, _record in result.records] == later_marks
+    finally:
+        await journal.close()
+
+
+async def test_delete_files_before_never_deletes_the_current_file(config: JournalConfig) -> None:
+    journal = await Journal.open(config)
+    try:
+        for i in range(30):
+            await journal.append(entry(i))
+        current = journal.current_file_id
+        deleted = await journal.delete_files_before(journal.durable_mark)
+        assert list_file_ids(config.directories[0]) == [current]
+        assert len(deleted) == current - 1
+        assert await journal.delete_files_before(journal.durable_mark) == []
+        assert (await journal.append(entry(99))).file_id >= current
+    finally:
+        await journal.close()
+
+
+async def test_delete_files_before_refuses_a_mark_that_is_not_durable(
+    config: JournalConfig,
+) -> None:
+    journal = await Journal.open(config)
+    try:
+        future_mark = JournalMark(journal.durable_mark.file_id + 1, HEADER_BYTES)
+        with pytest.raises(JournalError, match="beyond the durable mark"):
+            await journal.delete_files_before(future_mark)
+    finally:
+        await journal.close()
+
+
+async def test_preallocated_next_file_is_used_and_replays_cleanly(
+    config: JournalConfig,
+) -> None:
+    config = replace(config, preallocate_next_file=True, max_file_bytes=8192)
+    journal = await Journal.open(config)
+    try:
+        marks = []
+        for i in range(80):
+            marks.append(await journal.append(entry(i)))
+            if i % 10 == 0:
+                await asyncio.sleep(0.01)  # Let the background preparation finish sometimes.
+    finally:
+        await journal.close()
+    directory = config.directories[0]
+    assert not list(directory.glob("*.prealloc")), "close removes unused preparations"
+    reopened = await Journal.open(config)
+    try:
+        result = reopened.replay(None)
+    finally:
+        await reopened.close()
+    assert [mark for mark, _record in result.records] == marks
+    assert result.corruption == []
+    for tail in [*result.earlier_torn_tails, *([result.torn_tail] if result.torn_tail else [])]:
+        assert "zeros" in tail.reason  # Only the unused, preallocated end of a file.
+
+
+def test_the_writer_switches_to_a_prepared_file(tmp_path: Path) -> None:
+    preallocator = Preallocator(tmp_path, 64 * 1024, sync=False)
+    writer = JournalFileWriter(
+        tmp_path, sync=False, sync_function=lambda fd: None, preallocator=preallocator
+    )
+    try:
+        writer.open_new(1)  # Nothing prepared yet: created fresh; file 2 is being prepared.
+        assert (tmp_path / file_name(1)).stat().st_size == HEADER_BYTES
+        preallocator.prepare(2)  # Replace the job with one we can wait for.
+        preallocator._jobs[2][0].result(timeout=30)
+        data = bytearray(b"x" * 100)
+        group = Group(data, 2, HEADER_BYTES, True, [HEADER_BYTES + 100], [], "queue_empty")
+        writer.commit(group)
+        assert (tmp_path / file_name(2)).stat().st_size == 64 * 1024  # Written in place.
+    finally:
+        writer.close()
+        preallocator.shutdown()
+    assert not list(tmp_path.glob("*.prealloc"))
+
+
+async def test_a_journal_set_routes_by_ledger(tmp_path: Path) -> None:
+    config = JournalConfig(directories=(tmp_path / "a", tmp_path / "b"), sync=False)
+    journals = await JournalSet.open(config, ledger_stride=2)
+    try:
+        # A shard of a 2-shard bookie sees only even ledgers: the stride spreads them.
+        for ledger_id in (0, 2, 4, 6):
+            await journals.append(FenceRecord(ledger_id))
+        with pytest.raises(RecordError, match="no ledger"):
+            journals.append(CheckpointRecord(JournalMark(1, 32)))
+        marks = await journals.force_all()
+        assert marks == journals.durable_marks()
+        assert [journals.index_for(ledger_id) for ledger_id in (0, 2, 4, 6)] == [0, 1, 0, 1]
+    finally:
+        await journals.close()
+    reopened = await JournalSet.open(config, ledger_stride=2)
+    try:
+        results = reopened.replay([None, None])
+        ledgers = [[record_ledger_id(r) for _m, r in result.records] for result in results]
+        assert ledgers == [[0, 4], [2, 6]]
+        deleted = await reopened.delete_files_before(reopened.durable_marks())
+        assert len(deleted) == 2
+    finally:
+        await reopened.close()
+
+
+async def test_journal_open_needs_a_directory_when_there_are_several(tmp_path: Path) -> None:
+    config = JournalConfig(directories=(tmp_path / "a", tmp_path / "b"), sync=False)
+    with pytest.raises(ConfigError, match="JournalSet"):
+        await Journal.open(config)
+    journal = await Journal.open(config, directory=tmp_path / "b")
+    await journal.close()
