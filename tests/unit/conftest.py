@@ -1,4 +1,4 @@
-"""Journal unit tests run under both the stock asyncio loop and uvloop."""
+"""Every async unit test runs under both the stock asyncio loop and uvloop (STYLE.md section 8)."""
 
 from __future__ import annotations
 
