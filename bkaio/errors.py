@@ -151,6 +151,21 @@ class CookieMismatchError(BKError):
     """A storage directory's cookie does not match the bookie's identity or directory set."""
 
 
+class InvalidArgumentError(BKError):
+    """A call got an argument outside its domain (negative entry id, first > last, bad quorum)."""
+
+    status = Status.BAD_REQUEST
+
+
+class LedgerRecoveryError(BKError):
+    """Recovery could not decide the end of a ledger (too few bookies answered, or they disagreed).
+
+    The ledger stays IN_RECOVERY and unsealed; opening it with recovery again retries.
+    """
+
+    retriable = True
+
+
 class QuotaExceededError(BKError):
     """A write would exceed the namespace's byte quota."""
 

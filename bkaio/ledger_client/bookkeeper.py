@@ -1,0 +1,278 @@
+"""`BookKeeper`: the client object applications hold (API.md, "Connecting" and "Ledgers").
+
+Owns the metadata connection, the bookie view (a watch on the registry: bookies joining,
+leaving, turning read-only), the connection pool and the placement policy, and hands them to
+the ledger handles it creates. One per application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import ssl
+from collections.abc import AsyncIterator, Generator, Sequence
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from bkaio.errors import BKError, ConfigError, UnauthorizedError
+from bkaio.ledger_client.connections import BookiePool
+from bkaio.ledger_client.context import ClientContext, LedgerStore
+from bkaio.ledger_client.errors import InvalidArgumentError
+from bkaio.ledger_client.ledger_handle import LedgerHandle
+from bkaio.ledger_client.placement import BookieCandidate, make_placement
+from bkaio.ledger_client.read_handle import ReadHandle
+from bkaio.ledger_client.recovery import LedgerRecovery
+from bkaio.ledger_client.types import BookieOps, ClientConfig
+from bkaio.meta.bookies import BookieInfo
+from bkaio.meta.ledger_metadata import DigestType, LedgerMetadata
+from bkaio.protocol.digest import master_key
+
+log = structlog.get_logger(__name__)
+
+_REGISTRY_RETRY_SECONDS = 1.0
+
+
+def password_hash(password: bytes) -> bytes:
+    """What ledger metadata stores to check a password: a hash of the master key, not the key."""
+    return hashlib.sha256(b"bkaio-password-check\0" + master_key(password)).digest()
+
+
+class BookKeeper:
+    """A client of one bkaio cluster: creates, opens, recovers, reads and deletes ledgers.
+
+    Get one with `BookKeeper.connect(uri, **options)` (an async context manager that can also
+    be awaited). The constructor is for tests that bring their own pieces.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledgers: LedgerStore,
+        ops: BookieOps,
+        config: ClientConfig,
+        metadata: Any = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._metadata = metadata
+        self._bookies: list[BookieInfo] = []
+        self._known: dict[str, BookieInfo] = {}
+        self.config = config
+        self._ops = ops
+        self._context = ClientContext(
+            ops=ops,
+            ledgers=ledgers,
+            placement=make_placement(config.placement, rng),
+            bookies=self._writable_view,
+            config=config,
+        )
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- connecting
+
+    @classmethod
+    def connect(cls, uri: str, **options: Any) -> _Connecting:
+        """Connect to the cluster whose metadata lives at `uri` (etcd://... or sqlite://...).
+
+        Options: tls (ssl.SSLContext), auth_token, add_timeout, read_timeout, placement
+        ("default" | "rack_aware"), client_id, and the other fields of `ClientConfig`.
+        Use as `async with BookKeeper.connect(uri) as bk:` or `bk = await BookKeeper.connect(uri)`
+        followed by `await bk.close()`.
+        """
+        return _Connecting(cls._open(uri, **options))
+
+    @classmethod
+    async def _open(cls, uri: str, **options: Any) -> BookKeeper:
+        from bkaio.meta import open_metadata
+
+        tls = options.pop("tls", None)
+        if tls is not None and not isinstance(tls, ssl.SSLContext):
+            raise ConfigError(f"tls must be an ssl.SSLContext or None, got {type(tls).__name__}")
+        try:
+            config = ClientConfig(**options)
+        except TypeError as error:
+            raise ConfigError(f"BookKeeper.connect: {error}") from None
+        metadata = await open_metadata(uri)
+        try:
+            known: dict[str, BookieInfo] = {}
+            pool = BookiePool(config, known.get, tls=tls)
+            client = cls(ledgers=metadata.ledgers, ops=pool, config=config, metadata=metadata)
+            client._known = known
+            await client._start_bookie_watch()
+        except BaseException:
+            await metadata.close()
+            raise
+        log.info("bookkeeper_connected", uri=uri, bookies=len(client._bookies))
+        return client
+
+    async def _start_bookie_watch(self) -> None:
+        first_view: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watch_task = asyncio.get_running_loop().create_task(
+            self._watch_bookies(first_view), name="bookkeeper-bookie-watch"
+        )
+        await first_view
+
+    async def _watch_bookies(self, first_view: asyncio.Future[None]) -> None:
+        registry = self._metadata.bookies
+        while True:
+            try:
+                async for bookies in registry.watch():
+                    self.set_bookies(bookies)
+                    if not first_view.done():
+                        first_view.set_result(None)
+            except BKError as error:
+                log.warning("bookie_watch_failed", error=str(error))
+                if not first_view.done():
+                    first_view.set_exception(error)
+                    return
+            await asyncio.sleep(_REGISTRY_RETRY_SECONDS)
+
+    def set_bookies(self, bookies: Sequence[BookieInfo]) -> None:
+        """Replace the current view of registered bookies (the registry watch calls this)."""
+        self._bookies = list(bookies)
+        for info in bookies:
+            self._known[info.bookie_id] = info  # Kept after it leaves: old ledgers name it.
+
+    def _writable_view(self) -> Sequence[BookieCandidate]:
+        return self._bookies
+
+    @property
+    def bookies(self) -> list[BookieInfo]:
+        """The registered bookies as last seen (writable and read-only)."""
+        return list(self._bookies)
+
+    async def close(self) -> None:
+        """Stop watching, close every bookie connection and the metadata connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        close_ops = getattr(self._ops, "close", None)
+        if close_ops is not None:
+            await close_ops()
+        if self._metadata is not None:
+            await self._metadata.close()
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- ledgers
+
+    async def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        password: bytes = b"",
+        custom_metadata: dict[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """Create a ledger on `ensemble_size` writable bookies and open it for writing.
+
+        Needs ensemble_size >= write_quorum >= ack_quorum >= 1 (InvalidArgumentError);
+        NotEnoughBookiesError when fewer writable bookies are registered.
+        """
+        if not 1 <= ack_quorum <= write_quorum <= ensemble_size:
+            raise InvalidArgumentError(
+                f"need ensemble_size ({ensemble_size}) >= write_quorum ({write_quorum}) >= "
+                f"ack_quorum ({ack_quorum}) >= 1"
+            )
+        custom = dict(custom_metadata or {})
+        for key, value in custom.items():
+            if not isinstance(key, str) or not isinstance(value, bytes):
+                raise InvalidArgumentError(
+                    f"custom_metadata must map str to bytes; {key!r} -> {type(value).__name__}"
+                )
+        ledger_key = master_key(password)
+        ensemble = self._context.placement.new_ensemble(self._bookies, ensemble_size, write_quorum)
+        metadata = await self._context.ledgers.create(
+            LedgerMetadata(
+                ensemble_size=ensemble_size,
+                write_quorum=write_quorum,
+                ack_quorum=ack_quorum,
+                ensembles=((0, ensemble),),
+                digest_type=DigestType.CRC32C,
+                password_hash=password_hash(password),
+                custom_metadata=custom,
+            )
+        )
+        log.info("ledger_created", ledger_id=metadata.ledger_id, ensemble=list(ensemble))
+        return LedgerHandle(self._context, metadata, ledger_key)
+
+    async def open_ledger(
+        self, ledger_id: int, password: bytes = b"", recovery: bool = True
+    ) -> ReadHandle:
+        """Open a ledger for reading.
+
+        With `recovery` (the default) the ledger is fenced, recovered and sealed first: its
+        old writer can add nothing more, and the handle reads up to the agreed last entry.
+        Without, nothing is fenced and the handle reads up to the LAC. NoSuchLedgerError if
+        it does not exist; UnauthorizedError on a wrong password.
+        """
+        metadata = await self._context.ledgers.get(ledger_id)
+        if metadata.password_hash and metadata.password_hash != password_hash(password):
+            raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+        if recovery and not metadata.is_closed:
+            metadata = await LedgerRecovery(self._context, metadata, master_key(password)).run()
+        handle = ReadHandle(self._context, metadata)
+        if not metadata.is_closed:
+            try:
+                await handle.read_last_add_confirmed()
+            except BKError as error:
+                log.info("open_ledger_lac_unknown", ledger_id=ledger_id, error=str(error))
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's metadata; bookies drop its entries at their next GC.
+
+        NoSuchLedgerError if it does not exist.
+        """
+        await self._context.ledgers.delete(ledger_id)
+        log.info("ledger_deleted", ledger_id=ledger_id)
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        """Every ledger id in the cluster, ascending."""
+        async for ledger_id in self._context.ledgers.list_ids():
+            yield ledger_id
+
+    async def get_ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        """The ledger's metadata record (NoSuchLedgerError if it does not exist)."""
+        return await self._context.ledgers.get(ledger_id)
+
+
+class _Connecting:
+    """What `BookKeeper.connect` returns: await it, or use it as an async context manager."""
+
+    def __init__(self, opening: Any) -> None:
+        self._opening = opening
+        self._client: BookKeeper | None = None
+
+    def __await__(self) -> Generator[Any, None, BookKeeper]:
+        return self._opening.__await__()  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> BookKeeper:
+        self._client = await self._opening
+        return self._client
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._client is not None:
+            await self._client.close()

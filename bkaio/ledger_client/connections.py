@@ -1,0 +1,500 @@
+"""Connections to bookie shards, and `BookiePool`: the wire implementation of `BookieOps`.
+
+One `BookieConnection` per (bookie, shard), created on first use. It is an `asyncio.Protocol`:
+requests are pipelined and matched to responses by request id; frames produced during one
+loop iteration are encoded into one buffer and written with one `write` (a `call_soon` flush);
+the first frame on every connection is HELLO. A lost connection fails every request in flight
+with BookieUnavailableError; the next request after a backoff (doubling up to a cap, reset by
+a successful HELLO) reconnects. Each request has a deadline, checked by one periodic timer per
+connection (no timer per request); an expired request fails with BKTimeoutError and the
+connection stays up.
+
+Ledger L of a bookie with S shards lives on shard L % S, port = bookie port + shard.
+Imports the codec (`bkaio.protocol`) and errors; never the metadata store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, cast
+
+import structlog
+
+from bkaio.errors import (
+    BKError,
+    BKTimeoutError,
+    BookieUnavailableError,
+    ProtocolError,
+    error_for_status,
+)
+from bkaio.ledger_client.types import AddCallback, ClientConfig, LacAnswer, StoredCopy
+from bkaio.protocol import (
+    PROTOCOL_VERSION,
+    AddEntryResponse,
+    ErrorResponse,
+    Flag,
+    FrameDecoder,
+    FrameEncoder,
+    HelloResponse,
+    Op,
+    ReadEntryResponse,
+    ReadLacResponse,
+    Response,
+    Status,
+    decode_response,
+)
+
+log = structlog.get_logger(__name__)
+
+ResponseCallback = Callable[[Response | BKError], None]
+
+# Deadline checks run this often while requests are in flight: a timeout fires at most this
+# late, and the scan costs one pass over the in-flight dict per tick, not a timer per request.
+_DEADLINE_TICK_SECONDS = 0.05
+_ADD_FLAGS = int(Flag.NONE)
+_RECOVERY_ADD_FLAGS = int(Flag.RECOVERY_ADD)
+
+
+class BookieAddress(Protocol):
+    """Where a bookie listens (bkaio.meta.BookieInfo satisfies it)."""
+
+    @property
+    def bookie_id(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def shard_count(self) -> int: ...
+
+
+class BookieConnection(asyncio.Protocol):
+    """One TCP connection to one bookie shard. Pipelined; responses come in any order."""
+
+    def __init__(
+        self,
+        *,
+        bookie_id: str,
+        host: str,
+        port: int,
+        shard_index: int,
+        config: ClientConfig,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.bookie_id = bookie_id
+        self._host = host
+        self._port = port
+        self._shard_index = shard_index
+        self._config = config
+        self._tls = tls
+        self._label = f"{bookie_id} shard {shard_index} ({host}:{port})"
+        self._request_ids = itertools.count(1)
+        self._waiters: dict[int, tuple[ResponseCallback, float]] = {}
+        self._encoder = FrameEncoder(config.max_frame_bytes)
+        self._decoder = FrameDecoder(config.max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._connect_task: asyncio.Task[None] | None = None
+        self._connected = False
+        self._paused = False
+        self._flush_scheduled = False
+        self._tick: asyncio.TimerHandle | None = None
+        self._retry_at = 0.0
+        self._backoff = config.reconnect_backoff_min
+        self._hello_request_id = 0
+        self._closed = False
+
+    # ----------------------------------------------------------------- sending
+
+    def send(
+        self, op: Op, fields: tuple[Any, ...], callback: ResponseCallback, timeout: float
+    ) -> None:
+        """Queue one request; `callback` later gets the response or the error (never inline)."""
+        if self._closed:
+            self._loop.call_soon(callback, BookieUnavailableError(f"{self._label}: client closed"))
+            return
+        if self._transport is None and self._connect_task is None:
+            now = time.monotonic()
+            if now < self._retry_at:
+                self._loop.call_soon(
+                    callback,
+                    BookieUnavailableError(
+                        f"{self._label} is unreachable; next attempt in {self._retry_at - now:.2f}s"
+                    ),
+                )
+                return
+            self._start_connecting()
+        request_id = next(self._request_ids)
+        try:
+            self._encoder.add([op, request_id, *fields])
+        except BKError as error:  # An oversized frame: the bookie would refuse it anyway.
+            self._loop.call_soon(callback, error)
+            return
+        self._waiters[request_id] = (callback, time.monotonic() + timeout)
+        if self._tick is None:
+            self._tick = self._loop.call_later(_DEADLINE_TICK_SECONDS, self._expire)
+        if self._connected and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or not self._connected or self._paused or not len(self._encoder):
+            return
+        transport.write(self._encoder.take())
+
+    def pause_writing(self) -> None:
+        self._paused = True  # Frames wait in the encoder; adds are bounded per ledger handle.
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._flush()
+
+    # ----------------------------------------------------------------- connecting
+
+    def _start_connecting(self) -> None:
+        self._decoder = FrameDecoder(self._config.max_frame_bytes)
+        self._connect_task = self._loop.create_task(
+            self._connect(), name=f"connect-{self.bookie_id}-{self._shard_index}"
+        )
+
+    async def _connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._config.connect_timeout):
+                await self._loop.create_connection(
+                    lambda: self,
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._host if self._tls is not None else None,
+                )
+        except (OSError, TimeoutError) as error:
+            self._connect_task = None
+            self._connection_failed(
+                BookieUnavailableError(f"cannot connect to {self._label}: {error!r}")
+            )
+            return
+        self._connect_task = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; both have what we use.
+        tcp_transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._closed:
+            tcp_transport.abort()
+            return
+        self._transport = tcp_transport
+        self._connected = True
+        # HELLO goes first; the requests queued while connecting follow it in the same write.
+        queued = self._encoder.take()
+        self._hello_request_id = next(self._request_ids)
+        hello_deadline = time.monotonic() + self._config.connect_timeout
+        self._waiters[self._hello_request_id] = (self._hello_done, hello_deadline)
+        self._encoder.add(
+            [
+                Op.HELLO,
+                self._hello_request_id,
+                PROTOCOL_VERSION,
+                self._config.client_id,
+                self._config.auth_token,
+            ]
+        )
+        tcp_transport.write(self._encoder.take() + queued)
+
+    def _hello_done(self, result: Response | BKError) -> None:
+        if isinstance(result, BKError):
+            return  # The connection is already failing every waiter.
+        assert isinstance(result, HelloResponse)
+        if result.status is not Status.OK:
+            self._abort(error_for_status(result.status, f"{self._label} refused HELLO"))
+        elif result.shard_index != self._shard_index:
+            self._abort(
+                ProtocolError(
+                    f"{self._label}: connected to shard {result.shard_index} of "
+                    f"{result.bookie_id}, expected shard {self._shard_index}"
+                )
+            )
+        else:
+            self._backoff = self._config.reconnect_backoff_min
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            bodies = self._decoder.feed(data)
+            for body in bodies:
+                response = decode_response(body)
+                self._deliver(response)
+        except ProtocolError as error:
+            self._abort(ProtocolError(f"{self._label}: {error}"))
+
+    def _deliver(self, response: Response) -> None:
+        if isinstance(response, ErrorResponse):
+            waiter = self._waiters.pop(response.request_id, None)
+            failure = ProtocolError(f"{self._label} could not decode a request: {response.message}")
+            if waiter is not None:
+                waiter[0](failure)
+            return
+        waiter = self._waiters.pop(response.request_id, None)
+        if waiter is not None:  # None: it timed out already.
+            waiter[0](response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._connected = False
+        self._paused = False
+        reason = f"lost connection to {self._label}" + (f": {exc!r}" if exc else "")
+        self._connection_failed(BookieUnavailableError(reason))
+
+    def _connection_failed(self, error: BKError) -> None:
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self._config.reconnect_backoff_max)
+        self._encoder.take()
+        waiters, self._waiters = self._waiters, {}
+        if waiters:
+            log.info("bookie_connection_failed", bookie=self._label, error=str(error))
+        for callback, _ in waiters.values():
+            callback(type(error)(str(error)))
+
+    def _abort(self, error: BKError) -> None:
+        transport = self._transport
+        self._transport = None
+        self._connected = False
+        if transport is not None:
+            transport.abort()
+        self._connection_failed(error)
+
+    # ----------------------------------------------------------------- deadlines
+
+    def _expire(self) -> None:
+        self._tick = None
+        if not self._waiters:
+            return
+        now = time.monotonic()
+        expired = [rid for rid, (_, deadline) in self._waiters.items() if deadline <= now]
+        for request_id in expired:
+            callback, _ = self._waiters.pop(request_id)
+            if request_id == self._hello_request_id:
+                self._abort(BKTimeoutError(f"{self._label}: no HELLO reply"))
+                break
+            callback(BKTimeoutError(f"{self._label}: request {request_id} timed out"))
+        if self._waiters:
+            self._tick = self._loop.call_later(_DEADLINE_TICK_SECONDS, self._expire)
+
+    async def close(self) -> None:
+        """Close the connection; requests in flight fail with BookieUnavailableError."""
+        self._closed = True
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        task = self._connect_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._connect_task = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+            self._connected = False
+        self._connection_failed(BookieUnavailableError(f"{self._label}: client closed"))
+
+
+class BookiePool:
+    """`BookieOps` over the wire: routes each request to the connection of its ledger's shard."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        resolve: Callable[[str], BookieAddress | None],
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self._config = config
+        self._resolve = resolve
+        self._tls = tls
+        self._connections: dict[tuple[str, int], BookieConnection] = {}
+        self._loop = asyncio.get_running_loop()
+
+    def _connection(self, bookie_id: str, ledger_id: int) -> BookieConnection:
+        address = self._resolve(bookie_id)
+        if address is None:
+            raise BookieUnavailableError(f"bookie {bookie_id} is not registered (never seen)")
+        shard = ledger_id % address.shard_count
+        key = (bookie_id, shard)
+        connection = self._connections.get(key)
+        if connection is None:
+            connection = BookieConnection(
+                bookie_id=bookie_id,
+                host=address.host,
+                port=address.port + shard,
+                shard_index=shard,
+                config=self._config,
+                tls=self._tls,
+            )
+            self._connections[key] = connection
+        return connection
+
+    def _call(
+        self, bookie_id: str, ledger_id: int, op: Op, fields: tuple[Any, ...], timeout: float
+    ) -> asyncio.Future[Response]:
+        future: asyncio.Future[Response] = self._loop.create_future()
+
+        def done(result: Response | BKError) -> None:
+            if future.done():
+                return
+            if isinstance(result, BKError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        try:
+            connection = self._connection(bookie_id, ledger_id)
+        except BKError as error:
+            future.set_exception(error)
+            return future
+        connection.send(op, fields, done, timeout)
+        return future
+
+    def add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        callback: AddCallback,
+    ) -> None:
+        """Send one ADD_ENTRY; `callback(None)` once the bookie made it durable."""
+
+        def done(result: Response | BKError) -> None:
+            if isinstance(result, BKError):
+                callback(result)
+            elif result.status is Status.OK:
+                callback(None)
+            else:
+                assert isinstance(result, AddEntryResponse)
+                callback(
+                    error_for_status(
+                        result.status,
+                        f"bookie {bookie_id}: add of ledger {ledger_id} entry {entry_id} "
+                        f"failed with {result.status.name}",
+                    )
+                )
+
+        try:
+            connection = self._connection(bookie_id, ledger_id)
+        except BKError as error:
+            self._loop.call_soon(callback, error)
+            return
+        flags = _RECOVERY_ADD_FLAGS if recovery else _ADD_FLAGS
+        connection.send(
+            Op.ADD_ENTRY,
+            (ledger_id, entry_id, flags, master_key, lac, length, digest, payload),
+            done,
+            self._config.add_timeout,
+        )
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        """READ_ENTRY from one bookie; raises the error its status maps to."""
+        flags = int(Flag.FENCE) if fence else 0
+        response = await self._call(
+            bookie_id,
+            ledger_id,
+            Op.READ_ENTRY,
+            (ledger_id, entry_id, flags, master_key),
+            self._config.read_timeout,
+        )
+        assert isinstance(response, ReadEntryResponse)
+        if response.status is not Status.OK:
+            raise error_for_status(
+                response.status,
+                f"bookie {bookie_id}: read of ledger {ledger_id} entry {entry_id}: "
+                f"{response.status.name}",
+            )
+        entry = response.entry
+        if entry is None:
+            raise ProtocolError(f"bookie {bookie_id}: OK read of entry {entry_id} with no entry")
+        return StoredCopy(entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload)
+
+    async def read_lac(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> LacAnswer:
+        """READ_LAC (optionally fencing, optionally long-polling past `previous_lac`)."""
+        flags = Flag.FENCE if fence else Flag.NONE
+        timeout_ms = 0
+        if previous_lac is not None:
+            flags |= Flag.LONG_POLL
+            timeout_ms = max(1, int(long_poll_seconds * 1000))
+        response = await self._call(
+            bookie_id,
+            ledger_id,
+            Op.READ_LAC,
+            (
+                ledger_id,
+                int(flags),
+                master_key,
+                -1 if previous_lac is None else previous_lac,
+                timeout_ms,
+            ),
+            self._config.read_timeout + timeout_ms / 1000,
+        )
+        assert isinstance(response, ReadLacResponse)
+        if response.status is not Status.OK:
+            raise error_for_status(
+                response.status,
+                f"bookie {bookie_id}: READ_LAC of ledger {ledger_id}: {response.status.name}",
+            )
+        return LacAnswer(response.lac, response.last_entry_id)
+
+    async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
+        """WRITE_LAC to one bookie."""
+        response = await self._call(
+            bookie_id,
+            ledger_id,
+            Op.WRITE_LAC,
+            (ledger_id, master_key, lac),
+            self._config.add_timeout,
+        )
+        if response.status is not Status.OK:
+            raise error_for_status(
+                response.status,
+                f"bookie {bookie_id}: WRITE_LAC of ledger {ledger_id}: {response.status.name}",
+            )
+
+    async def close(self) -> None:
+        """Close every connection."""
+        connections, self._connections = self._connections, {}
+        for connection in connections.values():
+            await connection.close()

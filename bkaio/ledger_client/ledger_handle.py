@@ -1,0 +1,485 @@
+"""The writer's handle of one ledger: pipelined quorum adds, ensemble change, explicit LAC, close.
+
+The add path (BookKeeper's PendingAddOp, docs/client.md):
+- `append` assigns the next entry id, computes the digest over (ledger, entry, LAC, cumulative
+  length, payload) and sends the entry to its write set at once; it returns a future.
+- Each bookie answer is a plain callback (no Task per entry). An add is *complete* when Qa
+  distinct bookies of its write set confirmed; futures resolve strictly in entry order, and
+  each resolution advances the LAC.
+- A bookie that fails an add (error, timeout, lost connection) starts an ensemble change: a
+  replacement takes its slot in a new segment starting at LAC + 1 (metadata CAS), and pending
+  entries are re-sent to it. Nothing completes while a change is in flight.
+- Fencing (FENCED from any bookie, or metadata no longer OPEN) is fatal for the handle.
+Imports no transport or codec code: bookies are reached through `ClientContext.ops`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import deque
+from functools import partial
+from types import TracebackType
+
+import structlog
+
+from bkaio.errors import (
+    BKError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+)
+from bkaio.ledger_client.context import ClientContext
+from bkaio.ledger_client.errors import InvalidArgumentError, copy_error
+from bkaio.ledger_client.quorum import with_new_segment, write_set
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bkaio.protocol.digest import entry_digest
+
+log = structlog.get_logger(__name__)
+
+# Errors after which the same bookie can never take this ledger's adds: the handle stops.
+_FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
+
+
+class _PendingAdd:
+    """One entry between `append` and its in-order completion."""
+
+    __slots__ = ("acked", "completed", "digest", "entry_id", "future", "lac", "length", "payload")
+
+    def __init__(
+        self,
+        entry_id: int,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        future: asyncio.Future[int],
+    ) -> None:
+        self.entry_id = entry_id
+        self.lac = lac  # Piggybacked LAC; part of the digest, so re-sends reuse it.
+        self.length = length  # Ledger length after this entry.
+        self.digest = digest
+        self.payload = payload
+        self.future = future
+        self.acked = 0  # Bit i set: the bookie at ensemble index i confirmed.
+        self.completed = False  # Qa distinct confirmations (may still wait for earlier entries).
+
+
+class LedgerHandle:
+    """A ledger open for writing by its one writer (returned by `BookKeeper.create_ledger`)."""
+
+    def __init__(self, context: ClientContext, metadata: LedgerMetadata, master_key: bytes) -> None:
+        self._ctx = context
+        self._loop = asyncio.get_running_loop()
+        self._md = metadata
+        self._master_key = master_key
+        self.ledger_id: int = metadata.ledger_id
+        self._ensemble_size = metadata.ensemble_size
+        self._write_quorum = metadata.write_quorum
+        self._ack_quorum = metadata.ack_quorum
+        self._write_sets = [
+            write_set(start, self._ensemble_size, self._write_quorum)
+            for start in range(self._ensemble_size)
+        ]
+        self._write_set_masks = [sum(1 << i for i in ws) for ws in self._write_sets]
+        self._ensemble: list[str] = list(metadata.ensembles[-1][1])
+        self._lac = -1
+        self._acked_length = 0
+        self._last_pushed = -1
+        self._pushed_length = 0
+        self._pending: deque[_PendingAdd] = deque()  # Sent, not yet resolved; entry order.
+        self._waiting: deque[_PendingAdd] = deque()  # Assigned, held back (backpressure/change).
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failed: dict[int, str] = {}  # Ensemble index -> bookie to replace.
+        self._ever_failed: set[str] = set()
+        self._down_mask = 0  # Indexes that failed with no replacement; adds skip them.
+        self._changing = False
+        self._change_task: asyncio.Task[None] | None = None
+        self._error: BKError | None = None
+        self._closing = False
+        self._closed = False
+        self._max_piggybacked_lac = -1
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_tasks: set[asyncio.Task[None]] = set()
+        self._log = log.bind(ledger_id=self.ledger_id)
+
+    # ----------------------------------------------------------------- public surface
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """Highest entry id acknowledged together with every entry before it; -1 when none."""
+        return self._lac
+
+    @property
+    def last_add_pushed(self) -> int:
+        """Highest entry id assigned by `append` (acknowledged or not); -1 when none."""
+        return self._last_pushed
+
+    @property
+    def length(self) -> int:
+        """Payload bytes of the acknowledged entries 0..LAC."""
+        return self._acked_length
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger metadata as this handle last wrote or read it."""
+        return self._md
+
+    @property
+    def is_closed(self) -> bool:
+        """True once `close` sealed the ledger (or failed for good)."""
+        return self._closed
+
+    def append(self, payload: bytes) -> asyncio.Future[int]:
+        """Add `payload` as the next entry; returns a future of its entry id.
+
+        The entry id is assigned and the requests are sent now; the future resolves after Qa
+        bookies of the entry's write set confirmed it and every earlier entry resolved.
+        Raises LedgerClosedError after `close`, and the handle's failure (LedgerFencedError,
+        NotEnoughBookiesError, ...) once it has failed.
+        """
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.ledger_id}: append after close")
+        if self._error is not None:
+            raise copy_error(self._error)
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(
+                f"ledger {self.ledger_id}: payload must be bytes, got {type(payload).__name__}"
+            )
+        payload = bytes(payload)
+        entry_id = self._last_pushed + 1
+        self._last_pushed = entry_id
+        self._pushed_length += len(payload)
+        lac = self._lac
+        digest = entry_digest(self.ledger_id, entry_id, lac, self._pushed_length, payload)
+        future: asyncio.Future[int] = self._loop.create_future()
+        add = _PendingAdd(entry_id, lac, self._pushed_length, digest, payload, future)
+        self._idle.clear()
+        if (
+            self._changing
+            or self._waiting
+            or len(self._pending) >= self._ctx.config.max_outstanding_adds
+        ):
+            self._waiting.append(add)
+        else:
+            self._pending.append(add)
+            self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
+        return future
+
+    async def close(self) -> None:
+        """Wait for pending adds, then seal the ledger: metadata CLOSED at the LAC.
+
+        Idempotent. Raises LedgerFencedError when another client recovered (or closed) the
+        ledger meanwhile; the ledger's end is then whatever that client sealed.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        await self._idle.wait()
+        if self._change_task is not None:
+            with contextlib.suppress(BKError):
+                await asyncio.shield(self._change_task)
+        self._stop_explicit_lac()
+        if isinstance(self._error, _FATAL_ADD_ERRORS):
+            self._closed = True
+            raise copy_error(self._error)
+        try:
+            await self._seal()
+        finally:
+            self._closed = True
+        self._log.info("ledger_closed", last_entry_id=self._lac, length=self._acked_length)
+
+    async def __aenter__(self) -> LedgerHandle:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- the add path
+
+    def _send(self, add: _PendingAdd, mask: int) -> None:
+        """Send `add` to the ensemble indexes in `mask` (skipping bookies known down)."""
+        live = self._write_set_masks[add.entry_id % self._ensemble_size] & ~self._down_mask
+        if (live | add.acked).bit_count() < self._ack_quorum:
+            self._fail(
+                NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: entry {add.entry_id} can reach only "
+                    f"{(live | add.acked).bit_count()} of ack quorum {self._ack_quorum}: "
+                    f"bookies {self._down_bookies()} failed and no writable bookie replaces them"
+                )
+            )
+            return
+        if add.lac > self._max_piggybacked_lac:
+            self._max_piggybacked_lac = add.lac
+        mask &= ~self._down_mask
+        ops = self._ctx.ops
+        ensemble = self._ensemble
+        for index in self._write_sets[add.entry_id % self._ensemble_size]:
+            if not mask >> index & 1:
+                continue
+            bookie_id = ensemble[index]
+            ops.add_entry(
+                bookie_id,
+                self.ledger_id,
+                add.entry_id,
+                recovery=False,
+                master_key=self._master_key,
+                lac=add.lac,
+                length=add.length,
+                digest=add.digest,
+                payload=add.payload,
+                callback=partial(self._add_done, add, index, bookie_id),
+            )
+
+    def _add_done(
+        self, add: _PendingAdd, index: int, bookie_id: str, error: BKError | None
+    ) -> None:
+        if self._ensemble[index] != bookie_id or self._closed:
+            return  # That bookie was replaced meanwhile: its answer no longer counts.
+        if error is None:
+            if add.completed or (add.future.done() and add.entry_id <= self._lac):
+                return
+            add.acked |= 1 << index
+            if add.acked.bit_count() >= self._ack_quorum:
+                add.completed = True
+                if self._pending and self._pending[0] is add:
+                    self._drain()
+            return
+        if isinstance(error, _FATAL_ADD_ERRORS):
+            self._fail(error)
+            return
+        if self._error is None and not (self._closing and self._idle.is_set()):
+            # Also for an entry that already completed: a slow or dead bookie is swapped
+            # out before later entries depend on it (BookKeeper's delayed write failure).
+            self._bookie_failed(index, bookie_id, error)
+
+    def _drain(self) -> None:
+        """Resolve completed adds from the head of the queue, in entry order."""
+        if self._changing:
+            return
+        pending = self._pending
+        advanced = False
+        while pending and pending[0].completed:
+            add = pending.popleft()
+            self._lac = add.entry_id
+            self._acked_length = add.length
+            advanced = True
+            if not add.future.done():
+                add.future.set_result(add.entry_id)
+            add.payload = b""
+        if advanced:
+            self._schedule_explicit_lac()
+        self._send_waiting()
+        if not pending and not self._waiting:
+            self._idle.set()
+
+    def _send_waiting(self) -> None:
+        limit = self._ctx.config.max_outstanding_adds
+        while (
+            self._waiting
+            and not self._changing
+            and self._error is None
+            and len(self._pending) < limit
+        ):
+            add = self._waiting.popleft()
+            self._pending.append(add)
+            self._send(add, self._write_set_masks[add.entry_id % self._ensemble_size])
+
+    def _fail(self, error: BKError) -> None:
+        """Stop the handle: every unresolved add fails with `error`; later appends raise it."""
+        if self._error is not None:
+            return
+        self._error = error
+        self._log.warning(
+            "ledger_handle_failed",
+            error=str(error),
+            error_type=type(error).__name__,
+            last_add_confirmed=self._lac,
+            unresolved_adds=len(self._pending) + len(self._waiting),
+        )
+        for add in (*self._pending, *self._waiting):
+            if not add.future.done():
+                add.future.set_exception(copy_error(error))
+        self._pending.clear()
+        self._waiting.clear()
+        self._idle.set()
+
+    def _down_bookies(self) -> list[str]:
+        return [b for i, b in enumerate(self._ensemble) if self._down_mask >> i & 1]
+
+    # ----------------------------------------------------------------- ensemble change
+
+    def _bookie_failed(self, index: int, bookie_id: str, error: BKError) -> None:
+        if index in self._failed or self._down_mask >> index & 1:
+            return
+        self._log.warning(
+            "bookie_add_failed",
+            bookie_id=bookie_id,
+            ensemble_index=index,
+            error=str(error),
+            error_type=type(error).__name__,
+        )
+        self._failed[index] = bookie_id
+        self._ever_failed.add(bookie_id)
+        if self._change_task is None:
+            self._changing = True
+            self._change_task = self._loop.create_task(
+                self._change_ensemble(), name=f"ledger-{self.ledger_id}-ensemble-change"
+            )
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed and self._error is None:
+                await self._change_ensemble_once(dict(self._failed))
+        except BKError as error:
+            self._fail(error)
+        finally:
+            self._changing = False
+            self._change_task = None
+            if self._error is None:
+                self._drain()
+
+    async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
+        new_ensemble = list(self._ensemble)
+        replaced: list[int] = []
+        bookies = self._ctx.bookies()
+        for index in sorted(failed):
+            try:
+                new_ensemble[index] = self._ctx.placement.replace_bookie(
+                    bookies, new_ensemble, index, self._write_quorum, exclude=self._ever_failed
+                )
+            except NotEnoughBookiesError:
+                self._down_mask |= 1 << index
+                self._log.warning(
+                    "bookie_not_replaced", bookie_id=failed[index], ensemble_index=index
+                )
+            else:
+                replaced.append(index)
+        if replaced:
+            await self._write_ensemble(new_ensemble)
+            self._log.info(
+                "ensemble_changed",
+                first_entry_id=self._lac + 1,
+                replaced={failed[i]: new_ensemble[i] for i in replaced},
+            )
+        for index, bookie_id in failed.items():
+            if self._failed.get(index) == bookie_id:
+                del self._failed[index]
+        replaced_mask = sum(1 << i for i in replaced)
+        for add in list(self._pending):
+            if self._error is not None:
+                return
+            resend = self._write_set_masks[add.entry_id % self._ensemble_size] & replaced_mask
+            if resend:
+                # The new segment names the newcomer for this slot: readers look there, so
+                # an ack from the bookie it replaced no longer counts.
+                add.acked &= ~resend
+                add.completed = add.acked.bit_count() >= self._ack_quorum
+            self._send(add, resend)
+
+    async def _write_ensemble(self, new_ensemble: list[str]) -> None:
+        """CAS a segment starting at LAC + 1 with `new_ensemble` into the metadata."""
+        ledgers = self._ctx.ledgers
+        md = self._md
+        first_entry_id = self._lac + 1
+        while True:
+            if md.state is not LedgerState.OPEN:
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} is {md.state.name} in metadata: another client "
+                    f"recovered or closed it during an ensemble change"
+                )
+            target = dataclasses.replace(
+                md, ensembles=with_new_segment(md.ensembles, first_entry_id, new_ensemble)
+            )
+            try:
+                updated = await ledgers.update(target)
+            except MetadataVersionError:
+                md = await ledgers.get(self.ledger_id)
+                continue
+            except MetadataOutcomeUnknownError:
+                md = await ledgers.get(self.ledger_id)
+                if md.state is LedgerState.OPEN and tuple(md.ensembles) == tuple(target.ensembles):
+                    updated = md
+                else:
+                    continue
+            self._md = updated
+            self._ensemble = new_ensemble
+            return
+
+    # ----------------------------------------------------------------- explicit LAC
+
+    def _schedule_explicit_lac(self) -> None:
+        interval = self._ctx.config.explicit_lac_interval
+        if interval > 0 and self._lac_timer is None and not self._closed:
+            self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
+
+    def _explicit_lac_due(self) -> None:
+        self._lac_timer = None
+        lac = self._lac
+        if lac <= self._max_piggybacked_lac or self._error is not None or self._closed:
+            return
+        self._max_piggybacked_lac = lac
+        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
+        self._lac_tasks.add(task)
+        task.add_done_callback(self._lac_tasks.discard)
+
+    async def _write_lac(self, lac: int) -> None:
+        """WRITE_LAC to the live bookies of the current ensemble; failures only delay readers."""
+        bookies = [b for i, b in enumerate(self._ensemble) if not self._down_mask >> i & 1]
+        results = await asyncio.gather(
+            *(self._ctx.ops.write_lac(b, self.ledger_id, self._master_key, lac) for b in bookies),
+            return_exceptions=True,
+        )
+        for bookie_id, result in zip(bookies, results, strict=True):
+            if isinstance(result, BaseException):
+                self._log.debug("explicit_lac_failed", bookie_id=bookie_id, error=str(result))
+
+    def _stop_explicit_lac(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        for task in self._lac_tasks:
+            task.cancel()
+
+    # ----------------------------------------------------------------- close
+
+    async def _seal(self) -> None:
+        """CAS the metadata to CLOSED at (LAC, length); adopt nothing but our own close."""
+        ledgers = self._ctx.ledgers
+        md = self._md
+        outcome_unknown = False
+        while True:
+            if md.state is LedgerState.CLOSED:
+                if outcome_unknown and (md.last_entry_id, md.length) == (
+                    self._lac,
+                    self._acked_length,
+                ):
+                    self._md = md
+                    return  # Our own close landed before the store's answer was lost.
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} was closed by another client at entry "
+                    f"{md.last_entry_id} (this writer's LAC {self._lac})"
+                )
+            if md.state is not LedgerState.OPEN:
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} is {md.state.name}: another client is recovering it"
+                )
+            target = md.closed(self._lac, self._acked_length)
+            try:
+                self._md = await ledgers.update(target)
+                return
+            except MetadataVersionError:
+                md = await ledgers.get(self.ledger_id)
+            except MetadataOutcomeUnknownError:
+                outcome_unknown = True
+                md = await ledgers.get(self.ledger_id)

@@ -1,0 +1,236 @@
+"""Ledger recovery: fence, find the end, re-replicate, seal (BookKeeper's LedgerRecoveryOp).
+
+With the two fixes the TLA+ model found (reference/faults.md A2):
+1. CAS the metadata OPEN -> IN_RECOVERY (already IN_RECOVERY: go on; CLOSED: nothing to do).
+2. Fencing READ_LAC to every bookie of the last segment until every write set has
+   Qw - Qa + 1 answers: no ack quorum of the old writer is left unfenced.
+3. Start at max(highest LAC seen, first entry of the last segment - 1): never reach into
+   earlier segments, which are immutable.
+4. Read forward with FENCING reads; an entry is present with one digest-valid copy, absent
+   once Qw - Qa + 1 bookies of its write set say no; anything else stops recovery with an
+   error and leaves the ledger unsealed.
+5. Re-write each found entry (the same bytes) to its write set with RECOVERY_ADD, Qa acks
+   each; a failing bookie is replaced locally, in a segment that starts at start + 1.
+6. CAS to CLOSED with the agreed last entry and length (and the local segment, if any). If
+   someone else closed first, adopt their close. A CAS whose outcome is unknown is re-read.
+Imports no transport code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from functools import partial
+
+import structlog
+
+from bkaio.errors import BKError, MetadataVersionError, NotEnoughBookiesError, UnauthorizedError
+from bkaio.ledger_client.context import ClientContext
+from bkaio.ledger_client.errors import LedgerRecoveryError
+from bkaio.ledger_client.quorum import bookies_for_entry, with_new_segment, write_set
+from bkaio.ledger_client.reads import EntryReader
+from bkaio.ledger_client.types import StoredCopy
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
+
+log = structlog.get_logger(__name__)
+
+# Fencing reads kept in flight ahead of the entry being decided. Reads past the end are
+# harmless (they only fence), and a window hides the round trip per entry.
+_RECOVERY_READ_WINDOW = 16
+
+
+class LedgerRecovery:
+    """One recovery attempt of one ledger by this client."""
+
+    def __init__(self, context: ClientContext, metadata: LedgerMetadata, master_key: bytes) -> None:
+        self._ctx = context
+        self._md = metadata
+        self._master_key = master_key
+        self.ledger_id = metadata.ledger_id
+        self._reader = EntryReader(
+            context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum
+        )
+        self._log = log.bind(ledger_id=self.ledger_id)
+
+    async def run(self) -> LedgerMetadata:
+        """Recover and seal the ledger; returns the CLOSED metadata (ours or the winner's)."""
+        md = await self._mark_in_recovery()
+        if md.is_closed:
+            return md
+        first_of_last, ensemble = md.ensembles[-1]
+        lac = await self._reader.read_lac(ensemble, fence=True, master_key=self._master_key)
+        start = max(lac, first_of_last - 1)
+        self._log.info("ledger_recovery_started", last_add_confirmed=lac, start_entry_id=start)
+        length = 0
+        if start >= 0:
+            bookies = bookies_for_entry(md.ensembles, start, md.write_quorum)
+            length = (await self._reader.read_entry(bookies, start)).length
+        found = await self._read_forward(ensemble, start + 1, md.write_quorum)
+        last_entry_id = start + len(found)
+        if found:
+            length = found[-1].length
+        final_ensemble = await self._rewrite(found, list(ensemble), md)
+        ensembles = md.ensembles
+        if final_ensemble != list(ensemble):
+            ensembles = with_new_segment(md.ensembles, start + 1, final_ensemble)
+        closed = await self._seal(md, ensembles, last_entry_id, length)
+        self._log.info(
+            "ledger_recovered",
+            last_entry_id=closed.last_entry_id,
+            length=closed.length,
+            recovered_entries=len(found),
+            adopted=closed.last_entry_id != last_entry_id,
+        )
+        return closed
+
+    # ----------------------------------------------------------------- metadata
+
+    async def _mark_in_recovery(self) -> LedgerMetadata:
+        ledgers = self._ctx.ledgers
+        md = self._md
+        while md.state is LedgerState.OPEN:
+            try:
+                md = await ledgers.update(md.with_state(LedgerState.IN_RECOVERY))
+            except (MetadataVersionError, MetadataOutcomeUnknownError):
+                md = await ledgers.get(self.ledger_id)
+        return md
+
+    async def _seal(
+        self,
+        md: LedgerMetadata,
+        ensembles: tuple[tuple[int, tuple[str, ...]], ...],
+        last_entry_id: int,
+        length: int,
+    ) -> LedgerMetadata:
+        ledgers = self._ctx.ledgers
+        target = md.replace(ensembles=ensembles).closed(last_entry_id, length)
+        while True:
+            try:
+                return await ledgers.update(target)
+            except MetadataVersionError:
+                current = await ledgers.get(self.ledger_id)
+            except MetadataOutcomeUnknownError:
+                current = await ledgers.get(self.ledger_id)
+            if current.is_closed:
+                return current  # Ours (an unknown outcome that landed) or another recovery's.
+            if current.state is not LedgerState.IN_RECOVERY:
+                raise LedgerRecoveryError(
+                    f"ledger {self.ledger_id} went back to {current.state.name} during recovery"
+                )
+            target = current.replace(ensembles=ensembles).closed(last_entry_id, length)
+
+    # ----------------------------------------------------------------- reading forward
+
+    async def _read_forward(
+        self, ensemble: tuple[str, ...], first_entry_id: int, write_quorum: int
+    ) -> list[StoredCopy]:
+        """Fencing reads from `first_entry_id` on, until the first absent entry."""
+        size = len(ensemble)
+
+        def read(entry_id: int) -> asyncio.Task[StoredCopy | None]:
+            bookies = [ensemble[i] for i in write_set(entry_id, size, write_quorum)]
+            return asyncio.ensure_future(
+                self._reader.recovery_read(bookies, entry_id, self._master_key)
+            )
+
+        found: list[StoredCopy] = []
+        tasks: deque[asyncio.Task[StoredCopy | None]] = deque()
+        next_id = first_entry_id
+        try:
+            while True:
+                while len(tasks) < _RECOVERY_READ_WINDOW:
+                    tasks.append(read(next_id))
+                    next_id += 1
+                copy = await tasks.popleft()
+                if copy is None:
+                    return found
+                found.append(copy)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ----------------------------------------------------------------- re-writing
+
+    async def _rewrite(
+        self, found: list[StoredCopy], ensemble: list[str], md: LedgerMetadata
+    ) -> list[str]:
+        """RECOVERY_ADD every found entry until each has Qa acks; returns the final ensemble."""
+        if not found:
+            return ensemble
+        excluded: set[str] = set()
+        while True:
+            failed = await self._add_all(found, ensemble, md.write_quorum, md.ack_quorum)
+            if failed is None:
+                return ensemble
+            excluded.update(ensemble[i] for i in failed)
+            for index in sorted(failed):
+                try:
+                    replacement = self._ctx.placement.replace_bookie(
+                        self._ctx.bookies(), ensemble, index, md.write_quorum, exclude=excluded
+                    )
+                except NotEnoughBookiesError as error:
+                    raise NotEnoughBookiesError(
+                        f"ledger {self.ledger_id}: recovery cannot re-write its entries: {error}"
+                    ) from error
+                self._log.info(
+                    "recovery_bookie_replaced", bookie_id=ensemble[index], replacement=replacement
+                )
+                ensemble[index] = replacement
+
+    async def _add_all(
+        self, found: list[StoredCopy], ensemble: list[str], write_quorum: int, ack_quorum: int
+    ) -> set[int] | None:
+        """Send every entry to its write set; None when each got Qa acks, else failed indexes."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        size = len(ensemble)
+        acks = [0] * len(found)
+        outstanding = 0
+        failed: set[int] = set()
+        errors: list[BKError] = []
+
+        short = len(found)  # Entries still below Qa acks.
+
+        def answered(position: int, index: int, error: BKError | None) -> None:
+            nonlocal outstanding, short
+            outstanding -= 1
+            if error is None:
+                acks[position] += 1
+                if acks[position] == ack_quorum:
+                    short -= 1
+            else:
+                failed.add(index)
+                errors.append(error)
+            # Done when every entry has Qa acks (a slow bookie does not hold recovery up),
+            # or when every bookie answered.
+            if (short == 0 or outstanding == 0) and not done.done():
+                done.set_result(None)
+
+        for position, copy in enumerate(found):
+            for index in write_set(copy.entry_id, size, write_quorum):
+                outstanding += 1
+                self._ctx.ops.add_entry(
+                    ensemble[index],
+                    self.ledger_id,
+                    copy.entry_id,
+                    recovery=True,
+                    master_key=self._master_key,
+                    lac=copy.lac,
+                    length=copy.length,
+                    digest=copy.digest,
+                    payload=copy.payload,
+                    callback=partial(answered, position, index),
+                )
+        await done
+        if all(count >= ack_quorum for count in acks):
+            return None
+        self._log.warning(
+            "recovery_add_failed", failed_indexes=sorted(failed), errors=[str(e) for e in errors]
+        )
+        for error in errors:
+            if isinstance(error, UnauthorizedError):
+                raise error  # Another bookie would say the same: the key is wrong.
+        return failed

@@ -1,0 +1,139 @@
+"""Value types and the seam between the ledger handles and the bookies.
+
+`BookieOps` is everything a ledger handle asks of bookies, by bookie id. `BookiePool`
+(connections.py) implements it over the wire protocol; unit tests implement it with
+in-memory `FakeBookie`s. Handles never see connections, frames or shards.
+Imports nothing from asyncio's transports, the codec or the metadata store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from bkaio.errors import BKError, ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry as returned to the application."""
+
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCopy:
+    """One bookie's copy of an entry, exactly as the writer sent it (digest not yet checked)."""
+
+    entry_id: int
+    lac: int  # The writer's LAC when it sent the entry (piggybacked).
+    length: int  # Ledger length after this entry.
+    digest: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LacAnswer:
+    """A bookie's answer to READ_LAC."""
+
+    lac: int  # Max of every piggybacked and explicit LAC the bookie stored; -1 when none.
+    last_entry_id: int  # Highest entry id the bookie holds; -1 when none.
+
+
+# Called once per add request: None when the bookie confirmed, else the reason it did not.
+AddCallback = Callable[[BKError | None], None]
+
+
+class BookieOps(Protocol):
+    """Requests to one bookie (by id) about one ledger. Timeouts are applied inside."""
+
+    def add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        callback: AddCallback,
+    ) -> None:
+        """Send one add; `callback` runs later on the loop (never inside this call)."""
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        """The bookie's copy of an entry; raises NoSuchEntryError/NoSuchLedgerError/BKError."""
+        ...
+
+    async def read_lac(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> LacAnswer:
+        """READ_LAC; with `previous_lac` it long-polls until the LAC passes it or time is up."""
+        ...
+
+    async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
+        """WRITE_LAC: tell the bookie the writer's LAC explicitly."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    """Options of one `BookKeeper` client (keyword options of `BookKeeper.connect`)."""
+
+    add_timeout: float = 5.0  # Per bookie add; past it the bookie counts as failed.
+    read_timeout: float = 5.0  # Per bookie read.
+    placement: str = "default"
+    client_id: str = "bkaio-client"
+    auth_token: str | None = None
+    explicit_lac_interval: float = (
+        0.1  # WRITE_LAC after this long without a newer piggyback; 0 = off.
+    )
+    speculative_read_timeout: float | None = None  # Ask the next replica after this; None = off.
+    max_outstanding_adds: int = 10_000  # Per ledger handle: adds sent and not yet acknowledged.
+    read_window: int = 64  # Entries read concurrently by `read`/`read_iter`.
+    connect_timeout: float = 5.0
+    reconnect_backoff_min: float = 0.05
+    reconnect_backoff_max: float = 2.0
+    max_frame_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("add_timeout", "read_timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+        if self.explicit_lac_interval < 0:
+            raise ConfigError(
+                f"explicit_lac_interval={self.explicit_lac_interval!r} must be >= 0 (0 = off)"
+            )
+        if self.speculative_read_timeout is not None and self.speculative_read_timeout <= 0:
+            raise ConfigError(
+                f"speculative_read_timeout={self.speculative_read_timeout!r} must be > 0 or None"
+            )
+        if self.max_outstanding_adds < 1:
+            raise ConfigError(f"max_outstanding_adds={self.max_outstanding_adds} must be >= 1")
+        if self.read_window < 1:
+            raise ConfigError(f"read_window={self.read_window} must be >= 1")
+        if not 0 < self.reconnect_backoff_min <= self.reconnect_backoff_max:
+            raise ConfigError(
+                f"reconnect_backoff_min={self.reconnect_backoff_min} must be in "
+                f"(0, reconnect_backoff_max={self.reconnect_backoff_max}]"
+            )

@@ -1,0 +1,266 @@
+"""In-memory stand-ins for bookies and the ledger metadata store (unit tests only).
+
+`FakeBookie` keeps the storage semantics a real shard has (master key on first sight, fencing,
+RECOVERY_ADD, LAC = max of piggybacked and explicit); `FakeBookieOps` implements the client's
+`BookieOps` seam on top of a set of them, with knobs to take a bookie down, hang it, or hold
+its adds until released. `FakeLedgerStore` is a CAS store of `LedgerMetadata`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from bkaio.errors import (
+    BKTimeoutError,
+    BookieUnavailableError,
+    EntryConflictError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from bkaio.ledger_client.types import AddCallback, LacAnswer, StoredCopy
+from bkaio.meta.bookies import BookieInfo
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.ledger_metadata import LedgerMetadata
+
+
+@dataclass
+class _FakeLedger:
+    master_key: bytes
+    fenced: bool = False
+    explicit_lac: int = -1
+    entries: dict[int, StoredCopy] = field(default_factory=dict)
+
+    @property
+    def lac(self) -> int:
+        piggybacked = max((copy.lac for copy in self.entries.values()), default=-1)
+        return max(piggybacked, self.explicit_lac)
+
+
+class FakeBookie:
+    """One bookie's ledger storage, in memory."""
+
+    def __init__(self, bookie_id: str) -> None:
+        self.bookie_id = bookie_id
+        self.ledgers: dict[int, _FakeLedger] = {}
+
+    def _ledger(self, ledger_id: int, master_key: bytes) -> _FakeLedger:
+        ledger = self.ledgers.setdefault(ledger_id, _FakeLedger(master_key))
+        if ledger.master_key != master_key:
+            raise UnauthorizedError(f"{self.bookie_id}: wrong master key for ledger {ledger_id}")
+        return ledger
+
+    def add(self, ledger_id: int, copy: StoredCopy, master_key: bytes, recovery: bool) -> None:
+        ledger = self._ledger(ledger_id, master_key)
+        if ledger.fenced and not recovery:
+            raise LedgerFencedError(f"{self.bookie_id}: ledger {ledger_id} is fenced")
+        existing = ledger.entries.get(copy.entry_id)
+        if existing is not None and existing.payload != copy.payload:
+            raise EntryConflictError(f"{self.bookie_id}: entry {copy.entry_id} differs")
+        ledger.entries[copy.entry_id] = copy
+
+    def read(
+        self, ledger_id: int, entry_id: int, fence: bool, master_key: bytes | None
+    ) -> StoredCopy:
+        if fence:
+            assert master_key is not None
+            self._ledger(ledger_id, master_key).fenced = True
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
+        copy = ledger.entries.get(entry_id)
+        if copy is None:
+            raise NoSuchEntryError(f"{self.bookie_id}: no entry {entry_id}")
+        return copy
+
+    def lac(self, ledger_id: int, fence: bool, master_key: bytes | None) -> LacAnswer:
+        if fence:
+            assert master_key is not None
+            self._ledger(ledger_id, master_key).fenced = True
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
+        return LacAnswer(ledger.lac, max(ledger.entries, default=-1))
+
+    def corrupt(self, ledger_id: int, entry_id: int) -> None:
+        ledger = self.ledgers[ledger_id]
+        copy = ledger.entries[entry_id]
+        flipped = bytes([copy.payload[0] ^ 0xFF]) + copy.payload[1:]
+        ledger.entries[entry_id] = StoredCopy(
+            copy.entry_id, copy.lac, copy.length, copy.digest, flipped
+        )
+
+
+class FakeBookieOps:
+    """`BookieOps` over FakeBookies, with fault knobs per bookie id."""
+
+    def __init__(self, bookies: list[FakeBookie], *, timeout: float = 0.2) -> None:
+        self.bookies = {b.bookie_id: b for b in bookies}
+        self.timeout = timeout
+        self.down: set[str] = set()  # Fail at once (connection refused).
+        self.hung: set[str] = set()  # Never answer: requests time out.
+        self.held: dict[str, list[Callable[[], None]]] = {}  # Adds parked until release().
+        self.fence_lost: set[str] = set()  # Fencing READ_LAC requests to these are dropped.
+        self.slow_reads: set[str] = set()  # READ_ENTRY to these times out.
+        self.add_count: dict[str, int] = {}
+
+    def hold(self, bookie_id: str) -> None:
+        self.held.setdefault(bookie_id, [])
+
+    def release(self, bookie_id: str) -> None:
+        for action in self.held.pop(bookie_id, []):
+            action()
+
+    def info(self, bookie_id: str, rack: str = "/default-rack") -> BookieInfo:
+        host, port = bookie_id.split(":")
+        return BookieInfo(bookie_id=bookie_id, host=host, port=int(port), rack=rack)
+
+    def add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        callback: AddCallback,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.add_count[bookie_id] = self.add_count.get(bookie_id, 0) + 1
+        if bookie_id in self.down:
+            loop.call_soon(callback, BookieUnavailableError(f"{bookie_id} is down"))
+            return
+        if bookie_id in self.hung:
+            loop.call_later(self.timeout, callback, BKTimeoutError(f"{bookie_id} timed out"))
+            return
+        copy = StoredCopy(entry_id, lac, length, digest, payload)
+
+        def apply() -> None:
+            if bookie_id in self.down:
+                callback(BookieUnavailableError(f"{bookie_id} is down"))
+                return
+            try:
+                self.bookies[bookie_id].add(ledger_id, copy, master_key, recovery)
+            except Exception as error:
+                assert hasattr(error, "retriable"), error
+                callback(error)  # type: ignore[arg-type]
+            else:
+                callback(None)
+
+        if bookie_id in self.held:
+            self.held[bookie_id].append(apply)
+        else:
+            loop.call_soon(apply)
+
+    async def _gate(self, bookie_id: str) -> None:
+        await asyncio.sleep(0)
+        if bookie_id in self.down:
+            raise BookieUnavailableError(f"{bookie_id} is down")
+        if bookie_id in self.hung:
+            await asyncio.sleep(self.timeout)
+            raise BKTimeoutError(f"{bookie_id} timed out")
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        await self._gate(bookie_id)
+        if bookie_id in self.slow_reads:
+            await asyncio.sleep(self.timeout)
+            raise BKTimeoutError(f"{bookie_id}: read timed out")
+        return self.bookies[bookie_id].read(ledger_id, entry_id, fence, master_key)
+
+    async def read_lac(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> LacAnswer:
+        await self._gate(bookie_id)
+        if fence and bookie_id in self.fence_lost:
+            await asyncio.sleep(self.timeout)
+            raise BKTimeoutError(f"{bookie_id}: fence request lost")
+        bookie = self.bookies[bookie_id]
+        if previous_lac is None:
+            return bookie.lac(ledger_id, fence, master_key)
+        deadline = asyncio.get_running_loop().time() + long_poll_seconds
+        while True:
+            try:
+                answer = bookie.lac(ledger_id, False, None)
+            except NoSuchLedgerError:
+                answer = LacAnswer(-1, -1)
+            if answer.lac > previous_lac or asyncio.get_running_loop().time() >= deadline:
+                return answer
+            await asyncio.sleep(0.005)
+
+    async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
+        await self._gate(bookie_id)
+        ledger = self.bookies[bookie_id]._ledger(ledger_id, master_key)
+        ledger.explicit_lac = max(ledger.explicit_lac, lac)
+
+
+class FakeLedgerStore:
+    """Ledger metadata with compare-and-swap on a version counter."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, LedgerMetadata] = {}
+        self._versions = itertools.count(1)
+        self._ids = itertools.count(1)
+        self.unknown_outcome_next_update = False  # Apply the next update, then "lose" the reply.
+        self.updates = 0
+
+    async def create(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        await asyncio.sleep(0)
+        stored = metadata.replace(ledger_id=next(self._ids), version=next(self._versions))
+        self.records[stored.ledger_id] = stored
+        return stored
+
+    async def get(self, ledger_id: int) -> LedgerMetadata:
+        await asyncio.sleep(0)
+        if ledger_id not in self.records:
+            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
+        return self.records[ledger_id]
+
+    async def update(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        await asyncio.sleep(0)
+        current = self.records.get(metadata.ledger_id)
+        if current is None:
+            raise NoSuchLedgerError(f"ledger {metadata.ledger_id} was deleted")
+        if current.version != metadata.version:
+            raise MetadataVersionError(
+                f"ledger {metadata.ledger_id}: version {metadata.version} != {current.version}"
+            )
+        stored = metadata.with_version(next(self._versions))
+        self.records[metadata.ledger_id] = stored
+        self.updates += 1
+        if self.unknown_outcome_next_update:
+            self.unknown_outcome_next_update = False
+            raise MetadataOutcomeUnknownError("connection lost during the update")
+        return stored
+
+    async def delete(self, ledger_id: int) -> None:
+        await asyncio.sleep(0)
+        if self.records.pop(ledger_id, None) is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
+
+    async def list_ids(self) -> AsyncIterator[int]:
+        for ledger_id in sorted(self.records):
+            yield ledger_id
