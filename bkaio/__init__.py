@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bkaio.logs import configure_library_default
+
 __version__ = "0.1.0"
+
+configure_library_default()
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper, Entry, LedgerHandle, ReadHandle

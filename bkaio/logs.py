@@ -27,3 +27,13 @@ def configure_logging(*, json: bool = True, level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def configure_library_default() -> None:
+    """Unless the application configured structlog, log warnings and worse to stderr only.
+
+    structlog's own default prints every level to stdout, which would put a library's debug
+    lines into an application's output. Services and the CLI call `configure_logging` instead.
+    """
+    if not structlog.is_configured():
+        configure_logging(json=False, level="warning")

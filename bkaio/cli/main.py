@@ -6,6 +6,7 @@ exit non-zero without a traceback; anything else is a bug and keeps its tracebac
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -14,6 +15,7 @@ from bkaio.cli.bookie_cmd import bookie
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
 from bkaio.errors import BKError
+from bkaio.logs import configure_logging
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -36,6 +38,9 @@ def one_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `bkaio` console script; returns the exit code."""
+    # Commands print their own results on stdout; library logs below error would only be
+    # noise there (and break --json). Services (`bkaio bookie`) reconfigure for JSON logs.
+    configure_logging(json=False, level=os.environ.get("BKAIO_LOG_LEVEL", "error"))
     try:
         result = cli.main(args=argv, prog_name="bkaio", standalone_mode=False)
     except click.exceptions.Exit as done:
