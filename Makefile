@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie clean etcd venv
+.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie bench-meta clean etcd venv
 
 venv: $(STAMP)
 
@@ -61,6 +61,9 @@ bench-journal: venv
 
 bench-bookie: venv
 	$(PY) benchmarks/bookie_bench.py
+
+bench-meta: venv etcd
+	$(PY) benchmarks/meta_bench.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/results

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import structlog
 
@@ -113,7 +113,7 @@ class SqliteMetadataStore(MetadataStore):
         self._writer_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, uri: str) -> SqliteMetadataStore:
+    async def open(cls, uri: str) -> Self:
         store = cls(uri)
         try:
             await store._run(store._open_sync)

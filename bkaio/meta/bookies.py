@@ -1,0 +1,242 @@
+"""Bookie registration and discovery: leased keys under /bookies/{writable,readonly}/<id>.
+
+Owns the registration life cycle (lease, background keep-alive, read-only flips, re-registering
+after a lost lease) and the views clients build on it (list, watch). Driver-independent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import structlog
+
+from bkaio.errors import MetadataError, MetadataVersionError
+from bkaio.meta.errors import InvalidMetadataError, LeaseExpiredError
+from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore
+
+log = structlog.get_logger(__name__)
+
+BOOKIES_PREFIX = "/bookies/"
+WRITABLE_PREFIX = "/bookies/writable/"
+READONLY_PREFIX = "/bookies/readonly/"
+DEFAULT_RACK = "/default-rack"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieInfo:
+    bookie_id: str  # "host:port", the port of shard 0.
+    host: str
+    port: int
+    shard_count: int = 1  # Shard i listens on port + i; ledger L lives on shard L % shard_count.
+    rack: str = DEFAULT_RACK
+    version: str = ""  # Software version of the bookie.
+    admin_url: str = ""
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.bookie_id or "/" in self.bookie_id:
+            raise InvalidMetadataError(f"bookie id {self.bookie_id!r} must be non-empty, no '/'")
+        if not 0 < self.port < 65536 or self.shard_count < 1:
+            raise InvalidMetadataError(
+                f"bookie {self.bookie_id}: port {self.port} / shard_count {self.shard_count}"
+                " out of range"
+            )
+
+    @classmethod
+    def for_address(cls, host: str, port: int, **fields: Any) -> BookieInfo:
+        return cls(bookie_id=f"{host}:{port}", host=host, port=port, **fields)
+
+
+def encode_bookie_info(info: BookieInfo) -> bytes:
+    packed: bytes = msgpack.packb(
+        {
+            "host": info.host,
+            "port": info.port,
+            "shard_count": info.shard_count,
+            "rack": info.rack,
+            "version": info.version,
+            "admin_url": info.admin_url,
+        }
+    )
+    return packed
+
+
+def decode_bookie_info(kv: KeyValue) -> BookieInfo:
+    read_only = kv.key.startswith(READONLY_PREFIX)
+    bookie_id = kv.key.rsplit("/", 1)[1]
+    try:
+        record = msgpack.unpackb(kv.value)
+        return BookieInfo(bookie_id=bookie_id, read_only=read_only, **record)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as error:
+        raise InvalidMetadataError(f"bookie registration {kv.key}: {error}") from None
+
+
+def registration_key(bookie_id: str, *, read_only: bool) -> str:
+    return (READONLY_PREFIX if read_only else WRITABLE_PREFIX) + bookie_id
+
+
+def _merge(kvs: dict[str, KeyValue]) -> builtins.list[BookieInfo]:
+    """One BookieInfo per bookie, sorted by id; read-only wins while both keys exist."""
+    by_id: dict[str, BookieInfo] = {}
+    for kv in kvs.values():
+        if kv.key.startswith((WRITABLE_PREFIX, READONLY_PREFIX)):
+            info = decode_bookie_info(kv)
+            if info.read_only or info.bookie_id not in by_id:
+                by_id[info.bookie_id] = info
+    return [by_id[bookie_id] for bookie_id in sorted(by_id)]
+
+
+class BookieRegistration:
+    """A live registration: kept alive in the background, re-created if its lease lapses."""
+
+    def __init__(self, store: MetadataStore, info: BookieInfo, lease: Lease) -> None:
+        self._store = store
+        self._info = info
+        self._lease = lease
+        self._deregistered = False
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"bookie-registration-{info.bookie_id}"
+        )
+
+    @property
+    def info(self) -> BookieInfo:
+        return self._info
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    async def set_read_only(self, read_only: bool) -> None:
+        """Move the registration to /bookies/readonly (or back) under the same lease."""
+        if read_only == self._info.read_only:
+            return
+        old_key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
+        self._info = BookieInfo(**{**_fields(self._info), "read_only": read_only})
+        # The new key first: the bookie is never missing from the list during the move.
+        await self._publish()
+        await self._store.delete(old_key)
+        log.info("bookie_mode_changed", bookie_id=self._info.bookie_id, read_only=read_only)
+
+    async def _publish(self) -> None:
+        key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
+        await self._store.put(key, encode_bookie_info(self._info), lease=self._lease)
+
+    async def _supervise(self) -> None:
+        while not self._deregistered:
+            await self._lease.wait_lost()
+            if self._deregistered:
+                return
+            log.warning("bookie_registration_lost", bookie_id=self._info.bookie_id)
+            try:
+                lease = await self._store.grant_lease(self._lease.ttl_seconds)
+                self._lease = lease
+                await self._publish()
+                lease.start_keep_alive()
+                log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
+            except MetadataError as error:
+                log.warning(
+                    "bookie_reregister_failed", bookie_id=self._info.bookie_id, error=str(error)
+                )
+                await asyncio.sleep(min(1.0, self._lease.ttl_seconds / 3))
+
+    async def deregister(self) -> None:
+        """Remove the registration now (revoking the lease deletes its key)."""
+        if self._deregistered:
+            return
+        self._deregistered = True
+        self._supervisor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._supervisor
+        await self._lease.revoke()
+        log.info("bookie_deregistered", bookie_id=self._info.bookie_id)
+
+
+def _fields(info: BookieInfo) -> dict[str, Any]:
+    return {name: getattr(info, name) for name in BookieInfo.__dataclass_fields__}
+
+
+class BookieRegistry:
+    def __init__(self, store: MetadataStore) -> None:
+        self._store = store
+
+    async def register(self, info: BookieInfo, ttl_seconds: float = 10.0) -> BookieRegistration:
+        """Register under a lease kept alive in the background.
+
+        A key left by a previous incarnation (another lease) is waited out for up to 2 x TTL;
+        MetadataError if it is still there then (is another live bookie using this id?).
+        """
+        await self._wait_for_previous_incarnation(info.bookie_id, ttl_seconds)
+        lease = await self._store.grant_lease(ttl_seconds)
+        key = registration_key(info.bookie_id, read_only=info.read_only)
+        try:
+            await self._store.compare_and_swap(
+                key, encode_bookie_info(info), expected_version=0, lease=lease
+            )
+        except MetadataVersionError:
+            await lease.revoke()
+            raise MetadataError(
+                f"bookie {info.bookie_id} registered meanwhile by another process"
+            ) from None
+        except BaseException:
+            with contextlib.suppress(MetadataError, LeaseExpiredError):
+                await lease.revoke()
+            raise
+        lease.start_keep_alive()
+        log.info("bookie_registered", bookie_id=info.bookie_id, read_only=info.read_only,
+                 lease_id=lease.id, ttl_seconds=ttl_seconds)  # fmt: skip
+        return BookieRegistration(self._store, info, lease)
+
+    async def _wait_for_previous_incarnation(self, bookie_id: str, ttl_seconds: float) -> None:
+        keys = [registration_key(bookie_id, read_only=flag) for flag in (False, True)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * ttl_seconds
+        waited = False
+        while True:
+            present = [kv for kv in [await self._store.get(key) for key in keys] if kv is not None]
+            if not present:
+                return
+            if loop.time() >= deadline:
+                raise MetadataError(
+                    f"bookie {bookie_id} is still registered at {present[0].key} (lease"
+                    f" {present[0].lease}) after {2 * ttl_seconds} s: is another bookie running"
+                    " with this id?"
+                )
+            if not waited:
+                log.info("bookie_waiting_for_old_registration", bookie_id=bookie_id)
+                waited = True
+            await asyncio.sleep(min(0.2, ttl_seconds / 10))
+
+    async def list(self) -> builtins.list[BookieInfo]:
+        """Every registered bookie, writable and read-only, sorted by bookie id."""
+        snapshot = await self._store.snapshot_prefix(BOOKIES_PREFIX)
+        return _merge({kv.key: kv for kv in snapshot.kvs})
+
+    async def writable(self) -> builtins.list[BookieInfo]:
+        return [info for info in await self.list() if not info.read_only]
+
+    async def watch(self) -> AsyncIterator[builtins.list[BookieInfo]]:
+        """The current bookie list, then a new one after every join, leave or mode flip."""
+        snapshot = await self._store.snapshot_prefix(BOOKIES_PREFIX)
+        kvs = {kv.key: kv for kv in snapshot.kvs}
+        current = _merge(kvs)
+        yield current
+        events = self._store.watch_prefix(BOOKIES_PREFIX, start_revision=snapshot.revision + 1)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.kind is EventKind.DELETE:
+                    kvs.pop(event.key, None)
+                else:
+                    kvs[event.key] = KeyValue(
+                        key=event.key, value=event.value, version=event.revision,
+                        create_revision=0, lease=0,
+                    )  # fmt: skip
+                latest = _merge(kvs)
+                if latest != current:
+                    current = latest
+                    yield current

@@ -1,0 +1,484 @@
+"""The production metadata driver: etcd v3 through aetcd's gRPC stubs.
+
+Owns the connection to etcd (one gRPC channel, optionally TLS and user/password), the
+mapping of `MetadataStore` calls to etcd requests and transactions, and retries on lost
+connections. Must not import `sqlite3`, `protocol` or `journal`.
+
+aetcd's high-level `Client` lacks range limits, TLS and reconnecting watches, so this driver
+uses aetcd's generated stubs (`aetcd.rpc`) directly.
+
+Retries: a request that fails because etcd is unreachable is retried with backoff for up to
+`retry_seconds` (URI option, default 30 s), so a client rides out an etcd restart. Reads,
+unconditional puts, deletes and lease calls are retried whatever happened. A conditional write
+(compare-and-swap, versioned delete) is retried only when gRPC says it never left this host;
+if the connection broke while it was in flight, the write may or may not have been applied,
+and MetadataOutcomeUnknownError tells the caller to re-read the key and decide.
+
+Watches re-open after any connection error from the revision after the last event they
+delivered, so no event is lost or repeated; only an etcd compaction past that revision ends
+them (WatchCompactedError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+from aetcd import rpc
+
+from bkaio.errors import ConfigError, MetadataError, MetadataVersionError
+from bkaio.meta.errors import LeaseExpiredError, MetadataOutcomeUnknownError, WatchCompactedError
+from bkaio.meta.store import (
+    EventKind,
+    KeyValue,
+    Lease,
+    MetadataStore,
+    PrefixSnapshot,
+    WatchEvent,
+    check_key,
+    prefix_end,
+)
+from bkaio.meta.uri import EtcdUri, parse_etcd_uri
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly after an etcd restart instead of gRPC's default backoff of up to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Notice a silently dead peer (host gone, SIGSTOP) within about 15 s.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+# gRPC details saying the request never reached etcd (or etcd refused it before applying).
+_NOT_SENT_MARKERS = ("failed to connect", "connection refused", "no leader", "not capable")
+_MAX_BACKOFF_SECONDS = 1.0
+
+
+def _never_sent(error: Any) -> bool:
+    details = (error.details() or "").lower()
+    return error.code() == rpc.StatusCode.UNAVAILABLE and any(
+        marker in details for marker in _NOT_SENT_MARKERS
+    )
+
+
+def _connection_lost(error: Any) -> bool:
+    return error.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class EtcdLease(Lease):
+    def __init__(self, store: EtcdMetadataStore, lease_id: int, ttl_seconds: float) -> None:
+        super().__init__(lease_id, ttl_seconds)
+        self._store = store
+
+    async def keep_alive(self) -> None:
+        await self._store._keep_alive(self.id)
+
+    async def _revoke(self) -> None:
+        await self._store._revoke(self.id)
+
+
+class EtcdMetadataStore(MetadataStore):
+    """`etcd://host:port[,host:port]/prefix`: every key lives under the URI's prefix."""
+
+    def __init__(self, uri: str, parsed: EtcdUri) -> None:
+        self.uri = uri
+        self._config = parsed
+        self._root = parsed.root
+        self._channel: Any = None
+        self._kv: Any = None
+        self._lease: Any = None
+        self._watch: Any = None
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, uri: str) -> EtcdMetadataStore:
+        store = cls(uri, parse_etcd_uri(uri))
+        try:
+            await store._connect()
+            await store.current_revision()  # Fail now, not at first use, if etcd is unreachable.
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def _target(self) -> str:
+        endpoints = self._config.endpoints
+        if len(endpoints) == 1:
+            host, port = endpoints[0]
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # Several endpoints: resolve them so one channel fails over between addresses.
+        loop = asyncio.get_running_loop()
+        addresses: list[str] = []
+        for host, port in endpoints:
+            try:
+                ipaddress.ip_address(host)
+                resolved = [host]
+            except ValueError:
+                infos = await loop.getaddrinfo(host, port)
+                resolved = sorted({str(info[4][0]) for info in infos})
+            addresses.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in resolved)
+        return (
+            "ipv4:" + ",".join(addresses)
+            if "[" not in "".join(addresses)
+            else "ipv6:" + ",".join(addresses)
+        )
+
+    async def _connect(self) -> None:
+        config = self._config
+        target = await self._target()
+        if config.ca_file or config.cert_file:
+            import grpc  # type: ignore[import-untyped]  # Only the TLS path needs it.
+
+            def read(path: str | None) -> bytes | None:
+                if path is None:
+                    return None
+                try:
+                    return Path(path).read_bytes()
+                except OSError as error:
+                    raise ConfigError(
+                        f"metadata URI: cannot read TLS file {path}: {error}"
+                    ) from None
+
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(config.ca_file),
+                private_key=read(config.key_file),
+                certificate_chain=read(config.cert_file),
+            )
+            options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", config.endpoints[0][0])]
+            self._channel = rpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = rpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._kv = rpc.KVStub(self._channel)
+        self._lease = rpc.LeaseStub(self._channel)
+        self._watch = rpc.WatchStub(self._channel)
+        if config.user is not None:
+            await self._authenticate()
+
+    async def _authenticate(self) -> None:
+        auth = rpc.AuthStub(self._channel)
+        request = rpc.AuthenticateRequest(name=self._config.user, password=self._config.password)
+
+        async def call() -> Any:
+            return await auth.Authenticate(request, timeout=self._config.operation_timeout_seconds)
+
+        response = await self._retrying("authenticate", call, idempotent=True, reauth=False)
+        self._metadata = (("token", response.token),)
+
+    async def _retrying(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        idempotent: bool,
+        reauth: bool = True,
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.retry_seconds
+        delay = 0.05
+        while True:
+            if self._closed:
+                raise MetadataError(f"metadata store {self.uri} is closed")
+            try:
+                return await call()
+            except rpc.AioRpcError as error:
+                code = error.code()
+                if code == rpc.StatusCode.UNAUTHENTICATED and reauth and self._config.user:
+                    reauth = False  # The token expired: log in again, once.
+                    await self._authenticate()
+                    continue
+                if not _connection_lost(error):
+                    raise MetadataError(
+                        f"etcd {what} failed: {code.name}: {error.details()}"
+                    ) from None
+                if not idempotent and not _never_sent(error):
+                    raise MetadataOutcomeUnknownError(
+                        f"etcd {what}: connection lost while the write was in flight"
+                        f" ({code.name}: {error.details()}); re-read the key to learn the outcome"
+                    ) from None
+                if loop.time() + delay > deadline:
+                    raise MetadataError(
+                        f"etcd {what}: {self._config.endpoints} unreachable for"
+                        f" {self._config.retry_seconds} s: {error.details()}"
+                    ) from None
+                log.warning("etcd_retrying", operation=what, delay_seconds=delay, code=code.name)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+
+    def _full(self, key: str) -> bytes:
+        check_key(key)
+        return (self._root + key).encode()
+
+    def _key_value(self, kv: Any) -> KeyValue:
+        return KeyValue(
+            key=kv.key.decode()[len(self._root) :],
+            value=bytes(kv.value),
+            version=kv.mod_revision,
+            create_revision=kv.create_revision,
+            lease=kv.lease,
+        )
+
+    async def _range(self, what: str, request: Any) -> Any:
+        timeout = self._config.operation_timeout_seconds
+
+        async def call() -> Any:
+            return await self._kv.Range(request, timeout=timeout, metadata=self._metadata)
+
+        return await self._retrying(what, call, idempotent=True)
+
+    async def _txn(self, what: str, request: Any, *, idempotent: bool) -> Any:
+        timeout = self._config.operation_timeout_seconds
+
+        async def call() -> Any:
+            return await self._kv.Txn(request, timeout=timeout, metadata=self._metadata)
+
+        try:
+            return await self._retrying(what, call, idempotent=idempotent)
+        except MetadataError as error:
+            if "lease not found" in str(error):
+                raise LeaseExpiredError(f"etcd {what}: lease expired or revoked") from None
+            raise
+
+    # -- key/value --------------------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        response = await self._range(f"get {key}", rpc.RangeRequest(key=self._full(key)))
+        return self._key_value(response.kvs[0]) if response.kvs else None
+
+    def _put_request(self, full_key: bytes, value: bytes, lease: Lease | None) -> Any:
+        assert isinstance(value, bytes), type(value)
+        return rpc.PutRequest(key=full_key, value=value, lease=0 if lease is None else lease.id)
+
+    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
+        request = rpc.TxnRequest(
+            success=[rpc.RequestOp(request_put=self._put_request(self._full(key), value, lease))]
+        )
+        response = await self._txn(f"put {key}", request, idempotent=True)
+        return int(response.header.revision)
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_version: int, lease: Lease | None = None
+    ) -> int:
+        assert expected_version >= 0, expected_version
+        full_key = self._full(key)
+        request = rpc.TxnRequest(
+            compare=[self._version_is(full_key, expected_version)],
+            success=[rpc.RequestOp(request_put=self._put_request(full_key, value, lease))],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=full_key, keys_only=True))],
+        )
+        response = await self._txn(f"compare-and-swap {key}", request, idempotent=False)
+        if not response.succeeded:
+            raise MetadataVersionError(
+                f"metadata key {key}: version is {self._failed_version(response)},"
+                f" expected {expected_version}"
+            )
+        return int(response.header.revision)
+
+    @staticmethod
+    def _version_is(full_key: bytes, version: int) -> Any:
+        return rpc.Compare(
+            key=full_key,
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.EQUAL,
+            mod_revision=version,
+        )
+
+    @staticmethod
+    def _failed_version(response: Any) -> int:
+        kvs = response.responses[0].response_range.kvs
+        return int(kvs[0].mod_revision) if kvs else 0
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        full_key = self._full(key)
+        delete_op = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=full_key))
+        if expected_version is None:
+            response = await self._txn(
+                f"delete {key}", rpc.TxnRequest(success=[delete_op]), idempotent=True
+            )
+            return bool(response.responses[0].response_delete_range.deleted)
+        request = rpc.TxnRequest(
+            compare=[self._version_is(full_key, expected_version)],
+            success=[delete_op],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=full_key, keys_only=True))],
+        )
+        response = await self._txn(f"delete {key}", request, idempotent=False)
+        if response.succeeded:
+            return bool(response.responses[0].response_delete_range.deleted)
+        current = self._failed_version(response)
+        if current == 0:
+            return False
+        raise MetadataVersionError(
+            f"metadata key {key}: version is {current}, expected {expected_version}; not deleted"
+        )
+
+    async def list_prefix(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> list[KeyValue]:
+        assert limit is None or limit > 0, limit
+        full_prefix = self._full(prefix)
+        lower = full_prefix if start_after is None else self._full(start_after) + b"\0"
+        request = rpc.RangeRequest(
+            key=lower,
+            range_end=prefix_end(full_prefix.decode()).encode(),
+            limit=limit or 0,
+            keys_only=keys_only,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.KEY,
+        )
+        response = await self._range(f"list {prefix}", request)
+        return [self._key_value(kv) for kv in response.kvs]
+
+    async def snapshot_prefix(self, prefix: str) -> PrefixSnapshot:
+        full_prefix = self._full(prefix)
+        request = rpc.RangeRequest(
+            key=full_prefix, range_end=prefix_end(full_prefix.decode()).encode()
+        )
+        response = await self._range(f"list {prefix}", request)
+        return PrefixSnapshot(
+            kvs=[self._key_value(kv) for kv in response.kvs],
+            revision=int(response.header.revision),
+        )
+
+    async def current_revision(self) -> int:
+        request = rpc.RangeRequest(key=(self._root or "/").encode(), count_only=True)
+        response = await self._range("current revision", request)
+        return int(response.header.revision)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_seconds: float) -> Lease:
+        if not ttl_seconds > 0:
+            raise MetadataError(f"lease TTL must be > 0 seconds, not {ttl_seconds}")
+        request = rpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_seconds)))
+        timeout = self._config.operation_timeout_seconds
+
+        async def call() -> Any:
+            return await self._lease.LeaseGrant(request, timeout=timeout, metadata=self._metadata)
+
+        # An unconfirmed grant leaves at most an orphan lease, which expires by itself.
+        response = await self._retrying("grant lease", call, idempotent=True)
+        if response.error:
+            raise MetadataError(f"etcd grant lease failed: {response.error}")
+        return self._track_lease(EtcdLease(self, int(response.ID), float(response.TTL)))
+
+    async def _keep_alive(self, lease_id: int) -> None:
+        timeout = self._config.operation_timeout_seconds
+
+        async def call() -> Any:
+            stream = self._lease.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+                timeout=timeout,
+                metadata=self._metadata,
+            )
+            async for reply in stream:
+                return reply
+            return None
+
+        reply = await self._retrying(f"keep lease {lease_id} alive", call, idempotent=True)
+        if reply is None or reply.TTL <= 0:
+            raise LeaseExpiredError(f"lease {lease_id} expired or was revoked")
+
+    async def _revoke(self, lease_id: int) -> None:
+        timeout = self._config.operation_timeout_seconds
+
+        async def call() -> Any:
+            request = rpc.LeaseRevokeRequest(ID=lease_id)
+            return await self._lease.LeaseRevoke(request, timeout=timeout, metadata=self._metadata)
+
+        try:
+            await self._retrying(f"revoke lease {lease_id}", call, idempotent=True)
+        except MetadataError as error:
+            if "not found" in str(error):
+                raise LeaseExpiredError(f"lease {lease_id} expired or was revoked") from None
+            raise
+
+    # -- watches ----------------------------------------------------------------------------
+
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        full_prefix = self._full(prefix)
+        range_end = prefix_end(full_prefix.decode()).encode()
+        if start_revision is None:
+            start_revision = await self.current_revision() + 1
+        next_revision = start_revision
+        delay = 0.05
+        while not self._closed:
+            create = rpc.WatchCreateRequest(
+                key=full_prefix, range_end=range_end, start_revision=next_revision
+            )
+            call = self._watch.Watch(
+                _requests(rpc.WatchRequest(create_request=create)), metadata=self._metadata
+            )
+            try:
+                async for response in call:
+                    if response.compact_revision:
+                        raise WatchCompactedError(
+                            f"watch on {prefix}: etcd compacted revisions up to"
+                            f" {response.compact_revision}, after {next_revision - 1}"
+                        )
+                    if response.canceled:
+                        raise MetadataError(f"watch on {prefix} canceled: {response.cancel_reason}")
+                    for event in response.events:
+                        yield self._watch_event(event)
+                        next_revision = int(event.kv.mod_revision) + 1
+                    delay = 0.05
+            except rpc.AioRpcError as error:
+                if self._closed or error.code() == rpc.StatusCode.CANCELLED:
+                    return
+                if not _connection_lost(error) and error.code() != rpc.StatusCode.UNKNOWN:
+                    raise MetadataError(
+                        f"watch on {prefix} failed: {error.code().name}: {error.details()}"
+                    ) from None
+                log.warning(
+                    "etcd_watch_reconnecting", prefix=prefix, from_revision=next_revision,
+                    delay_seconds=delay, code=error.code().name,
+                )  # fmt: skip
+            finally:
+                call.cancel()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+
+    def _watch_event(self, event: Any) -> WatchEvent:
+        kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
+        return WatchEvent(
+            kind=kind,
+            key=event.kv.key.decode()[len(self._root) :],
+            value=b"" if kind is EventKind.DELETE else bytes(event.kv.value),
+            revision=int(event.kv.mod_revision),
+        )
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self._stop_keep_alives()
+        self._closed = True
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+
+
+async def _requests(first: Any) -> AsyncIterator[Any]:
+    """A watch stream's requests: one create, then nothing until the call is cancelled."""
+    yield first
+    await asyncio.Event().wait()

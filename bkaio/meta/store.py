@@ -1,0 +1,251 @@
+"""The metadata driver interface: versioned keys, compare-and-swap, leases and watches.
+
+Owns the shape every driver implements (etcd in `etcd_driver`, SQLite in `sqlite_driver`) and
+the small value types they return. Knows nothing about ledgers or bookies; must not import
+`aetcd`, `sqlite3`, `protocol` or `journal`.
+
+Semantics (the contract suite in tests/integration/meta checks both drivers against them):
+- Keys are `str` relative to the store's root and start with "/" (for example
+  "/ledgers/00000000000000000001"); the driver puts its root prefix in front.
+- A key's `version` is the store revision of its last write (etcd's mod_revision). Revisions
+  are one store-wide counter that only grows; every change gets a revision larger than every
+  change before it.
+- `compare_and_swap(expected_version=0)` creates the key only if absent.
+- A key written with a lease is deleted when the lease expires or is revoked.
+- `watch_prefix` yields every change after `start_revision - 1`, in revision order, and keeps
+  doing so across reconnects, resuming from the last revision it delivered.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import enum
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+
+import structlog
+
+from bkaio.errors import MetadataError
+from bkaio.meta.errors import LeaseExpiredError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    version: int  # Revision of the last write (etcd mod_revision); what CAS compares.
+    create_revision: int
+    lease: int  # 0 when the key is bound to no lease.
+
+
+class EventKind(enum.Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: EventKind
+    key: str
+    value: bytes  # Empty for DELETE.
+    revision: int  # The store revision of this change.
+
+    @property
+    def version(self) -> int:
+        """The key's version after this change: its revision for a PUT, 0 once deleted."""
+        return self.revision if self.kind is EventKind.PUT else 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSnapshot:
+    """Every key under a prefix as of `revision`: watch from `revision + 1` to follow it."""
+
+    kvs: list[KeyValue]
+    revision: int
+
+
+class Lease(abc.ABC):
+    """A TTL the owner keeps alive; keys bound to it vanish when it lapses."""
+
+    def __init__(self, lease_id: int, ttl_seconds: float) -> None:
+        assert lease_id > 0, lease_id
+        assert ttl_seconds > 0, ttl_seconds
+        self.id = lease_id
+        self.ttl_seconds = ttl_seconds
+        self._keep_alive_task: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+
+    @abc.abstractmethod
+    async def keep_alive(self) -> None:
+        """Refresh the TTL once. LeaseExpiredError if the lease is already gone."""
+
+    @abc.abstractmethod
+    async def _revoke(self) -> None: ...
+
+    async def revoke(self) -> None:
+        """Stop keeping alive and delete the lease and every key bound to it."""
+        await self.stop_keep_alive()
+        with contextlib.suppress(LeaseExpiredError):
+            await self._revoke()
+        self._lost.set()
+
+    @property
+    def lost(self) -> bool:
+        """True once the background keep-alive found the lease expired (or after revoke)."""
+        return self._lost.is_set()
+
+    async def wait_lost(self) -> None:
+        await self._lost.wait()
+
+    def start_keep_alive(self, interval_seconds: float | None = None) -> None:
+        """Refresh in the background every `interval_seconds` (default: a third of the TTL)."""
+        if self._keep_alive_task is not None:
+            return
+        interval = interval_seconds if interval_seconds is not None else self.ttl_seconds / 3
+        self._keep_alive_task = asyncio.get_running_loop().create_task(
+            self._keep_alive_forever(interval), name=f"lease-{self.id}-keep-alive"
+        )
+
+    async def stop_keep_alive(self) -> None:
+        task, self._keep_alive_task = self._keep_alive_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _keep_alive_forever(self, interval_seconds: float) -> None:
+        while True:
+            await asyncio.sleep(interval_seconds)
+            try:
+                await self.keep_alive()
+            except LeaseExpiredError:
+                log.warning("lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds)
+                self._lost.set()
+                return
+            except MetadataError as error:
+                # The store is unreachable; keep trying until the TTL decides for us.
+                log.warning("lease_keep_alive_failed", lease_id=self.id, error=str(error))
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.revoke()
+
+
+class MetadataStore(abc.ABC):
+    """A driver: one connection (or database) to a metadata store rooted at one prefix."""
+
+    uri: str
+
+    def _track_lease(self, lease: Lease) -> Lease:
+        """Remember a granted lease so that close() can stop its keep-alive task."""
+        leases: weakref.WeakSet[Lease] = self.__dict__.setdefault("_leases", weakref.WeakSet())
+        leases.add(lease)
+        return lease
+
+    async def _stop_keep_alives(self) -> None:
+        for lease in list(self.__dict__.get("_leases", ())):
+            await lease.stop_keep_alive()
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> KeyValue | None: ...
+
+    @abc.abstractmethod
+    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
+        """Write unconditionally; returns the key's new version."""
+
+    @abc.abstractmethod
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_version: int, lease: Lease | None = None
+    ) -> int:
+        """Write if the key's version equals `expected_version` (0: the key must be absent).
+
+        Returns the new version; raises MetadataVersionError on a mismatch. A driver that lost
+        its connection while the write was in flight raises MetadataOutcomeUnknownError.
+        """
+
+    @abc.abstractmethod
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        """Delete the key; False if it was absent. With `expected_version`, a present key at
+        another version raises MetadataVersionError."""
+
+    @abc.abstractmethod
+    async def list_prefix(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> list[KeyValue]:
+        """Keys starting with `prefix`, ascending, strictly after `start_after`, at most `limit`."""
+
+    @abc.abstractmethod
+    async def snapshot_prefix(self, prefix: str) -> PrefixSnapshot:
+        """Every key under `prefix` and the revision they were read at, in one read."""
+
+    @abc.abstractmethod
+    async def grant_lease(self, ttl_seconds: float) -> Lease: ...
+
+    @abc.abstractmethod
+    def watch_prefix(
+        self, prefix: str, *, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Every change under `prefix` from `start_revision` (inclusive; None: from the
+        revision current when iteration starts, plus one), in order, across reconnects.
+
+        Pass `start_revision=await store.current_revision() + 1` before doing the writes you
+        want to see: an async generator starts watching only when first iterated.
+        """
+
+    @abc.abstractmethod
+    async def current_revision(self) -> int: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def iterate_prefix(
+        self, prefix: str, *, page_size: int = 1000, keys_only: bool = False
+    ) -> AsyncIterator[KeyValue]:
+        """Every key under `prefix`, ascending, read one page at a time."""
+        start_after: str | None = None
+        while True:
+            page = await self.list_prefix(
+                prefix, start_after=start_after, limit=page_size, keys_only=keys_only
+            )
+            for kv in page:
+                yield kv
+            if len(page) < page_size:
+                return
+            start_after = page[-1].key
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest string greater than every string that starts with `prefix`.
+
+    Keys are compared as UTF-8 bytes by etcd and as text (same order for UTF-8) by SQLite.
+    """
+    encoded = bytearray(prefix.encode())
+    while encoded and encoded[-1] == 0xFF:
+        encoded.pop()
+    assert encoded, f"prefix {prefix!r} has no upper bound"
+    encoded[-1] += 1
+    return encoded.decode(errors="surrogateescape")
+
+
+def check_key(key: str) -> None:
+    """Keys are absolute paths under the store root."""
+    if not key.startswith("/"):
+        raise MetadataError(f"metadata key {key!r} must start with '/'")
