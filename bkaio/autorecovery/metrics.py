@@ -1,0 +1,78 @@
+"""Prometheus metrics of autorecovery (one set per process, in the registry it is given).
+
+BookKeeper names in brackets: replication worker (`REREPLICATE_OP`, `NUM_ENTRIES_WRITTEN`,
+`NUM_BYTES_WRITTEN`, `NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED`), auditor
+(`NUM_UNDER_REPLICATED_LEDGERS`, `AUDIT_BOOKIES_TIME`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class AutorecoveryMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.entries_replicated = Counter(
+            "bkaio_autorecovery_entries_replicated",
+            "Entries copied to a replacement bookie",
+            registry=r,
+        )
+        self.bytes_replicated = Counter(
+            "bkaio_autorecovery_bytes_replicated",
+            "Payload bytes copied to a replacement bookie",
+            registry=r,
+        )
+        self.fragments_replicated = Counter(
+            "bkaio_autorecovery_fragments_replicated",
+            "Fragments moved to a replacement bookie (metadata updated)",
+            registry=r,
+        )
+        self.ledgers_replicated = Counter(
+            "bkaio_autorecovery_ledgers_replicated",
+            "Under-replicated ledgers fully re-replicated",
+            registry=r,
+        )
+        self.ledgers_recovered = Counter(
+            "bkaio_autorecovery_open_ledgers_recovered",
+            "Open ledgers fenced and closed because their writer did not move off a lost bookie",
+            registry=r,
+        )
+        self.replication_failures = Counter(
+            "bkaio_autorecovery_replication_failures",
+            "Re-replication attempts that failed and will be retried",
+            registry=r,
+        )
+        self.ledger_seconds = Histogram(
+            "bkaio_autorecovery_ledger_replication_seconds",
+            "Time to re-replicate one ledger",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.ledgers_marked = Counter(
+            "bkaio_autorecovery_ledgers_marked",
+            "Under-replication marks written by the auditor",
+            registry=r,
+        )
+        self.is_auditor = Gauge(
+            "bkaio_autorecovery_is_auditor",
+            "1 while this process is the elected auditor",
+            registry=r,
+        )
+        self.lost_bookies = Gauge(
+            "bkaio_autorecovery_lost_bookies",
+            "Bookies named by ledger metadata but not registered (auditor's last scan)",
+            registry=r,
+        )
+        self.under_replicated_ledgers = Gauge(
+            "bkaio_autorecovery_under_replicated_ledgers",
+            "Ledgers with a fragment on a lost bookie (auditor's last scan)",
+            registry=r,
+        )
+        self.audit_seconds = Histogram(
+            "bkaio_autorecovery_audit_seconds",
+            "Duration of one auditor scan of the ledger metadata",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120),
+            registry=r,
+        )

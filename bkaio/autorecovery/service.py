@@ -1,0 +1,149 @@
+"""`AutorecoveryService`: auditor election plus a replication worker, in one process.
+
+A bookie runs one (unless `[autorecovery] enabled = false`); `run_autorecovery` runs one on its
+own (`bkaio autorecovery`, `python -m bkaio.autorecovery`). Every service stands for auditor
+(unless `auditor_enabled = false`); the elected one audits until its lease is lost or the
+service stops, when it resigns so that another takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from bkaio.config import AutorecoveryConfig
+from bkaio.errors import BKError
+from bkaio.meta import Metadata, open_metadata
+
+from .auditor import Auditor
+from .cluster import ClusterView, MasterKeys
+from .metrics import AutorecoveryMetrics
+from .replicator import Replicator
+from .worker import ReplicationWorker
+
+log = structlog.get_logger(__name__)
+
+_ELECTION_RETRY_SECONDS = 1.0
+
+
+class AutorecoveryService:
+    def __init__(
+        self,
+        metadata: Metadata,
+        *,
+        owner: str,
+        config: AutorecoveryConfig | None = None,
+        admin_token: str = "",
+        metrics: AutorecoveryMetrics | None = None,
+    ) -> None:
+        self.metadata = metadata
+        self.owner = owner
+        self.config = config or AutorecoveryConfig()
+        self.metrics = metrics or AutorecoveryMetrics()
+        self.view = ClusterView(metadata)
+        self.keys = MasterKeys(self.view, self.config.admin_token or admin_token)
+        self.replicator = Replicator(
+            self.view, self.keys, self.metrics, entries_in_flight=self.config.entries_in_flight
+        )
+        self.auditor: Auditor | None = None  # Set while this service is the elected auditor.
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.view.start()
+        loop = asyncio.get_running_loop()
+        if self.config.auditor_enabled:
+            self._tasks.append(loop.create_task(self._elect(), name="autorecovery-election"))
+        worker = ReplicationWorker(
+            self.metadata,
+            self.replicator,
+            self.metrics,
+            owner=self.owner,
+            lease_ttl_seconds=self.config.worker_lease_ttl_seconds,
+            concurrency=self.config.worker_concurrency,
+            open_ledger_grace_seconds=self.config.open_ledger_grace_seconds,
+            retry_backoff_seconds=self.config.retry_backoff_seconds,
+            poll_interval_seconds=self.config.poll_interval_seconds,
+        )
+        self._tasks.append(loop.create_task(worker.run(), name="autorecovery-worker"))
+        log.info("autorecovery_started", owner=self.owner, auditor=self.config.auditor_enabled)
+
+    async def _elect(self) -> None:
+        config = self.config
+        while True:
+            try:
+                leadership = await self.metadata.auditor.run_for_auditor(
+                    self.owner, config.auditor_lease_ttl_seconds
+                )
+            except BKError as error:
+                log.warning("auditor_election_failed", error=str(error))
+                await asyncio.sleep(_ELECTION_RETRY_SECONDS)
+                continue
+            self.metrics.is_auditor.set(1)
+            auditor = Auditor(
+                self.metadata,
+                self.metrics,
+                lost_bookie_delay_seconds=config.lost_bookie_delay_seconds,
+                audit_interval_seconds=config.audit_interval_seconds,
+            )
+            self.auditor = auditor
+            loop = asyncio.get_running_loop()
+            audit = loop.create_task(auditor.run(), name="auditor")
+            lost = loop.create_task(leadership.wait_lost())
+            try:
+                await asyncio.wait([audit, lost], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.auditor = None
+                self.metrics.is_auditor.set(0)
+                for task in (audit, lost):
+                    task.cancel()
+                await asyncio.gather(audit, lost, return_exceptions=True)
+                with contextlib.suppress(BKError):
+                    await leadership.resign()  # Let the next candidate in at once.
+            log.warning("auditor_leadership_ended", owner=self.owner)
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.keys.close()
+        await self.view.close()
+        log.info("autorecovery_stopped", owner=self.owner)
+
+
+def default_owner() -> str:
+    return f"autorecovery-{socket.gethostname()}-{os.getpid()}"
+
+
+async def run_autorecovery(
+    metadata_uri: str,
+    *,
+    config: AutorecoveryConfig | None = None,
+    admin_token: str = "",
+    owner: str | None = None,
+    stop: asyncio.Event | None = None,
+    metrics_registry: CollectorRegistry | None = None,
+) -> None:
+    """Run an auditor candidate and a replication worker until `stop` is set (or cancelled).
+
+    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys).
+    """
+    metadata = await open_metadata(metadata_uri)
+    service = AutorecoveryService(
+        metadata,
+        owner=owner or default_owner(),
+        config=config,
+        admin_token=admin_token,
+        metrics=AutorecoveryMetrics(metrics_registry),
+    )
+    try:
+        await service.start()
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await service.close()
+        await metadata.close()

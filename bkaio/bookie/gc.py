@@ -1,0 +1,181 @@
+"""Garbage collection of one bookie shard (BookKeeper's GarbageCollectorThread, reference 6).
+
+Each run compares the ledgers the shard holds with the metadata:
+- a ledger with no metadata is *deleted*: its index entries and state are dropped;
+- a ledger whose metadata no longer names this bookie in any segment is *over-replicated*
+  (re-replication or a decommission moved it away): dropped too, unless it is marked
+  under-replicated or locked (a copy to this bookie may be in flight).
+Metadata lags: a ledger's first entries can reach a bookie moments after its metadata appears
+to a scan, or a replicator copies a fragment here just before it CASes the metadata. So a
+ledger is collected only when it was a candidate in two scans at least `grace` seconds apart
+(and still is). The local list is taken *before* the metadata list, so a ledger created
+between the two is never a candidate. After deleting, `compact()` reclaims the entry-log
+space; compaction also runs every `compaction_interval_seconds`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from bkaio.entrylog.types import CompactionReport
+from bkaio.errors import NoSuchLedgerError
+from bkaio.meta import Metadata
+from bkaio.meta.autorecovery import LOCKS_PREFIX
+
+log = structlog.get_logger(__name__)
+
+
+class GcStorage(Protocol):
+    def ledger_ids(self) -> list[int]: ...
+
+    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> list[int]: ...
+
+    async def compact(self) -> CompactionReport: ...
+
+
+class GcMetadata(Protocol):
+    async def ledger_ids(self) -> set[int]:
+        """Every ledger id in metadata."""
+        ...
+
+    async def bookies_of(self, ledger_id: int) -> set[str] | None:
+        """Bookies named by the ledger's segments; None if it has no metadata."""
+        ...
+
+    async def under_replication(self, ledger_id: int) -> bool:
+        """Marked under-replicated or locked by a replicator."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    local_ledgers: int
+    deleted: tuple[int, ...]  # Absent from metadata.
+    overreplicated: tuple[int, ...]  # In metadata, but no segment names this bookie.
+    candidates: int  # Waiting for a second scan or the grace period.
+    compaction: CompactionReport | None
+
+
+class GarbageCollector:
+    def __init__(
+        self,
+        storage: GcStorage,
+        metadata: GcMetadata,
+        *,
+        bookie_id: str,
+        grace_seconds: float,
+        collect_overreplicated: bool = True,
+        overreplicated_grace_seconds: float = 3600.0,
+        compact_after_delete: bool = True,
+        compaction_interval_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._storage = storage
+        self._metadata = metadata
+        self._bookie_id = bookie_id
+        self._grace = grace_seconds
+        self._collect_over = collect_overreplicated
+        self._over_grace = overreplicated_grace_seconds
+        self._compact_after_delete = compact_after_delete
+        self._compaction_interval = compaction_interval_seconds
+        self._clock = clock
+        self._missing_since: dict[int, float] = {}
+        self._unnamed_since: dict[int, float] = {}
+        self._last_compaction = clock()
+
+    @staticmethod
+    def _due(candidates: set[int], since: dict[int, float], now: float, grace: float) -> list[int]:
+        """Track candidates; those seen in an earlier scan at least `grace` ago are due."""
+        for ledger_id in list(since):
+            if ledger_id not in candidates:
+                del since[ledger_id]  # Back in metadata (or gone): start over if it returns.
+        due = [i for i in sorted(candidates) if i in since and now - since[i] >= grace]
+        for ledger_id in candidates:
+            since.setdefault(ledger_id, now)
+        return due
+
+    async def run_once(self) -> GcReport:
+        local = set(self._storage.ledger_ids())  # Before the metadata list: see the docstring.
+        in_metadata = await self._metadata.ledger_ids()
+        now = self._clock()
+        deleted_due = self._due(local - in_metadata, self._missing_since, now, self._grace)
+        over_due: list[int] = []
+        if self._collect_over:
+            unnamed: set[int] = set()
+            for ledger_id in sorted(local & in_metadata):
+                bookies = await self._metadata.bookies_of(ledger_id)
+                if bookies is not None and self._bookie_id not in bookies:
+                    unnamed.add(ledger_id)
+            over_due = self._due(unnamed, self._unnamed_since, now, self._over_grace)
+        doomed = await self._confirm(deleted_due, over_due)
+        removed: list[int] = []
+        if doomed:
+            removed = await self._storage.delete_ledgers(doomed)
+            for ledger_id in removed:
+                self._missing_since.pop(ledger_id, None)
+                self._unnamed_since.pop(ledger_id, None)
+        compaction = None
+        if (removed and self._compact_after_delete) or (
+            now - self._last_compaction >= self._compaction_interval
+        ):
+            compaction = await self._storage.compact()
+            self._last_compaction = now
+        report = GcReport(
+            local_ledgers=len(local),
+            deleted=tuple(i for i in removed if i in set(deleted_due)),
+            overreplicated=tuple(i for i in removed if i not in set(deleted_due)),
+            candidates=len(self._missing_since) + len(self._unnamed_since),
+            compaction=compaction,
+        )
+        if removed:
+            log.info(
+                "gc_collected",
+                bookie_id=self._bookie_id,
+                deleted=list(report.deleted),
+                overreplicated=list(report.overreplicated),
+                bytes_freed=compaction.bytes_freed if compaction else 0,
+            )
+        return report
+
+    async def _confirm(self, deleted_due: list[int], over_due: list[int]) -> list[int]:
+        """Re-check just before deleting: the metadata may have changed during the scan."""
+        doomed: list[int] = []
+        for ledger_id in deleted_due:
+            if await self._metadata.bookies_of(ledger_id) is None:
+                doomed.append(ledger_id)
+        for ledger_id in over_due:
+            bookies = await self._metadata.bookies_of(ledger_id)
+            if bookies is None or self._bookie_id in bookies:
+                continue
+            if await self._metadata.under_replication(ledger_id):
+                continue  # A replicator may be copying to this bookie right now.
+            doomed.append(ledger_id)
+        return doomed
+
+
+class MetadataGcSource:
+    """`GcMetadata` over `bkaio.meta.Metadata`."""
+
+    def __init__(self, metadata: Metadata) -> None:
+        self._metadata = metadata
+
+    async def ledger_ids(self) -> set[int]:
+        return {ledger_id async for ledger_id in self._metadata.ledgers.list_ids()}
+
+    async def bookies_of(self, ledger_id: int) -> set[str] | None:
+        try:
+            record = await self._metadata.ledgers.get(ledger_id)
+        except NoSuchLedgerError:
+            return None
+        return {bookie_id for _, ensemble in record.ensembles for bookie_id in ensemble}
+
+    async def under_replication(self, ledger_id: int) -> bool:
+        if await self._metadata.underreplication.get(ledger_id) is not None:
+            return True
+        lock = await self._metadata.store.get(f"{LOCKS_PREFIX}{ledger_id:020d}")
+        return lock is not None
