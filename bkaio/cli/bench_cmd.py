@@ -79,6 +79,7 @@ class BenchFailedError(BKError):
     default="flamegraph",
     show_default=True,
 )
+@click.option("--profile-native", is_flag=True, help="Sample C frames too (py-spy --native).")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (matplotlib not needed then).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 def bench(
@@ -92,6 +93,7 @@ def bench(
     work_dir: Path | None,
     profile: bool,
     profile_format: str,
+    profile_native: bool,
     no_plot: bool,
     as_json: bool,
 ) -> int:
@@ -128,6 +130,7 @@ def bench(
         profile_format="raw"
         if profile_format == "raw"
         else ("speedscope" if profile_format == "speedscope" else "flamegraph"),
+        profile_native=profile_native,
     )
     console = Console(stderr=as_json, highlight=False)
     if not console.is_terminal:

@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from bkaio.cli.autorecovery_cmd import autorecovery
 from bkaio.cli.bookie_cmd import bookie
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
@@ -30,6 +31,7 @@ def cli() -> None:
 cli.add_command(standalone)
 cli.add_command(bookie)
 cli.add_command(shell)
+cli.add_command(autorecovery)
 
 
 def one_line(message: str) -> str:

@@ -8,8 +8,10 @@ picks the first time are remembered in the data directory, so a restart finds th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -44,6 +46,14 @@ class StandaloneLayout:
     admin_ports: list[int]
     etcd_client_port: int = 0
     etcd_peer_port: int = 0
+    # Shared by every bookie: autorecovery fetches ledger keys over the admin API with it.
+    admin_token: str = ""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Files holding the admin token are readable by their owner only."""
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 def _free_port() -> int:
@@ -58,6 +68,9 @@ def _load_layout(
     state_path = data_dir / STATE_FILE
     if state_path.exists():
         layout = StandaloneLayout(**json.loads(state_path.read_text()))
+        if not layout.admin_token:  # A data dir from before tokens existed.
+            layout.admin_token = secrets.token_hex(16)
+            _write_private(state_path, json.dumps(asdict(layout), indent=2))
         if len(layout.bookie_ports) != bookies:
             raise ConfigError(
                 f"{data_dir} holds a {len(layout.bookie_ports)}-bookie cluster; start it with "
@@ -74,7 +87,12 @@ def _load_layout(
     else:
         bookie_ports = [_free_port() for _ in range(bookies)]
         admin_ports = [_free_port() for _ in range(bookies)]
-    layout = StandaloneLayout(metadata_uri="", bookie_ports=bookie_ports, admin_ports=admin_ports)
+    layout = StandaloneLayout(
+        metadata_uri="",
+        bookie_ports=bookie_ports,
+        admin_ports=admin_ports,
+        admin_token=secrets.token_hex(16),
+    )
     if use_etcd:
         layout.etcd_client_port, layout.etcd_peer_port = _free_port(), _free_port()
         layout.metadata_uri = f"etcd://{LOOPBACK}:{layout.etcd_client_port}/bkaio"
@@ -82,7 +100,7 @@ def _load_layout(
         default = f"sqlite:///{(data_dir / 'meta.db').resolve()}"
         layout.metadata_uri = metadata_uri or default
     data_dir.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps(asdict(layout), indent=2))
+    _write_private(state_path, json.dumps(asdict(layout), indent=2))
     return layout
 
 
@@ -90,7 +108,8 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
     bookie_dir = (data_dir / f"bookie-{index}").resolve()
     bookie_dir.mkdir(parents=True, exist_ok=True)
     config_path = bookie_dir / "bookie.toml"
-    config_path.write_text(
+    _write_private(
+        config_path,
         "\n".join(
             [
                 "[bookie]",
@@ -104,6 +123,7 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
                 "[admin]",
                 f'host = "{LOOPBACK}"',
                 f"port = {layout.admin_ports[index]}",
+                f'token = "{layout.admin_token}"',
                 "[storage]",
                 f'journal_dirs = ["{bookie_dir / "journal"}"]',
                 f'ledger_dirs = ["{bookie_dir / "ledgers"}"]',
@@ -111,7 +131,7 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
                 "disk_check_interval_seconds = 5.0",
                 "",
             ]
-        )
+        ),
     )
     return config_path
 
@@ -166,8 +186,6 @@ class StandaloneCluster:
                         f"bookies {missing} did not register within {READY_TIMEOUT_SECONDS} s; "
                         f"see {self.data_dir}/bookie-*/bookie.log"
                     )
-                import asyncio
-
                 await asyncio.sleep(0.1)
         finally:
             await meta.close()
@@ -273,6 +291,7 @@ def standalone(
                     for b in description["bookies"]
                 ),
                 f"try       BKAIO_METADATA={layout.metadata_uri} bkaio shell simpletest",
+                f"admin     token in {data_dir / STATE_FILE} (for shell recover/decommission)",
                 "stop      Ctrl-C",
             ]
         )

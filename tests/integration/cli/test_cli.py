@@ -207,3 +207,16 @@ def test_bookie_format_refuses_to_wipe_data_without_force(tmp_path: Path) -> Non
     assert not (journal_dir / "data").exists()
     info = json.loads(bkaio("bookie", "info", "--config", str(config), "--json").stdout)
     assert info["bookie_id"] == "127.0.0.1:45181" and info["shards"] == 1
+
+
+def test_recover_of_a_bookie_that_held_nothing_reports_zero(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'meta.db'}"
+    done = bkaio("shell", "recover", "127.0.0.1:1", "--metadata", uri, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["bookie_id"] == "127.0.0.1:1" and report["ledgers_replicated"] == 0
+    auditor = json.loads(bkaio("shell", "whoisauditor", "--json", "--metadata", uri).stdout)
+    assert auditor == {"auditor": None}
+    assert (
+        json.loads(bkaio("shell", "listunderreplicated", "--json", "--metadata", uri).stdout) == []
+    )

@@ -49,10 +49,3 @@ def test_missing_metadata_is_a_one_line_error(
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "--metadata" in err
-
-
-def test_recover_says_autorecovery_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["shell", "recover", "127.0.0.1:3181", "--metadata", "sqlite:////tmp/x.db"])
-    err = capsys.readouterr().err
-    assert code == 1
-    assert "autorecovery is not built yet" in err and err.count("\n") == 1

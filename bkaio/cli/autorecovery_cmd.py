@@ -1,0 +1,49 @@
+"""`bkaio autorecovery`: an auditor candidate and replication worker outside any bookie."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from bkaio.cli.common import metadata_option, run
+
+
+@click.command("autorecovery")
+@metadata_option
+@click.option(
+    "--admin-token",
+    envvar="BKAIO_ADMIN_TOKEN",
+    default="",
+    help="The bookies' admin token (default: $BKAIO_ADMIN_TOKEN).",
+)
+@click.option(
+    "--lost-bookie-delay",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds a bookie must stay gone before its ledgers are re-replicated.",
+)
+@click.option("--no-auditor", is_flag=True, help="Only replicate; never run for auditor.")
+def autorecovery(
+    metadata_uri: str, admin_token: str, lost_bookie_delay: float, no_auditor: bool
+) -> None:
+    """Run autorecovery (auditor election + replication worker) until Ctrl-C or SIGTERM."""
+    from bkaio.autorecovery import run_autorecovery
+    from bkaio.config import AutorecoveryConfig
+    from bkaio.logs import configure_logging
+
+    configure_logging(json=True, level="info")
+    config = AutorecoveryConfig(
+        lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
+    )
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_autorecovery(metadata_uri, config=config, admin_token=admin_token, stop=stop)
+
+    run(go())
