@@ -15,6 +15,7 @@ from bkaio.cli.autorecovery_cmd import autorecovery
 from bkaio.cli.bookie_cmd import bookie
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
+from bkaio.cli.stream_cmd import stream
 from bkaio.errors import BKError
 from bkaio.logs import configure_logging
 
@@ -32,6 +33,7 @@ cli.add_command(standalone)
 cli.add_command(bookie)
 cli.add_command(shell)
 cli.add_command(autorecovery)
+cli.add_command(stream)
 
 
 def one_line(message: str) -> str:

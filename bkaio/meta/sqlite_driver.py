@@ -19,7 +19,6 @@ change log that watches poll, and leases with an expiry time. Must not import `a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -504,11 +503,7 @@ class SqliteMetadataStore(MetadataStore):
             if len(events) == WATCH_PAGE:
                 continue  # More are waiting; do not sleep.
             last = max(last, revision)  # Nothing under the prefix up to `revision`.
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that lands
-            # as the event fires, and the watch would then never end.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(WATCH_POLL_SECONDS):
-                    await wake.wait()
+            await _wait_for_event(wake, WATCH_POLL_SECONDS)
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -527,3 +522,17 @@ class SqliteMetadataStore(MetadataStore):
         await loop.run_in_executor(self._executor, self._close_sync)
         self._closed = True
         self._executor.shutdown(wait=False)
+
+
+async def _wait_for_event(event: asyncio.Event, timeout_seconds: float) -> None:
+    """Wait until `event` is set or `timeout_seconds` pass, whichever is first.
+
+    Built on asyncio.wait, which never cancels anything itself: on Python 3.11 both wait_for
+    and asyncio.timeout can swallow an outside cancellation that lands just as their own
+    timeout or the event fires, and a cancelled watch would then poll forever.
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter,), timeout=timeout_seconds)
+    finally:
+        waiter.cancel()

@@ -1,0 +1,55 @@
+"""Errors only the stream layer raises, until the lead moves them into `bkaio.errors`.
+
+Each subclasses `BKError` so a caller catching `BKError` keeps working when they move.
+`QuotaExceededError` already lives in `bkaio.errors` and is re-exported here for convenience.
+"""
+
+from __future__ import annotations
+
+from bkaio.errors import BKError, QuotaExceededError
+
+__all__ = [
+    "InvalidStreamArgumentError",
+    "NamespaceExistsError",
+    "NamespaceNotEmptyError",
+    "NamespaceNotFoundError",
+    "QuotaExceededError",
+    "StreamNotFoundError",
+    "StreamTruncatedError",
+    "TooManyStreamsError",
+]
+
+
+class NamespaceNotFoundError(BKError):
+    """The namespace does not exist (and `create` was not asked for)."""
+
+
+class NamespaceExistsError(BKError):
+    """The namespace already exists."""
+
+
+class NamespaceNotEmptyError(BKError):
+    """A namespace that still holds streams cannot be deleted without `force`."""
+
+
+class StreamNotFoundError(BKError):
+    """The stream does not exist in this namespace."""
+
+
+class TooManyStreamsError(BKError):
+    """Creating the stream would exceed the namespace's `max_streams`."""
+
+
+class StreamTruncatedError(BKError):
+    """The position asked for was removed by truncation or retention.
+
+    `first_available` is the first position still readable (None: the stream is empty).
+    """
+
+    def __init__(self, message: str, first_available: object = None) -> None:
+        super().__init__(message)
+        self.first_available = first_available
+
+
+class InvalidStreamArgumentError(BKError):
+    """A stream call got an argument outside its domain (a bad start, roll size, position)."""

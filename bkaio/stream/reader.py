@@ -1,0 +1,409 @@
+"""Reading a stream: across segments, tailing the live one, with an optional durable cursor.
+
+A reader keeps the next seq it will deliver and the stream record as last seen; a metadata
+watch on the record keeps that view fresh (new segments, seals, truncation, deletion). Sealed
+segments are read in batches up to their last entry. The open segment is read up to its LAC
+and then tailed with the ledger's long poll (`wait_for_entry`), raced against the watch so a
+roll is noticed at once rather than after a long-poll round. When the writer dies, the open
+ledger stays open until a new writer recovers it; the reader sees the ledger sealed and the
+next segment appear, and carries on. No busy polling anywhere: every wait is a long poll or a
+watch.
+
+Durable cursors: `ack(position)` records the position and writes it to
+`/cursors/<ns>/<stream>/<name>`; acks that arrive while a write is in flight share the next
+write (group commit), and `ack` returns once a write covering its position landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+
+from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
+from bkaio.stream.errors import (
+    InvalidStreamArgumentError,
+    StreamNotFoundError,
+    StreamTruncatedError,
+)
+from bkaio.stream.model import CursorState, Segment, StreamMeta, StreamPosition, StreamRecord
+from bkaio.stream.store import StreamStore, now_ms
+from bkaio.stream.writer import STREAM_PASSWORD
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper, ReadHandle
+
+log = structlog.get_logger(__name__)
+
+Start = Literal["earliest", "latest"] | StreamPosition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderOptions:
+    batch_entries: int = 256  # Entries fetched per read of a sealed (or confirmed) range.
+    long_poll_seconds: float = 1.0  # One tailing long poll; the watch cuts it short.
+
+    def __post_init__(self) -> None:
+        if self.batch_entries < 1:
+            raise InvalidStreamArgumentError(f"batch_entries={self.batch_entries} must be >= 1")
+        if not self.long_poll_seconds > 0:
+            raise InvalidStreamArgumentError(
+                f"long_poll_seconds={self.long_poll_seconds} must be > 0"
+            )
+
+
+def first_available(meta: StreamMeta) -> StreamPosition | None:
+    """The first readable position of the stream (None when nothing is readable yet)."""
+    for segment in meta.segments:
+        readable = segment.is_open or segment.last_seq >= segment.first_seq
+        if readable and segment.first_seq >= meta.first_seq:
+            return segment.position(segment.first_seq)
+    return None
+
+
+def truncated_error(where: str, seq: int, meta: StreamMeta) -> StreamTruncatedError:
+    first = first_available(meta)
+    shown = str(first) if first is not None else f"seq {meta.first_seq} (not written yet)"
+    return StreamTruncatedError(
+        f"stream {where}: seq {seq} was truncated; the first available position is {shown}",
+        first,
+    )
+
+
+async def end_seq(bk: BookKeeper, meta: StreamMeta) -> int:
+    """The seq the next record written will get, as far as the bookies confirm it."""
+    segment = meta.open_segment
+    if segment is None:
+        return meta.end_seq_if_closed
+    handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=False)
+    lac: int = await handle.read_last_add_confirmed()
+    if handle.is_closed:
+        lac = handle.last_entry_id
+    return segment.first_seq + lac + 1
+
+
+class StreamReader:
+    """An async iterator of `StreamRecord`s, in seq order, each exactly once; tails forever."""
+
+    def __init__(
+        self,
+        *,
+        bk: BookKeeper,
+        store: StreamStore,
+        namespace: str,
+        stream: str,
+        meta: StreamMeta,
+        next_seq: int,
+        cursor: str | None,
+        acked: StreamPosition | None,
+        options: ReaderOptions,
+    ) -> None:
+        self._bk = bk
+        self._store = store
+        self.namespace = namespace
+        self.stream = stream
+        self.cursor = cursor
+        self._meta = meta
+        self._next_seq = next_seq
+        self._options = options
+        self._buffer: deque[StreamRecord] = deque()
+        self._handle: ReadHandle | None = None  # ReadHandle of the segment being read.
+        self._handle_ledger_id = -1
+        self._meta_changed = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_error: BaseException | None = None
+        self._acked = acked
+        self._persisted = acked
+        self._ack_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._where = f"{namespace}/{stream}"
+
+    @property
+    def next_seq(self) -> int:
+        """The seq of the next record this reader will deliver."""
+        return self._next_seq
+
+    @property
+    def acked_position(self) -> StreamPosition | None:
+        """The cursor's last acknowledged position (None: no cursor or nothing acked)."""
+        return self._acked
+
+    def start_watch(self, start_revision: int) -> None:
+        """Follow the stream record from `start_revision` (read it after taking the revision)."""
+        self._watch_task = asyncio.get_running_loop().create_task(
+            self._watch(start_revision), name=f"stream-{self._where}-reader-watch"
+        )
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> StreamReader:
+        return self
+
+    async def __anext__(self) -> StreamRecord:
+        if self._closed:
+            raise StopAsyncIteration
+        while not self._buffer:
+            await self._fill()
+        return self._buffer.popleft()
+
+    async def read_next(self, timeout: float | None = None) -> StreamRecord | None:  # noqa: ASYNC109
+        """The next record, or None when none arrives within `timeout` seconds."""
+        if self._buffer:
+            return self._buffer.popleft()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except TimeoutError:
+            return None
+
+    async def read_batch(
+        self,
+        max_records: int,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[StreamRecord]:
+        """Up to `max_records` records; waits (up to `timeout`) only when none is available."""
+        if not self._buffer:
+            first = await self.read_next(timeout)
+            if first is None:
+                return []
+            self._buffer.appendleft(first)
+        count = min(max_records, len(self._buffer))
+        return [self._buffer.popleft() for _ in range(count)]
+
+    # ------------------------------------------------------------------ filling
+
+    async def _fill(self) -> None:
+        """Put at least one record in the buffer, waiting as long as it takes."""
+        while not self._buffer:
+            if self._watch_error is not None:
+                raise self._watch_error
+            meta = self._meta
+            seq = self._next_seq
+            if seq < meta.first_seq:
+                raise truncated_error(self._where, seq, meta)
+            index = meta.segment_index_for(seq)
+            if index is None:
+                await self._wait_meta_change()  # Past the end of a stream with no writer.
+                continue
+            segment = meta.segments[index]
+            assert segment.first_seq <= seq, (segment, seq)
+            try:
+                await self._fill_from(segment, seq)
+            except (NoSuchLedgerError, NoSuchEntryError):
+                # The segment may have been truncated away under us: the record decides.
+                fresh = await self._store.get_stream(self.namespace, self.stream)
+                self._adopt(fresh)
+                if seq < fresh.first_seq:
+                    raise truncated_error(self._where, seq, fresh) from None
+                raise
+
+    async def _fill_from(self, segment: Segment, seq: int) -> None:
+        handle = await self._open(segment)
+        entry_id = seq - segment.first_seq
+        if not segment.is_open:
+            last = segment.last_seq - segment.first_seq
+        elif handle.is_closed:
+            last = handle.last_entry_id  # Sealed (recovered or rolled); the record lags.
+        else:
+            last = handle.last_add_confirmed
+        if entry_id <= last:
+            await self._read_range(segment, entry_id, last)
+            return
+        # A sealed segment never ends before a seq it was picked for (segment_index_for).
+        assert segment.is_open, (segment, seq)
+        if handle.is_closed:
+            # The ledger was sealed (a roll, or a new writer's recovery) but the record does
+            # not say so yet: the watch brings the next segment.
+            await self._wait_meta_change()
+            return
+        await self._tail(segment, handle, entry_id)
+
+    async def _read_range(self, segment: Segment, first_entry_id: int, last_entry_id: int) -> None:
+        last = min(last_entry_id, first_entry_id + self._options.batch_entries - 1)
+        assert self._handle is not None and self._handle_ledger_id == segment.ledger_id
+        entries = await self._handle.read(first_entry_id, last)
+        for entry in entries:
+            seq = segment.first_seq + entry.entry_id
+            assert seq == self._next_seq, (seq, self._next_seq)
+            self._buffer.append(StreamRecord(segment.position(seq), entry.payload))
+            self._next_seq = seq + 1
+
+    async def _tail(self, segment: Segment, handle: ReadHandle, entry_id: int) -> None:
+        """Long-poll the open ledger for `entry_id`, cut short by a change of the record."""
+        changed = self._meta_changed
+        poll = asyncio.ensure_future(
+            handle.wait_for_entry(entry_id, timeout=self._options.long_poll_seconds)
+        )
+        change = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait((poll, change), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (poll, change):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(poll, change, return_exceptions=True)
+        if poll.cancelled():
+            return
+        error = poll.exception()
+        if isinstance(error, NoSuchEntryError) and handle.is_closed:
+            return  # Sealed before entry_id: the loop sees it and waits for the next segment.
+        if error is not None:
+            raise error
+        entry = poll.result()
+        if entry is not None:
+            assert entry.entry_id == entry_id
+            self._buffer.append(StreamRecord(segment.position(self._next_seq), entry.payload))
+            self._next_seq += 1
+
+    async def _open(self, segment: Segment) -> ReadHandle:
+        if self._handle_ledger_id != segment.ledger_id:
+            self._handle = await self._bk.open_ledger(
+                segment.ledger_id, password=STREAM_PASSWORD, recovery=False
+            )
+            self._handle_ledger_id = segment.ledger_id
+        assert self._handle is not None
+        return self._handle
+
+    # ------------------------------------------------------------------ the record
+
+    def _adopt(self, meta: StreamMeta) -> None:
+        if meta.version >= self._meta.version:
+            self._meta = meta
+
+    async def _wait_meta_change(self) -> None:
+        changed = self._meta_changed
+        await changed.wait()
+
+    async def _watch(self, start_revision: int) -> None:
+        try:
+            watch = self._store.watch_stream(self.namespace, self.stream, start_revision)
+            async for meta in watch:
+                if meta is None:
+                    raise StreamNotFoundError(f"stream {self._where} was deleted")
+                self._adopt(meta)
+                changed, self._meta_changed = self._meta_changed, asyncio.Event()
+                changed.set()
+        except BKError as error:
+            self._watch_error = error
+            log.warning("stream_reader_watch_failed", stream=self._where, error=str(error))
+            self._meta_changed.set()
+
+    async def refresh(self) -> StreamMeta:
+        """Re-read the stream record now (the watch does this on its own)."""
+        self._adopt(await self._store.get_stream(self.namespace, self.stream))
+        return self._meta
+
+    # ------------------------------------------------------------------ cursor
+
+    async def ack(self, position: StreamPosition) -> None:
+        """Persist `position` as the cursor's last consumed record; returns once it is durable.
+
+        Acks arriving while a write is in flight are folded into the next write (batched).
+        An ack behind the cursor is a no-op; one past what this reader delivered is an error.
+        """
+        if self.cursor is None:
+            raise InvalidStreamArgumentError(f"stream {self._where}: this reader has no cursor")
+        if position.seq >= self._next_seq:
+            raise InvalidStreamArgumentError(
+                f"stream {self._where}: cannot ack {position}: this reader has delivered only "
+                f"up to seq {self._next_seq - 1}"
+            )
+        if self._acked is None or position.seq > self._acked.seq:
+            self._acked = position
+        while self._persisted != self._acked:
+            if self._ack_task is None:
+                self._ack_task = asyncio.get_running_loop().create_task(
+                    self._write_cursor(), name=f"stream-{self._where}-cursor"
+                )
+            await asyncio.shield(self._ack_task)
+
+    async def _write_cursor(self) -> None:
+        try:
+            target = self._acked
+            assert target is not None and self.cursor is not None
+            await self._store.put_cursor(
+                self.namespace, self.stream, self.cursor, CursorState(target, now_ms())
+            )
+            self._persisted = target
+        finally:
+            self._ack_task = None
+
+    async def close(self) -> None:
+        """Stop watching; pending cursor writes finish first."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ack_task is not None:
+            with contextlib.suppress(BKError):
+                await asyncio.shield(self._ack_task)
+        if self._watch_task is not None:
+            await cancel_and_wait(self._watch_task)
+
+    async def __aenter__(self) -> StreamReader:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for it to end.
+
+    Cancels again while it keeps running: on Python 3.11 a cancellation that lands just as an
+    `asyncio.timeout` inside the task expires can be swallowed (the SQLite driver's watch polls
+    that way), and a single cancel would then wait forever.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=0.1)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("stream_task_failed", task=task.get_name(), error=str(task.exception()))
+
+
+async def open_reader(
+    bk: BookKeeper,
+    store: StreamStore,
+    namespace: str,
+    stream: str,
+    start: Start,
+    cursor: str | None,
+    options: ReaderOptions,
+) -> StreamReader:
+    """A reader from `start`, or from after the cursor's last ack when the cursor exists."""
+    where = f"{namespace}/{stream}"
+    start_revision = await store.current_revision() + 1
+    meta = await store.get_stream(namespace, stream)
+    acked: StreamPosition | None = None
+    state = None if cursor is None else await store.get_cursor(namespace, stream, cursor)
+    if state is not None:
+        acked = state.position
+        next_seq = acked.seq + 1
+    elif start == "earliest":
+        next_seq = meta.first_seq
+    elif start == "latest":
+        next_seq = await end_seq(bk, meta)
+    elif isinstance(start, StreamPosition):
+        next_seq = start.seq
+    else:
+        raise InvalidStreamArgumentError(
+            f"stream {where}: start must be 'earliest', 'latest' or a StreamPosition, got {start!r}"
+        )
+    if next_seq < meta.first_seq:
+        raise truncated_error(where, next_seq, meta)
+    reader = StreamReader(
+        bk=bk,
+        store=store,
+        namespace=namespace,
+        stream=stream,
+        meta=meta,
+        next_seq=next_seq,
+        cursor=cursor,
+        acked=acked,
+        options=options,
+    )
+    reader.start_watch(start_revision)  # Every change after the record was read.
+    return reader

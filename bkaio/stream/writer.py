@@ -1,0 +1,513 @@
+"""The one writer of a stream: fencing on open, pipelined writes, transparent ledger rolls.
+
+Opening (BookKeeper's log-level rule, reference/bookkeeper.md 3.4; DistributedLog's writer):
+read the stream record; if its last segment is still OPEN, recover that ledger (which fences
+the previous writer: its adds fail with LedgerFencedError) and seal the segment at the agreed
+end; create a new ledger; then CAS the record with the epoch bumped and the new segment
+appended. A lost CAS means another writer got in first: its record is read again and its
+segment fenced in turn, so the last opener wins and exactly one writer owns the stream.
+
+Rolling: once the current segment reaches `roll_bytes` or `roll_seconds`, the writer seals its
+ledger (after every pending add resolved), creates the next one and CASes both changes into the
+record *before* writing to the new ledger, so nothing acknowledged ever sits in a ledger the
+record does not name. Writes that arrive meanwhile wait in order and go to the new ledger. A
+CAS that finds another epoch (or no record) means the writer was fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from bkaio.errors import (
+    BKError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuotaExceededError,
+)
+from bkaio.ledger_client.errors import copy_error
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.stream.errors import InvalidStreamArgumentError, StreamNotFoundError
+from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta, StreamPosition
+from bkaio.stream.store import StreamStore, now_ms
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper, LedgerHandle
+
+log = structlog.get_logger(__name__)
+
+STREAM_PASSWORD = b"bkaio-stream"  # Guards stream ledgers against stray ledger-API writers.
+_QUOTA_REFRESH_SECONDS = 1.0  # How stale the namespace's sealed-bytes figure may get.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriterOptions:
+    roll_bytes: int = 256 << 20
+    roll_seconds: float = 600.0
+    ensemble_size: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+
+    def __post_init__(self) -> None:
+        if self.roll_bytes < 1:
+            raise InvalidStreamArgumentError(f"roll_bytes={self.roll_bytes} must be >= 1")
+        if not self.roll_seconds > 0:
+            raise InvalidStreamArgumentError(f"roll_seconds={self.roll_seconds} must be > 0")
+        if not 1 <= self.ack_quorum <= self.write_quorum <= self.ensemble_size:
+            raise InvalidStreamArgumentError(
+                f"need ensemble_size ({self.ensemble_size}) >= write_quorum "
+                f"({self.write_quorum}) >= ack_quorum ({self.ack_quorum}) >= 1"
+            )
+
+
+async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> StreamMeta:
+    """`meta` with its open segment (if any) recovered and sealed; not yet written back.
+
+    Recovering the ledger fences whoever still writes it, so its end can no longer move.
+    """
+    segment = meta.open_segment
+    if segment is None:
+        return meta
+    try:
+        handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=True)
+    except NoSuchLedgerError:
+        # Created, named in the record, then deleted by hand: nothing can be read from it.
+        log.warning("stream_segment_ledger_missing", stream=where, ledger_id=segment.ledger_id)
+        sealed = segment.closed(-1, 0, now_ms())
+    else:
+        sealed = segment.closed(handle.last_entry_id, handle.metadata.length, now_ms())
+    log.info(
+        "stream_segment_recovered",
+        stream=where,
+        ledger_id=segment.ledger_id,
+        last_seq=sealed.last_seq,
+        bytes=sealed.bytes,
+    )
+    return replace(meta, segments=(*meta.segments[:-1], sealed))
+
+
+class StreamWriter:
+    """The writer of one stream (from `Namespace.open_writer`). Not safe to share between loops."""
+
+    def __init__(
+        self,
+        *,
+        bk: BookKeeper,
+        store: StreamStore,
+        namespace: str,
+        stream: str,
+        settings: NamespaceSettings,
+        options: WriterOptions,
+        meta: StreamMeta,
+        handle: LedgerHandle,
+        sealed_namespace_bytes: int,
+    ) -> None:
+        segment = meta.open_segment
+        assert segment is not None and segment.ledger_id == handle.ledger_id, (meta, handle)
+        self._bk = bk
+        self._store = store
+        self.namespace = namespace
+        self.stream = stream
+        self._settings = settings
+        self._options = options
+        self._meta = meta
+        self.epoch = meta.epoch
+        self._handle = handle
+        self._segment = segment
+        self._segment_started = time.monotonic()
+        self._segment_bytes = 0  # Bytes handed to the current ledger.
+        self._held: deque[tuple[bytes, asyncio.Future[StreamPosition]]] = deque()
+        self._held_bytes = 0
+        self._roll_task: asyncio.Task[None] | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._sealed_namespace_bytes = sealed_namespace_bytes
+        self._usage_checked = time.monotonic()
+        self._unresolved = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        self._closing = False
+        self._closed = False
+        self._last_position: StreamPosition | None = None
+        self._loop = asyncio.get_running_loop()
+        self._where = f"{namespace}/{stream}"
+        self._log = log.bind(stream=self._where, epoch=self.epoch)
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def last_position(self) -> StreamPosition | None:
+        """The position of the last acknowledged record this writer wrote (None: none yet)."""
+        return self._last_position
+
+    @property
+    def segment(self) -> Segment:
+        """The open segment this writer currently appends to."""
+        return self._segment
+
+    def write(self, payload: bytes) -> asyncio.Future[StreamPosition]:
+        """Append `payload` as the stream's next record; returns a future of its position.
+
+        Sent at once (pipelined like `LedgerHandle.append`); futures resolve in write order
+        once the ack quorum confirmed the record. Raises QuotaExceededError when the namespace
+        quota would be exceeded, LedgerClosedError after `close`, and the writer's failure
+        (LedgerFencedError once another writer opened the stream) after it failed.
+        """
+        if self._closing:
+            raise LedgerClosedError(f"stream {self._where}: write after close")
+        if self._error is not None:
+            raise copy_error(self._error)
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidStreamArgumentError(
+                f"stream {self._where}: payload must be bytes, got {type(payload).__name__}"
+            )
+        payload = bytes(payload)
+        self._check_quota(len(payload))
+        future: asyncio.Future[StreamPosition] = self._loop.create_future()
+        self._unresolved += 1
+        self._idle.clear()
+        if self._roll_task is not None:
+            self._held.append((payload, future))
+            self._held_bytes += len(payload)
+        else:
+            self._submit(payload, future)
+            if self._roll_due():
+                self._start_roll()
+        return future
+
+    async def flush(self) -> None:
+        """Wait until every record written so far is acknowledged (or failed)."""
+        await self._idle.wait()
+        if self._error is not None:
+            raise copy_error(self._error)
+
+    async def close(self) -> None:
+        """Wait for pending writes, seal the open segment and record it in the stream.
+
+        Idempotent. Raises the writer's failure (LedgerFencedError when fenced) if it failed.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            await self._idle.wait()
+            while self._roll_task is not None:
+                await asyncio.shield(self._roll_task)
+                await self._idle.wait()
+            if self._error is not None:
+                raise copy_error(self._error)
+            sealed = await self._seal_handle()
+            await self._cas_segments(sealed, None)
+            self._log.info("stream_writer_closed", last_seq=sealed.last_seq)
+        finally:
+            self._closed = True
+            await self._stop_refresh()
+
+    async def __aenter__(self) -> StreamWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._error is None:
+            await self.close()
+        else:
+            self._closed = True
+            await self._stop_refresh()
+
+    # ------------------------------------------------------------------ writes
+
+    def _submit(self, payload: bytes, future: asyncio.Future[StreamPosition]) -> None:
+        handle = self._handle
+        try:
+            entry_future = handle.append(payload)
+        except BKError as error:
+            self._fail(error)
+            self._resolve(future, error=error)
+            return
+        entry_id = handle.last_add_pushed
+        segment = self._segment
+        position = StreamPosition(segment.ledger_id, entry_id, segment.first_seq + entry_id)
+        self._segment_bytes += len(payload)
+        entry_future.add_done_callback(partial(self._entry_done, future, position))
+
+    def _entry_done(
+        self,
+        future: asyncio.Future[StreamPosition],
+        position: StreamPosition,
+        entry_future: asyncio.Future[int],
+    ) -> None:
+        if entry_future.cancelled():
+            error: BaseException = LedgerClosedError(f"stream {self._where}: write cancelled")
+        else:
+            error_or_none = entry_future.exception()
+            if error_or_none is None:
+                self._last_position = position
+                self._resolve(future, position=position)
+                return
+            error = error_or_none
+        self._fail(error)
+        self._resolve(future, error=error)
+
+    def _resolve(
+        self,
+        future: asyncio.Future[StreamPosition],
+        *,
+        position: StreamPosition | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if not future.done():
+            if error is not None:
+                future.set_exception(copy_error(error))
+            else:
+                assert position is not None
+                future.set_result(position)
+        self._unresolved -= 1
+        assert self._unresolved >= 0, self._unresolved
+        if self._unresolved == 0:
+            self._idle.set()
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop the writer: held writes fail with `error`; later writes raise it."""
+        if self._error is not None:
+            return
+        self._error = error
+        self._log.warning("stream_writer_failed", error=str(error), error_type=type(error).__name__)
+        held, self._held = self._held, deque()
+        self._held_bytes = 0
+        for _, future in held:
+            self._resolve(future, error=error)
+
+    # ------------------------------------------------------------------ quota
+
+    def _check_quota(self, size: int) -> None:
+        quota = self._settings.quota_bytes
+        if quota is None:
+            return
+        used = self._sealed_namespace_bytes + self._segment_bytes + self._held_bytes
+        if used + size > quota:
+            raise QuotaExceededError(
+                f"namespace {self.namespace}: writing {size} bytes to stream {self.stream} "
+                f"would use {used + size} bytes, over its quota_bytes={quota} "
+                f"(sealed segments {self._sealed_namespace_bytes}, open segment "
+                f"{self._segment_bytes + self._held_bytes})"
+            )
+        stale = time.monotonic() - self._usage_checked > _QUOTA_REFRESH_SECONDS
+        if stale and self._refresh_task is None:
+            self._refresh_task = self._loop.create_task(
+                self._refresh_usage(), name=f"stream-{self._where}-quota"
+            )
+
+    async def _refresh_usage(self) -> None:
+        try:
+            self._sealed_namespace_bytes = await namespace_sealed_bytes(self._store, self.namespace)
+            self._usage_checked = time.monotonic()
+        except BKError as error:
+            self._log.warning("stream_quota_refresh_failed", error=str(error))
+        finally:
+            self._refresh_task = None
+
+    async def _stop_refresh(self) -> None:
+        task, self._refresh_task = self._refresh_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ------------------------------------------------------------------ rolling
+
+    def _roll_due(self) -> bool:
+        return (
+            self._segment_bytes >= self._options.roll_bytes
+            or time.monotonic() - self._segment_started >= self._options.roll_seconds
+        )
+
+    def _start_roll(self) -> None:
+        assert self._roll_task is None
+        self._roll_task = self._loop.create_task(self._roll(), name=f"stream-{self._where}-roll")
+
+    async def _roll(self) -> None:
+        new_handle: LedgerHandle | None = None
+        try:
+            sealed = await self._seal_handle()
+            new_handle = await self._create_ledger()
+            meta = await self._cas_segments(sealed, new_handle.ledger_id)
+        except BKError as error:
+            if new_handle is not None:
+                with contextlib.suppress(BKError):
+                    await self._bk.delete_ledger(new_handle.ledger_id)
+            self._fail(error)
+            self._roll_task = None
+            return
+        segment = meta.open_segment
+        assert segment is not None and segment.ledger_id == new_handle.ledger_id
+        self._sealed_namespace_bytes += sealed.bytes
+        self._handle, self._segment = new_handle, segment
+        self._segment_started = time.monotonic()
+        self._segment_bytes = 0
+        self._roll_task = None
+        self._log.info(
+            "stream_rolled",
+            sealed_ledger_id=sealed.ledger_id,
+            ledger_id=segment.ledger_id,
+            first_seq=segment.first_seq,
+        )
+        # Held writes go to the new ledger in order, until it is due to roll in its turn.
+        held = self._held
+        while held and self._error is None:
+            if self._roll_due():
+                self._start_roll()
+                return
+            payload, future = held.popleft()
+            self._held_bytes -= len(payload)
+            self._submit(payload, future)
+        if self._error is None and self._roll_due():
+            self._start_roll()
+
+    async def _seal_handle(self) -> Segment:
+        """Close the current ledger once its adds resolved; the segment as sealed."""
+        handle = self._handle
+        await handle.close()  # LedgerFencedError when a newer writer recovered it.
+        return self._segment.closed(handle.last_add_confirmed, handle.length, now_ms())
+
+    async def _create_ledger(self) -> LedgerHandle:
+        options = self._options
+        return await self._bk.create_ledger(
+            ensemble_size=options.ensemble_size,
+            write_quorum=options.write_quorum,
+            ack_quorum=options.ack_quorum,
+            password=STREAM_PASSWORD,
+            custom_metadata=stream_ledger_metadata(self.namespace, self.stream, self.epoch),
+        )
+
+    async def _cas_segments(self, sealed: Segment, next_ledger_id: int | None) -> StreamMeta:
+        """Write `sealed` (and a new open segment on `next_ledger_id`) into the stream record."""
+        meta = self._meta
+        while True:
+            self._check_owner(meta, sealed.ledger_id)
+            segments: tuple[Segment, ...] = (*meta.segments[:-1], sealed)
+            if next_ledger_id is not None:
+                segments += (
+                    Segment(next_ledger_id, sealed.last_seq + 1, -1, SegmentState.OPEN, now_ms()),
+                )
+            target = replace(meta, segments=segments)
+            try:
+                self._meta = await self._store.put_stream(self.namespace, self.stream, target)
+                return self._meta
+            except MetadataVersionError:
+                meta = await self._reread()
+            except MetadataOutcomeUnknownError:
+                meta = await self._reread()
+                if meta.epoch == self.epoch and meta.segments[-len(segments) :] == segments:
+                    self._meta = meta
+                    return meta
+
+    async def _reread(self) -> StreamMeta:
+        try:
+            return await self._store.get_stream(self.namespace, self.stream)
+        except StreamNotFoundError:
+            raise LedgerFencedError(f"stream {self._where} was deleted under its writer") from None
+
+    def _check_owner(self, meta: StreamMeta, ledger_id: int) -> None:
+        open_segment = meta.open_segment
+        if meta.epoch != self.epoch or open_segment is None or open_segment.ledger_id != ledger_id:
+            raise LedgerFencedError(
+                f"stream {self._where}: writer epoch {self.epoch} was fenced by epoch "
+                f"{meta.epoch} (another writer opened the stream)"
+            )
+
+
+def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:
+    """Custom metadata on every stream ledger: lets an operator find orphans after a crash."""
+    return {
+        "bkaio.stream": f"{namespace}/{stream}".encode(),
+        "bkaio.epoch": str(epoch).encode(),
+    }
+
+
+async def namespace_sealed_bytes(store: StreamStore, namespace: str) -> int:
+    """Bytes in the sealed segments of every stream of `namespace`."""
+    total = 0
+    for stream in await store.list_streams(namespace):
+        meta = await store.find_stream(namespace, stream)
+        if meta is not None:
+            total += meta.sealed_bytes
+    return total
+
+
+async def open_writer(
+    bk: BookKeeper,
+    store: StreamStore,
+    namespace: str,
+    stream: str,
+    settings: NamespaceSettings,
+    options: WriterOptions,
+    *,
+    on_create: Any = None,
+) -> StreamWriter:
+    """Fence any previous writer, seal its segment, and start a new one (see module doc).
+
+    `on_create(namespace, stream)`, awaited before a new stream is created, may refuse it.
+    """
+    where = f"{namespace}/{stream}"
+    while True:
+        meta = await store.find_stream(namespace, stream)
+        if meta is None:
+            if on_create is not None:
+                await on_create(stream)
+            meta = StreamMeta(ctime_ms=now_ms())
+        meta = await seal_open_segment(bk, meta, where)
+        epoch = meta.epoch + 1
+        handle = await bk.create_ledger(
+            ensemble_size=options.ensemble_size,
+            write_quorum=options.write_quorum,
+            ack_quorum=options.ack_quorum,
+            password=STREAM_PASSWORD,
+            custom_metadata=stream_ledger_metadata(namespace, stream, epoch),
+        )
+        first_seq = meta.end_seq_if_closed
+        segment = Segment(handle.ledger_id, first_seq, -1, SegmentState.OPEN, now_ms())
+        target = replace(meta, epoch=epoch, segments=(*meta.segments, segment))
+        try:
+            meta = await store.put_stream(namespace, stream, target)
+        except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
+            current = await store.find_stream(namespace, stream)
+            won = (
+                isinstance(error, MetadataOutcomeUnknownError)
+                and current is not None
+                and current.epoch == epoch
+                and current.open_segment == segment
+            )
+            if not won:
+                log.info("stream_writer_open_raced", stream=where, epoch=epoch)
+                with contextlib.suppress(BKError):
+                    await bk.delete_ledger(handle.ledger_id)
+                continue
+            assert current is not None
+            meta = current
+        sealed_bytes = await namespace_sealed_bytes(store, namespace)
+        log.info(
+            "stream_writer_opened",
+            stream=where,
+            epoch=epoch,
+            ledger_id=handle.ledger_id,
+            first_seq=first_seq,
+        )
+        return StreamWriter(
+            bk=bk,
+            store=store,
+            namespace=namespace,
+            stream=stream,
+            settings=settings,
+            options=options,
+            meta=meta,
+            handle=handle,
+            sealed_namespace_bytes=sealed_bytes,
+        )
