@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie bench-meta clean etcd venv
+.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -18,19 +19,31 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# Debian's etcd-server is what the integration tests start; install it when missing and root.
-etcd:
-	@if command -v etcd >/dev/null 2>&1; then \
+# The tests also need the Spark extra (pyspark, pyarrow, pandas: large, so `make run` skips it).
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	@touch $(TEST_STAMP)
+
+# Debian packages the tests use: etcd-server (the integration tests start real etcd), etcd-client
+# (etcdctl sets up users and roles for the etcd-auth test) and a Java runtime for Spark. Installed
+# when missing and root; otherwise the one command to run is printed.
+SYSTEM_PACKAGES := etcd-server etcd-client default-jre-headless
+system-deps:
+	@missing=""; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	command -v etcdctl >/dev/null 2>&1 || missing="$$missing etcd-client"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	if [ -z "$$missing" ]; then \
 		true; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		echo "installing Debian's etcd-server"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else \
-		echo "etcd is missing; run: sudo apt-get update && sudo apt-get install -y etcd-server"; \
+		echo "missing:$$missing; run: sudo apt-get update && sudo apt-get install -y$$missing"; \
 		exit 1; \
 	fi
 
-test: venv etcd
+test: $(TEST_STAMP) system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
@@ -62,8 +75,11 @@ bench-journal: venv
 bench-bookie: venv
 	$(PY) benchmarks/bookie_bench.py
 
-bench-meta: venv etcd
+bench-meta: venv system-deps
 	$(PY) benchmarks/meta_bench.py
+
+bench-spark: venv
+	$(PY) benchmarks/spark_bench.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/results

@@ -1,0 +1,279 @@
+"""The sink's commit protocol: private ledgers per task, published atomically by the driver.
+
+Each Spark task appends its rows to a ledger of its own (created lazily, so an empty task
+creates none), closes (seals) it and reports `(ledger_id, last_entry_id, bytes)`. Until the
+driver publishes them, those ledgers are invisible: no stream record names them. A task that
+fails deletes its own ledger before re-raising; `abort` deletes whatever the successful tasks
+reported; a task killed outright leaves an unnamed ledger behind, tagged with
+`bkaio.spark.job` in its custom metadata so an operator (or GC) can find it. Readers never see
+any of it.
+
+`publish` appends the sealed ledgers as closed segments at the end of the stream in one
+compare-and-swap of the stream record, in task order. Like `open_writer`, it first recovers
+and seals the stream's open segment and bumps the writer epoch, so a live `StreamWriter` on
+the same stream is fenced: a stream has one writer at a time, and a committing Spark job is
+that writer for an instant.
+
+Streaming sinks with a `sink_id` are idempotent per batch id: a marker under
+`/spark/sinks/<ns>/<stream>/<id>` records the batch and its ledgers *before* the stream CAS,
+and is marked done after it. A batch replayed after a driver crash finds the marker: if the
+marked ledgers are already segments, the replay is dropped; if not, the old ledgers are
+deleted and the batch is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgpack
+import structlog
+
+from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
+from bkaio.ledger_client import BookKeeper, LedgerHandle
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.spark.options import WriteOptions
+from bkaio.stream.errors import InvalidStreamArgumentError
+from bkaio.stream.model import Segment, SegmentState, StreamMeta
+from bkaio.stream.store import StreamStore, metadata_of, now_ms
+from bkaio.stream.writer import STREAM_PASSWORD, seal_open_segment, stream_ledger_metadata
+
+log = structlog.get_logger(__name__)
+
+SINKS_PREFIX = "/spark/sinks/"
+JOBS_PREFIX = "/spark/jobs/"  # /spark/jobs/<job id>/<ledger id>: ledgers a job's tasks created.
+JOB_METADATA_KEY = "bkaio.spark.job"
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenLedger:
+    """What one task wrote: a sealed ledger holding entries 0..last_entry_id."""
+
+    ledger_id: int
+    last_entry_id: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quorums:
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+
+
+async def resolve_quorums(bk: BookKeeper, options: WriteOptions) -> Quorums:
+    """The options' quorums, defaulting to the namespace's (NamespaceNotFoundError if absent)."""
+    settings = await StreamStore(metadata_of(bk)).get_namespace(options.namespace)
+    quorums = Quorums(
+        ensemble_size=options.ensemble_size or settings.ensemble_size,
+        write_quorum=options.write_quorum or settings.write_quorum,
+        ack_quorum=options.ack_quorum or settings.ack_quorum,
+    )
+    if not 1 <= quorums.ack_quorum <= quorums.write_quorum <= quorums.ensemble_size:
+        raise InvalidStreamArgumentError(
+            f"bkaio write to {options.full_name}: need ensembleSize ({quorums.ensemble_size}) "
+            f">= writeQuorum ({quorums.write_quorum}) >= ackQuorum ({quorums.ack_quorum}) >= 1"
+        )
+    return quorums
+
+
+class TaskLedgerWriter:
+    """One task's private ledger. Methods run on the connector's loop."""
+
+    def __init__(
+        self, bk: BookKeeper, options: WriteOptions, quorums: Quorums, job_id: str
+    ) -> None:
+        self._bk = bk
+        self._options = options
+        self._quorums = quorums
+        self._job_id = job_id
+        self._handle: LedgerHandle | None = None
+
+    @property
+    def ledger_id(self) -> int | None:
+        return None if self._handle is None else self._handle.ledger_id
+
+    async def append(self, payloads: Sequence[bytes]) -> None:
+        """Append `payloads` (pipelined) and wait until all are acknowledged."""
+        if not payloads:
+            return
+        if self._handle is None:
+            custom = stream_ledger_metadata(self._options.namespace, self._options.stream, 0)
+            custom[JOB_METADATA_KEY] = self._job_id.encode()
+            self._handle = await self._bk.create_ledger(
+                ensemble_size=self._quorums.ensemble_size,
+                write_quorum=self._quorums.write_quorum,
+                ack_quorum=self._quorums.ack_quorum,
+                password=STREAM_PASSWORD,
+                custom_metadata=custom,
+            )
+            # Named before any entry goes in, so the driver finds the ledger even when this
+            # task is killed before it can report or delete it.
+            await register_task_ledger(self._bk, self._job_id, self._handle.ledger_id)
+        handle = self._handle
+        await asyncio.gather(*(handle.append(p) for p in payloads))
+
+    async def finish(self) -> WrittenLedger | None:
+        """Seal the ledger; what to publish (None when the task wrote nothing)."""
+        if self._handle is None:
+            return None
+        await self._handle.close()
+        handle = self._handle
+        return WrittenLedger(handle.ledger_id, handle.last_add_confirmed, handle.length)
+
+    async def discard(self) -> None:
+        """Delete the ledger (the task failed): nothing it wrote may ever become visible."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        with contextlib.suppress(BKError):
+            await handle.close()
+        await discard_ledgers(self._bk, [handle.ledger_id])
+        with contextlib.suppress(BKError):
+            await metadata_of(self._bk).store.delete(job_key(self._job_id, handle.ledger_id))
+
+
+def job_key(job_id: str, ledger_id: int) -> str:
+    return f"{JOBS_PREFIX}{job_id}/{ledger_id}"
+
+
+async def register_task_ledger(bk: BookKeeper, job_id: str, ledger_id: int) -> None:
+    await metadata_of(bk).store.put(job_key(job_id, ledger_id), b"")
+
+
+async def job_ledgers(bk: BookKeeper, job_id: str) -> list[int]:
+    """Every ledger a task of `job_id` created and nobody has cleaned up yet."""
+    prefix = f"{JOBS_PREFIX}{job_id}/"
+    return [
+        int(kv.key[len(prefix) :])
+        async for kv in metadata_of(bk).store.iterate_prefix(prefix, keys_only=True)
+    ]
+
+
+async def finish_job(bk: BookKeeper, job_id: str, keep: Sequence[int]) -> None:
+    """After a commit (`keep`: the published ledgers) or an abort (`keep` empty): delete every
+    other ledger the job's tasks created (failed or killed attempts), then forget them all."""
+    created = await job_ledgers(bk, job_id)
+    kept = set(keep)
+    await discard_ledgers(bk, [i for i in created if i not in kept])
+    store = metadata_of(bk).store
+    for ledger_id in created:
+        with contextlib.suppress(BKError):
+            await store.delete(job_key(job_id, ledger_id))
+
+
+async def discard_ledgers(bk: BookKeeper, ledger_ids: Sequence[int]) -> None:
+    for ledger_id in ledger_ids:
+        try:
+            await bk.delete_ledger(ledger_id)
+        except NoSuchLedgerError:
+            pass
+        except BKError as error:  # GC finds it later by its job tag; the data stays unnamed.
+            log.warning("spark_sink_discard_failed", ledger_id=ledger_id, error=str(error))
+
+
+def appended(meta: StreamMeta, written: Sequence[WrittenLedger], ctime_ms: int) -> StreamMeta:
+    """`meta` (no open segment) with `written` appended as closed segments, epoch bumped."""
+    assert meta.open_segment is None, meta
+    segments = list(meta.segments)
+    next_seq = meta.end_seq_if_closed
+    for item in written:
+        assert item.last_entry_id >= 0, item
+        segments.append(
+            Segment(
+                ledger_id=item.ledger_id,
+                first_seq=next_seq,
+                last_seq=next_seq + item.last_entry_id,
+                state=SegmentState.CLOSED,
+                ctime_ms=ctime_ms,
+                closed_ms=ctime_ms,
+                bytes=item.bytes,
+            )
+        )
+        next_seq += item.last_entry_id + 1
+    return replace(meta, epoch=meta.epoch + 1, segments=tuple(segments))
+
+
+async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[WrittenLedger]) -> int:
+    """Append `written` to the stream in one CAS (creating the stream); the first new seq."""
+    store = StreamStore(metadata_of(bk))
+    await store.get_namespace(options.namespace)  # NamespaceNotFoundError, clearly.
+    where = options.full_name
+    written = [w for w in written if w.last_entry_id >= 0]
+    if not written:
+        return -1  # Nothing to add: leave the stream (and its writer) alone.
+    ids = {w.ledger_id for w in written}
+    while True:
+        meta = await store.find_stream(options.namespace, options.stream)
+        if meta is None:
+            meta = StreamMeta(ctime_ms=now_ms())
+        if ids <= {s.ledger_id for s in meta.segments}:
+            return -1  # A retried commit whose first attempt landed.
+        meta = await seal_open_segment(bk, meta, where)
+        target = appended(meta, written, now_ms())
+        try:
+            await store.put_stream(options.namespace, options.stream, target)
+        except MetadataVersionError:
+            continue
+        except MetadataOutcomeUnknownError:
+            continue  # The next round re-reads and sees whether it landed.
+        first_seq = meta.end_seq_if_closed
+        log.info(
+            "spark_sink_published",
+            stream=where,
+            ledgers=[w.ledger_id for w in written],
+            first_seq=first_seq,
+            records=sum(w.last_entry_id + 1 for w in written),
+        )
+        return first_seq
+
+
+def marker_key(options: WriteOptions, sink_id: str) -> str:
+    digest = hashlib.sha256(sink_id.encode()).hexdigest()[:32]
+    return f"{SINKS_PREFIX}{options.namespace}/{options.stream}/{digest}"
+
+
+async def publish_batch(
+    bk: BookKeeper, options: WriteOptions, batch_id: int, written: Sequence[WrittenLedger]
+) -> bool:
+    """Publish one streaming batch exactly once per `options.sink_id` (see module doc).
+
+    False when the batch had been published already (its new ledgers are then deleted).
+    Without a sink id, publishes unconditionally (at least once).
+    """
+    if options.sink_id is None:
+        await publish(bk, options, written)
+        return True
+    store = metadata_of(bk).store
+    key = marker_key(options, options.sink_id)
+    kv = await store.get(key)
+    marker: dict[str, Any] = msgpack.unpackb(kv.value, raw=False) if kv is not None else {}
+    marked_batch = int(marker.get("batch_id", -1))
+    if marked_batch > batch_id or (marked_batch == batch_id and marker.get("done")):
+        await discard_ledgers(bk, [w.ledger_id for w in written])
+        return False
+    if marked_batch == batch_id:
+        stream = await StreamStore(metadata_of(bk)).find_stream(options.namespace, options.stream)
+        segment_ids = {s.ledger_id for s in stream.segments} if stream is not None else set()
+        old_ids = [int(i) for i in marker.get("ledgers", [])]
+        if old_ids and set(old_ids) <= segment_ids:
+            await discard_ledgers(bk, [w.ledger_id for w in written if w.ledger_id not in old_ids])
+            await store.put(key, _pack_marker(batch_id, old_ids, done=True))
+            return False
+        await discard_ledgers(bk, [i for i in old_ids if i not in segment_ids])
+    ids = [w.ledger_id for w in written if w.last_entry_id >= 0]
+    await store.put(key, _pack_marker(batch_id, ids, done=False))
+    await publish(bk, options, written)
+    await store.put(key, _pack_marker(batch_id, ids, done=True))
+    return True
+
+
+def _pack_marker(batch_id: int, ledger_ids: list[int], *, done: bool) -> bytes:
+    packed: bytes = msgpack.packb(
+        {"batch_id": batch_id, "ledgers": ledger_ids, "done": done, "mtime_ms": now_ms()}
+    )
+    return packed

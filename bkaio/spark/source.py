@@ -1,0 +1,377 @@
+"""`format("bkaio")`: the PySpark (4.x) Python Data Source: batch and streaming read and write.
+
+Where each hook runs (docs/spark.md): `partitions()` and the streaming offset hooks run in
+planner / streaming-runner Python processes, `read()` and `write()` in executor Python workers,
+`commit()`/`abort()` on the driver side. Every object Spark pickles between them (readers,
+writers, partitions, commit messages) holds plain data only; connections live in the
+per-process runtime (`bkaio.spark.runtime`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from bkaio.errors import BKError
+from bkaio.spark import catalog, sink
+from bkaio.spark.errors import SparkOptionError
+from bkaio.spark.options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
+from bkaio.spark.planner import ReadRange, limit_offsets
+from bkaio.spark.reading import SCHEMA_DDL, read_entries, to_record_batch
+from bkaio.spark.runtime import get_runtime
+
+if TYPE_CHECKING:
+    import pyarrow
+    from pyspark.sql.types import StructType
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow.
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxBytes,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # Spark 4.0/4.1: rate limits come from the options alone.
+    ReadAllAvailable = ReadMaxBytes = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in on Spark < 4.2 (the engine never calls it there)."""
+
+
+SOURCE_NAME = "bkaio"
+
+
+class BkaioPartition(InputPartition):
+    """One `ReadRange`; `value` is None for the single empty partition of an empty read."""
+
+    def __init__(self, value: ReadRange | None) -> None:
+        super().__init__(value)
+
+
+def _partitions(ranges: Sequence[ReadRange]) -> list[BkaioPartition]:
+    return [BkaioPartition(r) for r in ranges] or [BkaioPartition(None)]
+
+
+def read_partition(options: ReadOptions, item: ReadRange | None) -> Iterator[pyarrow.RecordBatch]:
+    """Arrow record batches of one partition, read on this process's loop."""
+    if item is None:
+        return iter(())
+    runtime = get_runtime()
+
+    async def batches() -> Any:
+        bk = await runtime.client(options.metadata, options.client)
+        async for entries in read_entries(
+            bk, item, options.batch_entries, options.fail_on_data_loss
+        ):
+            yield to_record_batch(item, entries)
+
+    return runtime.iterate(batches())
+
+
+class BkaioDataSource(DataSource):
+    """`spark.read/readStream/write/writeStream.format("bkaio")`; see docs/spark.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BkaioBatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return BkaioStreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise SparkOptionError(
+                "bkaio write: streams are append-only; use mode('append') (not overwrite)"
+            )
+        return BkaioBatchWriter(*_writer_setup(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return BkaioStreamWriter(*_writer_setup(self.options, schema))
+
+
+# --------------------------------------------------------------------------- batch read
+
+
+class BkaioBatchReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[BkaioPartition]:
+        runtime = get_runtime()
+
+        async def plan() -> list[ReadRange]:
+            bk = await runtime.client(self.options.metadata, self.options.client)
+            return await catalog.plan_batch(bk, self.options)
+
+        return _partitions(runtime.run(plan()))
+
+    def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
+        return read_partition(self.options, partition.value)
+
+
+# --------------------------------------------------------------------------- streaming read
+
+
+class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are `{"namespace/stream": next_seq}` (see planner.py)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._last_end: dict[str, int] | None = None  # For Spark < 4.2 (no start given).
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end.
+
+    def _run(self, work: Any) -> Any:
+        runtime = get_runtime()
+
+        async def call() -> Any:
+            bk = await runtime.client(self.options.metadata, self.options.client)
+            return await work(bk)
+
+        return runtime.run(call())
+
+    def initialOffset(self) -> dict[str, int]:
+        offsets: dict[str, int] = self._run(lambda bk: catalog.initial_offsets(bk, self.options))
+        return offsets
+
+    def getDefaultReadLimit(self) -> Any:
+        if ReadMaxRows is not None and self.options.max_entries_per_trigger is not None:
+            return ReadMaxRows(self.options.max_entries_per_trigger)
+        if ReadMaxBytes is not None and self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        known = self._last_end or {}
+        _, end, _ = self._run(lambda bk: catalog.latest_offsets(bk, self.options, known))
+        self._target = end
+
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: Any = None
+    ) -> dict[str, int]:
+        known = start if start is not None else (self._last_end or {})
+        if not known and self._last_end is None:
+            known = self.initialOffset()
+        begin, end, sizes = self._run(lambda bk: catalog.latest_offsets(bk, self.options, known))
+        if self._target is not None:
+            end = {n: min(seq, self._target.get(n, begin[n])) for n, seq in end.items()}
+            end = {n: max(seq, begin[n]) for n, seq in end.items()}
+        max_entries = self.options.max_entries_per_trigger
+        max_bytes = self.options.max_bytes_per_trigger
+        if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
+            max_entries = max_bytes = None
+        elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            max_entries = min(limit.max_rows, max_entries or limit.max_rows)
+        elif ReadMaxBytes is not None and isinstance(limit, ReadMaxBytes):
+            max_bytes = min(limit.max_bytes, max_bytes or limit.max_bytes)
+        limited = limit_offsets(
+            begin, end, max_entries=max_entries, max_bytes=max_bytes, entry_bytes=sizes
+        )
+        self._last_end = limited
+        return limited
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[BkaioPartition]:
+        ranges: list[ReadRange] = self._run(
+            lambda bk: catalog.plan_stream_batch(bk, self.options, start, end)
+        )
+        return _partitions(ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
+        return read_partition(self.options, partition.value)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint (and this call lags a batch)."""
+
+    def stop(self) -> None:
+        """The runtime's client is shared by the process; it closes when the process exits."""
+
+
+# --------------------------------------------------------------------------- write
+
+
+@dataclass
+class BkaioCommitMessage(WriterCommitMessage):
+    """What one task wrote: its sealed private ledger (ledger_id -1: the task wrote nothing)."""
+
+    ledger_id: int
+    last_entry_id: int
+    bytes: int
+    partition_id: int
+
+    def written(self) -> sink.WrittenLedger | None:
+        if self.ledger_id < 0:
+            return None
+        return sink.WrittenLedger(self.ledger_id, self.last_entry_id, self.bytes)
+
+
+def _payload_column(options: WriteOptions, schema: StructType) -> tuple[int, bool]:
+    """(index, is_string) of the column whose values become records."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    names = [f.name for f in schema.fields]
+    if options.payload_column is not None:
+        wanted = options.payload_column
+    elif "payload" in names:
+        wanted = "payload"
+    elif "value" in names:
+        wanted = "value"
+    elif len(names) == 1:
+        wanted = names[0]
+    else:
+        raise SparkOptionError(
+            f"bkaio write: no 'payload' or 'value' column among {names}; select one binary or "
+            "string column, or name it with option payloadColumn"
+        )
+    if wanted not in names:
+        raise SparkOptionError(f"bkaio write: payloadColumn {wanted!r} is not among {names}")
+    index = names.index(wanted)
+    data_type = schema.fields[index].dataType
+    if not isinstance(data_type, BinaryType | StringType):
+        raise SparkOptionError(
+            f"bkaio write: column {wanted!r} is {data_type.simpleString()}; it must be binary or "
+            "string (cast it, or serialize with to_json/to_avro first)"
+        )
+    return index, isinstance(data_type, StringType)
+
+
+def _writer_setup(
+    raw: Any, schema: StructType
+) -> tuple[WriteOptions, sink.Quorums, int, bool, str]:
+    options = parse_write_options(raw)
+    index, is_string = _payload_column(options, schema)
+    runtime = get_runtime()
+
+    async def quorums() -> sink.Quorums:
+        bk = await runtime.client(options.metadata, options.client)
+        return await sink.resolve_quorums(bk, options)
+
+    return options, runtime.run(quorums()), index, is_string, uuid.uuid4().hex
+
+
+class _TaskWriting:
+    """The shared body of `write()`: a task's rows into its own ledger, or nothing at all."""
+
+    def __init__(
+        self,
+        options: WriteOptions,
+        quorums: sink.Quorums,
+        column: int,
+        is_string: bool,
+        job_id: str,
+    ) -> None:
+        self.options = options
+        self.quorums = quorums
+        self.column = column
+        self.is_string = is_string
+        self.job_id = job_id
+
+    def write_rows(self, rows: Iterator[Any]) -> BkaioCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition_id = context.partitionId() if context is not None else -1
+        runtime = get_runtime()
+        bk = runtime.run(runtime.client(self.options.metadata, self.options.client))
+        task = sink.TaskLedgerWriter(bk, self.options, self.quorums, self.job_id)
+        try:
+            chunk: list[bytes] = []
+            for number, row in enumerate(rows):
+                chunk.append(self._payload(row, number, partition_id))
+                if len(chunk) >= self.options.batch_entries:
+                    runtime.run(task.append(chunk))
+                    chunk = []
+            runtime.run(task.append(chunk))
+            written = runtime.run(task.finish())
+        except BaseException:
+            runtime.run(task.discard())  # Nothing this task wrote may ever be published.
+            raise
+        if written is None:
+            return BkaioCommitMessage(-1, -1, 0, partition_id)
+        return BkaioCommitMessage(
+            written.ledger_id, written.last_entry_id, written.bytes, partition_id
+        )
+
+    def _payload(self, row: Any, number: int, partition_id: int) -> bytes:
+        value = row[self.column]
+        if value is None:
+            raise SparkOptionError(
+                f"bkaio write to {self.options.full_name}: row {number} of partition "
+                f"{partition_id} has a null payload; filter nulls out first"
+            )
+        if self.is_string:
+            return str(value).encode()
+        return bytes(value)
+
+    def written(self, messages: Sequence[Any]) -> list[sink.WrittenLedger]:
+        found = (m.written() for m in messages if isinstance(m, BkaioCommitMessage))
+        return [w for w in found if w is not None]
+
+    def discard(self, messages: Sequence[Any]) -> None:
+        """Abort: delete what the tasks reported and what the job registry still names."""
+        runtime = get_runtime()
+        ids = [w.ledger_id for w in self.written(messages)]
+
+        async def discard() -> None:
+            bk = await runtime.client(self.options.metadata, self.options.client)
+            await sink.discard_ledgers(bk, ids)
+            await sink.finish_job(bk, self.job_id, keep=())
+
+        runtime.run(discard())
+
+    def publish(self, messages: Sequence[Any], batch_id: int | None) -> None:
+        """Commit: publish the reported ledgers, then drop any other the job created."""
+        runtime = get_runtime()
+        written = self.written(messages)
+
+        async def publish() -> None:
+            bk = await runtime.client(self.options.metadata, self.options.client)
+            if batch_id is None:
+                await sink.publish(bk, self.options, written)
+            else:
+                await sink.publish_batch(bk, self.options, batch_id, written)
+            await sink.finish_job(bk, self.job_id, keep=[w.ledger_id for w in written])
+
+        runtime.run(publish())
+
+
+class BkaioBatchWriter(_TaskWriting, DataSourceWriter):
+    def write(self, iterator: Iterator[Any]) -> BkaioCommitMessage:
+        return self.write_rows(iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        try:
+            self.publish(messages, None)
+        except BKError:
+            self.discard(messages)
+            raise
+
+    def abort(self, messages: list[Any]) -> None:
+        self.discard(messages)
+
+
+class BkaioStreamWriter(_TaskWriting, DataSourceStreamWriter):
+    def write(self, iterator: Iterator[Any]) -> BkaioCommitMessage:
+        return self.write_rows(iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        self.publish(messages, batchId)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        self.discard(messages)

@@ -1,0 +1,196 @@
+"""Partition planning, offset limits and option parsing of the Spark connector, without Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from bkaio.spark.errors import SparkOptionError
+from bkaio.spark.options import (
+    EARLIEST,
+    EARLIEST_SEQ,
+    LATEST,
+    parse_offsets,
+    parse_read_options,
+    parse_write_options,
+)
+from bkaio.spark.planner import ReadRange, limit_offsets, split_ranges, stream_ranges
+from bkaio.spark.sink import WrittenLedger, appended
+from bkaio.stream.model import Segment, SegmentState, StreamMeta
+
+URI = "sqlite:///tmp/meta.db"
+
+
+def closed(ledger_id: int, first_seq: int, count: int, size: int) -> Segment:
+    return Segment(ledger_id, first_seq, first_seq + count - 1, SegmentState.CLOSED, 0, 0, size)
+
+
+def open_segment(ledger_id: int, first_seq: int) -> Segment:
+    return Segment(ledger_id, first_seq, -1, SegmentState.OPEN, 0)
+
+
+def covered(ranges: list[ReadRange]) -> list[tuple[int, int, int]]:
+    """(ledger, entry, seq) of every entry the ranges cover, in order."""
+    return [
+        (r.ledger_id, e, r.first_seq + e - r.first_entry_id)
+        for r in ranges
+        for e in range(r.first_entry_id, r.last_entry_id + 1)
+    ]
+
+
+SEGMENTS = (closed(7, 0, 100, 1000), closed(9, 100, 0, 0), closed(4, 100, 50, 5000))
+
+
+def test_stream_ranges_map_seqs_onto_segments_and_skip_empty_ones() -> None:
+    ranges = stream_ranges("ns/s", (*SEGMENTS, open_segment(12, 150)), 90, 160, b"pw")
+    assert [(r.ledger_id, r.first_entry_id, r.last_entry_id, r.first_seq) for r in ranges] == [
+        (7, 90, 99, 90),
+        (4, 0, 49, 100),
+        (12, 0, 9, 150),
+    ]
+    assert ranges[0].bytes_estimate == 100  # 10 of 100 entries of a 1000-byte segment.
+    assert ranges[2].bytes_estimate == 0  # Open: unknown.
+    assert covered(ranges) == [
+        (lid, seq - first, seq)
+        for seq in range(90, 160)
+        for lid, first in [(7, 0) if seq < 100 else (4, 100) if seq < 150 else (12, 150)]
+    ]
+
+
+def test_stream_ranges_empty_when_end_not_after_start() -> None:
+    assert stream_ranges("ns/s", SEGMENTS, 120, 120, b"") == []
+    assert stream_ranges("ns/s", SEGMENTS, 140, 100, b"") == []
+
+
+@pytest.mark.parametrize("max_entries", [1, 7, 33, 100, 1000])
+def test_split_by_entries_covers_everything_once_within_the_limit(max_entries: int) -> None:
+    ranges = stream_ranges("ns/s", SEGMENTS, 0, 150, b"")
+    pieces = split_ranges(ranges, max_entries=max_entries, max_bytes=1 << 30)
+    assert covered(pieces) == covered(ranges)
+    assert all(p.entry_count <= max_entries for p in pieces)
+    assert sum(p.bytes_estimate for p in pieces) == sum(r.bytes_estimate for r in ranges)
+
+
+def test_split_by_bytes_uses_the_estimate() -> None:
+    ranges = stream_ranges("ns/s", SEGMENTS, 0, 150, b"")  # 1000 B / 100 and 5000 B / 50.
+    pieces = split_ranges(ranges, max_entries=10_000, max_bytes=1000)
+    assert [(p.ledger_id, p.entry_count) for p in pieces] == [(7, 100)] + [(4, 10)] * 5
+    assert covered(pieces) == covered(ranges)
+
+
+@pytest.mark.parametrize("min_partitions", [0, 1, 2, 5, 151, 400])
+def test_min_partitions_splits_the_largest(min_partitions: int) -> None:
+    ranges = stream_ranges("ns/s", SEGMENTS, 0, 150, b"")
+    pieces = split_ranges(
+        ranges, max_entries=10_000, max_bytes=1 << 30, min_partitions=min_partitions
+    )
+    assert len(pieces) == max(2, min(min_partitions, 150))
+    assert covered(pieces) == covered(ranges)
+
+
+def test_raw_ledger_ranges_keep_a_null_seq_when_split() -> None:
+    pieces = split_ranges([ReadRange(None, 3, 0, 9, -1)], max_entries=4, max_bytes=1 << 30)
+    assert [(p.first_entry_id, p.last_entry_id, p.first_seq) for p in pieces] == [
+        (0, 2, -1),
+        (3, 5, -1),
+        (6, 9, -1),
+    ]
+
+
+def test_limit_offsets_shares_the_budget_and_always_progresses() -> None:
+    start = {"a/x": 0, "a/y": 100}
+    end = {"a/x": 1000, "a/y": 200, "a/z": 5}  # z is new: start defaults to end (no backlog).
+    assert limit_offsets(start, end, max_entries=None, max_bytes=None) == end
+    limited = limit_offsets(start, end, max_entries=110, max_bytes=None)
+    assert limited == {"a/x": 100, "a/y": 110, "a/z": 5}
+    assert limit_offsets(start, end, max_entries=1, max_bytes=None) == {
+        "a/x": 1,
+        "a/y": 101,
+        "a/z": 5,
+    }
+    by_bytes = limit_offsets(
+        start, end, max_entries=None, max_bytes=1100, entry_bytes={"a/x": 1.0, "a/y": 100.0}
+    )
+    assert by_bytes == {"a/x": 100, "a/y": 110, "a/z": 5}
+
+
+def test_read_options_parse_and_validate() -> None:
+    options = parse_read_options(
+        {
+            "Metadata": URI,
+            "streams": "a/x, b/y",
+            "startingOffsets": '{"a/x": 5, "b/y": {"ledgerId": 3, "entryId": 2}}',
+            "maxEntriesPerPartition": "10",
+            "minPartitions": "4",
+            "failOnDataLoss": "false",
+            "bkaio.client.read_timeout": "2.5",
+        },
+        streaming=False,
+    )
+    assert options.streams == ("a/x", "b/y")
+    assert options.starting == {"a/x": 5, "b/y": (3, 2)}
+    assert options.ending == LATEST
+    assert (options.max_entries_per_partition, options.min_partitions) == (10, 4)
+    assert options.fail_on_data_loss is False
+    assert options.client["read_timeout"] == 2.5
+    path = parse_read_options({"metadata": URI, "path": "a/x"}, streaming=True)
+    assert (path.streams, path.starting) == (("a/x",), EARLIEST)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stream": "a/x"}, "'metadata' is required"),
+        ({"metadata": URI}, "exactly one of"),
+        ({"metadata": URI, "stream": "a/x", "ledgers": "1"}, "exactly one of"),
+        ({"metadata": URI, "stream": "nosslash"}, "not 'namespace/stream'"),
+        ({"metadata": URI, "stream": "a/x", "colour": "red"}, "unknown option"),
+        ({"metadata": URI, "ledgers": "1,x"}, "comma-separated"),
+        ({"metadata": URI, "stream": "a/x", "minPartitions": "-1"}, "must be >= 0"),
+        ({"metadata": URI, "stream": "a/x", "startingOffsets": "{"}, "neither earliest"),
+        ({"metadata": URI, "stream": "a/x", "startingOffsets": '{"a/x": -3}'}, "seq -3"),
+        ({"metadata": URI, "stream": "a/x", "failOnDataLoss": "maybe"}, "true or false"),
+        ({"metadata": URI, "stream": "a/x", "bkaio.client.nope": "1"}, "not a client setting"),
+        ({"metadata": URI, "streamsPattern": "(", "x": "1"}, "unknown option"),
+        ({"metadata": URI, "streamsPattern": "("}, "streamsPattern"),
+    ],
+)
+def test_bad_read_options_say_what_is_wrong(options: dict[str, str], message: str) -> None:
+    with pytest.raises(SparkOptionError, match=message):
+        parse_read_options(options, streaming=False)
+
+
+def test_streaming_refuses_ledgers_and_ending_offsets() -> None:
+    with pytest.raises(SparkOptionError, match="raw ledgers"):
+        parse_read_options({"metadata": URI, "ledgers": "1"}, streaming=True)
+    with pytest.raises(SparkOptionError, match="batch reads only"):
+        parse_read_options(
+            {"metadata": URI, "stream": "a/x", "endingOffsets": "latest"}, streaming=True
+        )
+
+
+def test_offsets_accept_kafka_style_sentinels() -> None:
+    assert parse_offsets('{"a/x": -2, "a/y": {"seq": 4}}', "k", LATEST) == {
+        "a/x": EARLIEST_SEQ,
+        "a/y": 4,
+    }
+    assert parse_offsets(None, "k", LATEST) == LATEST
+    assert parse_offsets(" Earliest ", "k", LATEST) == EARLIEST
+
+
+def test_write_options() -> None:
+    options = parse_write_options({"metadata": URI, "stream": "a/out", "ackQuorum": "1"})
+    assert (options.namespace, options.stream, options.ack_quorum) == ("a", "out", 1)
+    with pytest.raises(SparkOptionError, match="'stream'"):
+        parse_write_options({"metadata": URI})
+
+
+def test_sink_appends_sealed_segments_in_task_order_and_bumps_the_epoch() -> None:
+    meta = StreamMeta(epoch=3, segments=(closed(7, 0, 100, 1000),))
+    target = appended(meta, [WrittenLedger(20, 9, 90), WrittenLedger(21, 0, 5)], 42)
+    assert target.epoch == 4
+    assert [(s.ledger_id, s.first_seq, s.last_seq, s.bytes) for s in target.segments] == [
+        (7, 0, 99, 1000),
+        (20, 100, 109, 90),
+        (21, 110, 110, 5),
+    ]
+    assert target.open_segment is None
