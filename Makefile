@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: selfcheck run stop test test-unit lint fmt bench bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# The tests also need the Spark extra (pyspark, pyarrow, pandas: large, so `make run` skips it).
+# The tests also need the Spark and bench extras (pyspark is large, so `make run` skips them).
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,spark]'
+	$(PY) -m pip install -q -e '.[dev,spark,bench]'
 	@touch $(TEST_STAMP)
 
 # Debian packages the tests use: etcd-server (the integration tests start real etcd), etcd-client
@@ -64,7 +64,22 @@ run: venv
 selfcheck: venv
 	$(PY) -m bkaio.protocol.selfcheck
 
-bench: bench-codec bench-journal
+# The benchmark extra: NATS JetStream (the peer), py-spy, matplotlib.
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+# bkaio against NATS JetStream, every workload 3 times (under 15 minutes); see docs/benchmarks.md.
+bench: $(BENCH_STAMP)
+	$(VENV)/bin/bkaio bench --suite full
+
+# About a minute: CI's smoke test runs a part of it.
+bench-quick: $(BENCH_STAMP)
+	$(VENV)/bin/bkaio bench --suite quick
+
+# Component micro-benchmarks.
+bench-micro: bench-codec bench-journal
 
 bench-codec: venv
 	$(PY) benchmarks/codec_bench.py

@@ -81,6 +81,13 @@ class BenchFailedError(BKError):
 )
 @click.option("--profile-native", is_flag=True, help="Sample C frames too (py-spy --native).")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (matplotlib not needed then).")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Run nothing: print the tables (and PNG) of a results .jsonl file again.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 def bench(
     suite: str,
@@ -95,6 +102,7 @@ def bench(
     profile_format: str,
     profile_native: bool,
     no_plot: bool,
+    report_path: Path | None,
     as_json: bool,
 ) -> int:
     """Benchmark bkaio (and NATS JetStream) on loopback; print the median table."""
@@ -105,6 +113,11 @@ def bench(
     from bkaio.logs import configure_logging
 
     configure_logging(json=False, level="warning")
+    console = Console(stderr=as_json, highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, TABLE_WIDTH)  # Logs and CI: never squeeze the table.
+    if report_path is not None:
+        return _finish(_load_report(report_path), suite, console, no_plot=no_plot, as_json=as_json)
     chosen = read_suite(spec_path or default_spec_path(), suite)
     if only:
         unknown = sorted(set(only) - {w.label for w in chosen.workloads})
@@ -132,14 +145,26 @@ def bench(
         else ("speedscope" if profile_format == "speedscope" else "flamegraph"),
         profile_native=profile_native,
     )
-    console = Console(stderr=as_json, highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, TABLE_WIDTH)  # Logs and CI: never squeeze the table.
     report = run(run_bench(options, console))
-    return _finish(report, options, console, no_plot=no_plot, as_json=as_json)
+    return _finish(report, options.suite.name, console, no_plot=no_plot, as_json=as_json)
 
 
-def _finish(report: Any, options: Any, console: Any, *, no_plot: bool, as_json: bool) -> int:
+def _load_report(path: Path) -> Any:
+    from bkaio.bench.runner import BenchReport
+    from bkaio.bench.stats import RunResult
+
+    runs = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            runs.append(RunResult.from_json(json.loads(line)))
+        except (ValueError, TypeError, KeyError) as error:
+            raise BenchFailedError(f"{path}:{number}: not a bench result line: {error}") from None
+    if not runs:
+        raise BenchFailedError(f"{path} holds no runs")
+    return BenchReport(bench_id=runs[0].bench_id, runs=runs, results_path=path)
+
+
+def _finish(report: Any, suite: str, console: Any, *, no_plot: bool, as_json: bool) -> int:
     from bkaio.bench.profiling import top_self_frames
     from bkaio.bench.report import evaluate_targets, plot_percentiles, table, targets_table
     from bkaio.bench.stats import aggregate_all
@@ -154,7 +179,7 @@ def _finish(report: Any, options: Any, console: Any, *, no_plot: bool, as_json: 
             json.dumps(
                 {
                     "bench_id": report.bench_id,
-                    "suite": options.suite.name,
+                    "suite": suite,
                     "results": str(report.results_path),
                     "png": str(png) if png else None,
                     "profiles": [str(p) for p in report.profiles],
@@ -165,9 +190,10 @@ def _finish(report: Any, options: Any, console: Any, *, no_plot: bool, as_json: 
             )
         )
     else:
+        repeats = max((run.repeat for run in report.runs), default=0)
         title = (
-            f"bkaio bench {report.bench_id}: suite {options.suite.name}, "
-            f"median of {options.suite.repeats} (worst in brackets)"
+            f"bkaio bench {report.bench_id}: suite {suite}, "
+            f"median of up to {repeats} repeats (worst in brackets)"
         )
         console.print(table(aggregates, title=title))
         console.print(targets_table(verdicts))

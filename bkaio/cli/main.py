@@ -12,6 +12,7 @@ import sys
 import click
 
 from bkaio.cli.autorecovery_cmd import autorecovery
+from bkaio.cli.bench_cmd import bench
 from bkaio.cli.bookie_cmd import bookie
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
@@ -34,6 +35,7 @@ cli.add_command(bookie)
 cli.add_command(shell)
 cli.add_command(autorecovery)
 cli.add_command(stream)
+cli.add_command(bench)
 
 
 def one_line(message: str) -> str:

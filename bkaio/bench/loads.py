@@ -1,0 +1,158 @@
+"""Load generators of `bkaio bench`: serial, closed-loop and open-loop appends to any system.
+
+A system is reduced to `send(payload)`, which starts one append and returns an awaitable of its
+acknowledgement. When `send` returns a future (the bkaio client's `append` does) it is used as
+is: no Task per append. A coroutine (nats-py's `publish`) is wrapped in a Task, which is what
+that client costs anyway. Completion is a done-callback that records `now - start` in a list:
+the harness adds one clock read and one `list.append` per append to the client's CPU.
+
+The open loop sends on a fixed schedule whatever the replies do, and measures from the intended
+send time (not the actual one), so a stalled sender or a full queue shows up as latency
+instead of silently lowering the offered rate (coordinated omission). The first failed append
+stops a run: numbers with failures in them are not comparable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+Send = Callable[[bytes], Awaitable[Any]]
+
+# Open loop: past this many appends in flight the system is overloaded; stop rather than let
+# memory grow without bound. 20 s at 5 k/s is 100 k; a healthy run has at most a few hundred.
+DEFAULT_MAX_OUTSTANDING = 50_000
+
+
+@dataclass(slots=True)
+class LoadOutcome:
+    """What a load generator saw: exact latencies (seconds) of every successful append."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+    elapsed_seconds: float = 0.0
+    offered_per_second: float | None = None
+    overloaded: bool = False
+
+    @property
+    def appends(self) -> int:
+        return len(self.latencies)
+
+
+class _Tracker:
+    """Starts appends and counts completions; wakes `idle` when nothing is outstanding."""
+
+    def __init__(self, send: Send, payload: bytes) -> None:
+        self.send = send
+        self.payload = payload
+        self.outcome = LoadOutcome()
+        self.outstanding = 0
+        self.stopped = False  # Set by the first error: issue nothing more.
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.on_success: Callable[[], None] | None = None
+
+    def issue(self, started: float) -> None:
+        awaitable = self.send(self.payload)
+        future = awaitable if asyncio.isfuture(awaitable) else asyncio.ensure_future(awaitable)
+        self.outstanding += 1
+        self.idle.clear()
+        future.add_done_callback(lambda done: self._done(done, started))
+
+    def _done(self, future: asyncio.Future[Any], started: float) -> None:
+        now = perf_counter()
+        self.outstanding -= 1
+        if future.cancelled():
+            self._fail("cancelled")
+        elif (error := future.exception()) is not None:
+            self._fail(f"{type(error).__name__}: {error}")
+        else:
+            self.outcome.latencies.append(now - started)
+            if self.on_success is not None and not self.stopped:
+                self.on_success()
+        if self.outstanding == 0:
+            self.idle.set()
+
+    def _fail(self, reason: str) -> None:
+        self.outcome.errors += 1
+        if not self.outcome.first_error:
+            self.outcome.first_error = reason
+        self.stopped = True
+
+
+async def run_serial(
+    send: Send, payload: bytes, *, appends: int = 0, duration_seconds: float = 0.0
+) -> LoadOutcome:
+    """One append at a time: `appends` of them, or as many as fit in `duration_seconds`."""
+    assert appends > 0 or duration_seconds > 0, "serial needs appends or a duration"
+    tracker = _Tracker(send, payload)
+    began = perf_counter()
+    deadline = began + duration_seconds if duration_seconds else float("inf")
+    issued = 0
+    while not tracker.stopped:
+        if (appends and issued >= appends) or perf_counter() >= deadline:
+            break
+        tracker.issue(perf_counter())
+        issued += 1
+        await tracker.idle.wait()
+    tracker.outcome.elapsed_seconds = perf_counter() - began
+    return tracker.outcome
+
+
+async def run_closed(
+    send: Send, payload: bytes, *, outstanding: int, duration_seconds: float
+) -> LoadOutcome:
+    """`outstanding` appends always in flight; each completion sends the next until the end."""
+    assert outstanding > 0 and duration_seconds > 0
+    tracker = _Tracker(send, payload)
+    began = perf_counter()
+    deadline = began + duration_seconds
+
+    def next_append() -> None:
+        now = perf_counter()
+        if now < deadline:
+            tracker.issue(now)
+
+    tracker.on_success = next_append
+    for _ in range(outstanding):
+        tracker.issue(perf_counter())
+    await tracker.idle.wait()
+    tracker.outcome.elapsed_seconds = perf_counter() - began
+    return tracker.outcome
+
+
+async def run_open(
+    send: Send,
+    payload: bytes,
+    *,
+    rate_per_second: float,
+    duration_seconds: float,
+    max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+) -> LoadOutcome:
+    """Appends at a fixed rate; latency from each append's intended send time."""
+    assert rate_per_second > 0 and duration_seconds > 0
+    tracker = _Tracker(send, payload)
+    tracker.outcome.offered_per_second = rate_per_second
+    total = max(1, round(rate_per_second * duration_seconds))
+    interval = 1.0 / rate_per_second
+    began = perf_counter()
+    sent = 0
+    while sent < total and not tracker.stopped:
+        due = min(total, int((perf_counter() - began) * rate_per_second) + 1)
+        while sent < due:
+            if tracker.outstanding >= max_outstanding:
+                tracker.outcome.overloaded = True
+                tracker.stopped = True
+                break
+            tracker.issue(began + sent * interval)  # The intended time, not now.
+            sent += 1
+        # Timers are coarse (libuv: 1 ms); what is due meanwhile goes out in the next burst,
+        # still measured from its own intended time.
+        await asyncio.sleep(max(0.0, began + sent * interval - perf_counter()))
+    await tracker.idle.wait()
+    tracker.outcome.elapsed_seconds = perf_counter() - began
+    return tracker.outcome

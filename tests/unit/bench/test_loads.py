@@ -1,0 +1,115 @@
+"""Load generators against Fake systems: shapes, error handling, and intended-time latency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from bkaio.bench.loads import run_closed, run_open, run_serial
+
+
+class FakeSystem:
+    """Acks each append after `delay_seconds` (a future, like the bkaio client), tracking load."""
+
+    def __init__(self, delay_seconds: float = 0.0, fail_at: int | None = None) -> None:
+        self.delay_seconds = delay_seconds
+        self.fail_at = fail_at
+        self.sent = 0
+        self.outstanding = 0
+        self.max_outstanding = 0
+
+    def send(self, payload: bytes) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        entry_id = self.sent
+        self.sent += 1
+        self.outstanding += 1
+        self.max_outstanding = max(self.max_outstanding, self.outstanding)
+
+        def ack() -> None:
+            self.outstanding -= 1
+            if entry_id == self.fail_at:
+                future.set_exception(RuntimeError(f"entry {entry_id} refused"))
+            else:
+                future.set_result(entry_id)
+
+        loop.call_later(self.delay_seconds, ack)
+        return future
+
+
+async def test_serial_keeps_one_append_in_flight() -> None:
+    system = FakeSystem()
+    outcome = await run_serial(system.send, b"x", appends=50)
+    assert (outcome.appends, outcome.errors, system.max_outstanding) == (50, 0, 1)
+    assert all(latency >= 0 for latency in outcome.latencies)
+
+
+async def test_serial_by_duration_for_warmups() -> None:
+    system = FakeSystem(delay_seconds=0.001)
+    outcome = await run_serial(system.send, b"x", duration_seconds=0.05)
+    assert outcome.appends == system.sent > 0
+
+
+async def test_closed_loop_holds_exactly_the_outstanding_window() -> None:
+    system = FakeSystem(delay_seconds=0.002)
+    outcome = await run_closed(system.send, b"x", outstanding=8, duration_seconds=0.1)
+    assert system.max_outstanding == 8
+    assert outcome.appends == system.sent > 8
+    assert system.outstanding == 0  # Drained before returning.
+
+
+async def test_coroutine_sends_are_wrapped_in_tasks() -> None:
+    calls = 0
+
+    async def publish(payload: bytes) -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        return calls
+
+    outcome = await run_closed(publish, b"x", outstanding=4, duration_seconds=0.05)
+    assert outcome.appends == calls > 4 and outcome.errors == 0
+
+
+async def test_the_first_failure_stops_the_run_and_is_reported() -> None:
+    system = FakeSystem(fail_at=5)
+    outcome = await run_closed(system.send, b"x", outstanding=2, duration_seconds=30.0)
+    assert outcome.errors == 1
+    assert outcome.first_error == "RuntimeError: entry 5 refused"
+    assert system.sent < 10  # Stopped at once, not after 30 s.
+
+
+async def test_open_loop_sends_the_scheduled_count() -> None:
+    system = FakeSystem(delay_seconds=0.001)
+    outcome = await run_open(system.send, b"x", rate_per_second=2000, duration_seconds=0.05)
+    assert system.sent == outcome.appends == 100
+    assert outcome.offered_per_second == 2000
+
+
+async def test_open_loop_latency_counts_from_the_intended_send_time() -> None:
+    """A sender stalled for 50 ms must show the stall in the latency of what it sent late."""
+    system = FakeSystem()
+    stalled = False
+
+    def stalling_send(payload: bytes) -> Awaitable[Any]:
+        nonlocal stalled
+        if not stalled:
+            stalled = True
+            time.sleep(0.05)  # Blocks the loop on purpose: the schedule falls behind.
+        return system.send(payload)
+
+    outcome = await run_open(stalling_send, b"x", rate_per_second=1000, duration_seconds=0.1)
+    assert outcome.appends == 100
+    assert max(outcome.latencies) >= 0.045  # The first appends: intended before the stall.
+
+
+async def test_open_loop_gives_up_when_the_system_falls_too_far_behind() -> None:
+    system = FakeSystem(delay_seconds=0.05)
+    outcome = await run_open(
+        system.send, b"x", rate_per_second=5000, duration_seconds=1.0, max_outstanding=20
+    )
+    assert outcome.overloaded
+    assert system.sent == 20
+    assert outcome.appends == 20
