@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -95,6 +95,13 @@ bench-meta: venv system-deps
 
 bench-spark: venv
 	$(PY) benchmarks/spark_bench.py
+
+# Coverage-guided fuzzing of the frame decoder (atheris); `make test` runs a 10 s pass.
+FUZZ_SECONDS ?= 300
+fuzz: venv
+	mkdir -p .fuzz/corpus && cp -n tests/fuzz/corpus/decoder/* .fuzz/corpus/
+	$(PY) tests/fuzz/fuzz_decoder.py -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=.fuzz/ \
+		.fuzz/corpus tests/fuzz/corpus/decoder
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/results

@@ -36,7 +36,7 @@ from bkaio.protocol.messages import (
 from bkaio.protocol.status import Status
 from bkaio.testing.procs import free_port, wait_for_port
 
-KEY = master_key(b"bench")
+KEY = master_key(b"bench", 0)  # Its bookie runs with ledger_key_check = "first_sight".
 
 
 class BenchConnection(asyncio.Protocol):
@@ -136,6 +136,7 @@ def start_bookie(directory: Path, shards: int) -> tuple[subprocess.Popen[bytes],
         f'[bookie]\nhost = "127.0.0.1"\nport = {port}\nshards = {shards}\n'
         f'[metadata]\nuri = "sqlite://{directory}/meta.db"\n'
         f"[admin]\nport = {free_port()}\n"
+        '[server]\nledger_key_check = "first_sight"\n'  # Raw adds to ledgers without metadata.
         f'[storage]\njournal_dirs = ["{directory}/journal"]\nledger_dirs = ["{directory}/data"]\n'
         '[log]\nlevel = "warning"\n'
     )

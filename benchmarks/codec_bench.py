@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     batch: int = args.batch
 
-    key = master_key(b"bench")
+    key = master_key(b"bench", 0)
     payload = bytes(range(256)) * (args.payload_bytes // 256) + b"x" * (args.payload_bytes % 256)
     requests = [
         AddEntryRequest(

@@ -7,6 +7,7 @@
     [read_only]  disk thresholds, disk check interval, an injectable usage figure for tests
     [autorecovery] the auditor and replication worker this bookie runs (docs/autorecovery.md)
     [gc]         garbage collection of deleted and moved ledgers, compaction cadence
+    [tls]        TLS (and mutual TLS) on the client port
     [storage]    journal_dirs, ledger_dirs, index_dirs and the other `StorageConfig` knobs
     [journal]    the `JournalConfig` knobs except its directory
     [log]        level, json
@@ -88,6 +89,20 @@ class ServerConfig:
     max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
     drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.
     auth_token: str = ""  # Non-empty: HELLO must carry this token.
+    # A refused HELLO is answered after this delay, doubled per recent failure from the same
+    # host up to the max: guessing tokens gets slow, honest clients see one short pause.
+    auth_failure_delay_seconds: float = 0.25
+    auth_failure_max_delay_seconds: float = 5.0
+    # One entry's payload; the frame adds a small envelope. More is a broken or hostile client.
+    max_entry_bytes: int = 8 * 1024 * 1024 - 4096
+    # Unsent response bytes per connection before it stops being read (a client that does not
+    # read its responses cannot make the bookie buffer without bound).
+    write_buffer_high_bytes: int = 4 * 1024 * 1024
+    # "metadata": the first key a bookie sees for a ledger must match the ledger's metadata
+    # (password hash), so nobody can squat or fence a ledger by guessing its id.
+    # "first_sight": BookKeeper's rule, the first key wins (trusted networks, raw tools).
+    ledger_key_check: str = "metadata"
+    ledger_key_cache_entries: int = 65_536  # Ledgers whose metadata key hash is kept in memory.
 
     def __post_init__(self) -> None:
         positive_ints = (
@@ -98,6 +113,9 @@ class ServerConfig:
             "max_long_poll_waiters",
             "max_read_range_count",
             "max_read_range_bytes",
+            "max_entry_bytes",
+            "write_buffer_high_bytes",
+            "ledger_key_cache_entries",
         )
         for name in positive_ints:
             if getattr(self, name) <= 0:
@@ -111,11 +129,47 @@ class ServerConfig:
         for name in positive_floats:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
+        if not 0 <= self.auth_failure_delay_seconds <= self.auth_failure_max_delay_seconds:
+            raise ConfigError(
+                f"server.auth_failure_delay_seconds={self.auth_failure_delay_seconds} must be in "
+                f"[0, server.auth_failure_max_delay_seconds={self.auth_failure_max_delay_seconds}]"
+            )
+        if self.ledger_key_check not in ("metadata", "first_sight"):
+            raise ConfigError(
+                f"server.ledger_key_check={self.ledger_key_check!r} must be metadata|first_sight"
+            )
         if self.max_memory_bytes < self.max_frame_bytes:
             raise ConfigError(
                 f"server.max_memory_bytes={self.max_memory_bytes} must be >= "
                 f"server.max_frame_bytes={self.max_frame_bytes} (one frame must fit)"
             )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsConfig:
+    """The [tls] section: TLS on the bookie's client port (docs/security.md)."""
+
+    enabled: bool = False
+    cert_file: str = ""  # PEM certificate chain of this bookie (its host/IP in the SAN).
+    key_file: str = ""  # PEM private key of cert_file.
+    ca_file: str = ""  # PEM CAs that sign client certificates (mutual TLS).
+    require_client_cert: bool = False  # Mutual TLS: refuse clients without a valid certificate.
+    min_version: str = "1.2"  # "1.2" or "1.3".
+    # When this bookie is itself a client of other bookies (autorecovery): CAs that sign bookie
+    # certificates (empty: ca_file, then the system store) and an optional client certificate.
+    client_ca_file: str = ""
+    client_cert_file: str = ""
+    client_key_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.min_version not in ("1.2", "1.3"):
+            raise ConfigError(f"tls.min_version={self.min_version!r} must be 1.2 or 1.3")
+        if self.enabled and not (self.cert_file and self.key_file):
+            raise ConfigError("tls.enabled needs tls.cert_file and tls.key_file")
+        if self.require_client_cert and not self.ca_file:
+            raise ConfigError("tls.require_client_cert needs tls.ca_file (the clients' CA)")
+        if bool(self.client_cert_file) != bool(self.client_key_file):
+            raise ConfigError("tls.client_cert_file and tls.client_key_file go together")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,6 +323,7 @@ class BookieConfig:
     log: LogConfig
     autorecovery: AutorecoveryConfig = field(default_factory=AutorecoveryConfig)
     gc: GcConfig = field(default_factory=GcConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     source: Path | None = field(default=None, compare=False)  # The TOML file it came from.
 
     def __post_init__(self) -> None:
@@ -299,6 +354,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "log": LogConfig,
     "autorecovery": AutorecoveryConfig,
     "gc": GcConfig,
+    "tls": TlsConfig,
 }
 # Keys of StorageConfig/JournalConfig the bookie sets itself (directories, disk thresholds).
 _STORAGE_OWN_KEYS = frozenset(
@@ -486,6 +542,7 @@ def build_bookie_config(
         log = LogConfig(**merged["log"])
         autorecovery = AutorecoveryConfig(**merged["autorecovery"])
         gc = GcConfig(**merged["gc"])
+        tls = TlsConfig(**merged["tls"])
         dir_keys = set(_settable_fields(StorageDirs))
         dirs = StorageDirs(**{k: v for k, v in merged["storage"].items() if k in dir_keys})
         storage_options = {k: v for k, v in merged["storage"].items() if k not in dir_keys}
@@ -514,6 +571,7 @@ def build_bookie_config(
             log=log,
             autorecovery=autorecovery,
             gc=gc,
+            tls=tls,
             source=source,
         )
     except ConfigError as error:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
@@ -52,7 +53,15 @@ class BookieServerProtocol(asyncio.Protocol):
         self._memory_paused = False
         self._stopped_reading = False
         self.long_polls: set[asyncio.Task[None]] = set()
+        self.inflight_ids: set[int] = set()  # Request ids being executed (duplicates refused).
+        # Decoded bodies held back while reading is paused: one read can carry thousands of
+        # small requests, and answering them all at once would defeat the in-flight cap.
+        self._backlog: deque[list[Any]] = deque()
+        self._close_after_flush_when_idle = False  # EOF seen: close once everything is answered.
+        self._refused = False  # HELLO refused: the answer is held back, nothing else is read.
+        self._refusal_timer: asyncio.TimerHandle | None = None
         self.peer = "?"
+        self._peer_host = "?"
         now = self._loop.time()
         self._opened_at = now
         self._last_activity = now
@@ -66,6 +75,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -74,19 +84,28 @@ class BookieServerProtocol(asyncio.Protocol):
         if len(server.connections) >= server.limits.max_connections or server.stopping:
             reason = "stopping" if server.stopping else "max_connections"
             server.metrics.connections_closed.labels(reason=reason).inc()
+            if not server.stopping:
+                server.metrics.limit_hit("max_connections")
             transport.abort()
             return
+        # Responses a client does not read pile up here; past the mark reading stops.
+        high = server.limits.write_buffer_high_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
         server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._server.connections.discard(self)
         self._server.memory_paused.discard(self)
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
+            self._refusal_timer = None
         for task in list(self.long_polls):
             task.cancel()  # Nobody is left to answer; adds in flight still finish (durability).
         self._transport = None
 
     def pause_writing(self) -> None:
+        self._server.metrics.limit_hit("write_buffer_high_bytes")
         self._write_paused = True
         self._update_reading()
 
@@ -95,7 +114,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if self._closing or self._refused:
             return
         now = self._loop.time()
         self._last_activity = now
@@ -108,16 +127,34 @@ class BookieServerProtocol(asyncio.Protocol):
             self._partial_since = None
         elif bodies or self._partial_since is None:
             self._partial_since = now  # A frame started (or completed and another started).
+        if self._backlog:
+            self._backlog.extend(bodies)
+            return
         server = self._server
-        for body in bodies:
-            if self._closing or self._close_after_flush:
+        for index, body in enumerate(bodies):
+            if self._closing or self._close_after_flush or self._refused:
+                return
+            if self._reading_paused:
+                self._backlog.extend(bodies[index:])
                 return
             self._handle_body(server, body)
+
+    def _drain_backlog(self) -> None:
+        """Handle held-back bodies until none are left or reading pauses again."""
+        server = self._server
+        backlog = self._backlog
+        while backlog and not self._reading_paused:
+            if self._closing or self._close_after_flush or self._refused:
+                backlog.clear()
+                return
+            self._handle_body(server, backlog.popleft())
+        if not backlog and self._inflight == 0 and self._close_after_flush_when_idle:
+            self.close_after_flush()
 
     def eof_received(self) -> bool | None:
         # The client finished sending: answer what is in flight, then close (return True keeps
         # the write side open until we close it).
-        if self._inflight == 0:
+        if self._inflight == 0 and not self._backlog:
             self.close_after_flush()
             return True
         self._close_after_flush_when_idle = True
@@ -141,15 +178,34 @@ class BookieServerProtocol(asyncio.Protocol):
             log.info("connection_without_hello", peer=self.peer, op=request.op.name)
             return
         response, accepted = server.hello(request)
-        self.respond(response)
         if accepted:
+            self.respond(response)
             self._hello_done = True
-        else:
+            return
+        log.info("hello_refused", peer=self.peer, status=response.status.name)  # No token.
+        if response.status is not Status.UNAUTHORIZED:
+            self.respond(response)
             self.close_after_flush()
-            log.info("hello_refused", peer=self.peer, status=response.status.name)
+            return
+        # A wrong token: read nothing more, answer after a delay that grows with the host's
+        # recent failures (token guessing gets slow), then close.
+        self._refused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+        delay = server.auth_throttle.failed(self._peer_host, self._loop.time())
+        if delay > 0:
+            server.metrics.limit_hit("auth_failure_delay")
+        self._refusal_timer = self._loop.call_later(delay, self._send_refusal, response)
+
+    def _send_refusal(self, response: Response) -> None:
+        self._refusal_timer = None
+        self.respond(response)
+        self.close_after_flush()
 
     def _fail(self, request_id: int, message: str) -> None:
         """A malformed frame: one ERROR response, then close (framing cannot resynchronize)."""
+        if "above max_frame_bytes" in message:
+            self._server.metrics.limit_hit("max_frame_bytes")
         self._server.metrics.protocol_errors.inc()
         self._server.metrics.connections_closed.labels(reason="protocol_error").inc()
         log.info("protocol_error", peer=self.peer, request_id=request_id, error=message[:200])
@@ -188,13 +244,15 @@ class BookieServerProtocol(asyncio.Protocol):
     def request_started(self, size: int) -> None:
         self._inflight += 1
         if self._inflight >= self._server.limits.max_inflight_per_connection:
+            if not self._reading_paused:
+                self._server.metrics.limit_hit("max_inflight_per_connection")
             self._update_reading()
 
     def request_finished(self, size: int) -> None:
         self._inflight -= 1
         if self._reading_paused:
             self._update_reading()
-        if self._inflight == 0 and getattr(self, "_close_after_flush_when_idle", False):
+        if self._inflight == 0 and self._close_after_flush_when_idle and not self._backlog:
             self.close_after_flush()
 
     def pause_for_memory(self) -> None:
@@ -224,7 +282,10 @@ class BookieServerProtocol(asyncio.Protocol):
             transport.pause_reading()
         elif not pause and self._reading_paused:
             self._reading_paused = False
-            transport.resume_reading()
+            if self._backlog:
+                self._drain_backlog()  # May pause again.
+            if not self._reading_paused and not transport.is_closing():
+                transport.resume_reading()
 
     def close_after_flush(self) -> None:
         """Close once the queued responses are written."""
@@ -249,6 +310,7 @@ class BookieServerProtocol(asyncio.Protocol):
             reason = "idle_timeout"
         if reason:
             self._server.metrics.connections_closed.labels(reason=reason).inc()
+            self._server.metrics.limit_hit(reason)
             log.info("connection_timed_out", peer=self.peer, reason=reason)
             self._closing = True
             transport.abort()

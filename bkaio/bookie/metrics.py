@@ -52,7 +52,32 @@ OPS = (
     "ping",
 )
 
-REJECT_REASONS = ("wrong_shard", "read_only", "bad_digest", "bad_auth_token")
+REJECT_REASONS = (
+    "wrong_shard",
+    "read_only",
+    "bad_digest",
+    "bad_auth_token",
+    "unauthorized_ledger_key",
+    "duplicate_request_id",
+)
+# Every configured limit (docs/security.md): each hit counts once in
+# bkaio_bookie_limit_hits_total{limit}, so an operator sees which bound a client ran into.
+LIMITS = (
+    "max_frame_bytes",
+    "max_entry_bytes",
+    "max_inflight_per_connection",
+    "write_buffer_high_bytes",
+    "max_memory_bytes",
+    "max_connections",
+    "hello_timeout",
+    "frame_read_timeout",
+    "idle_timeout",
+    "max_read_range_count",
+    "max_read_range_bytes",
+    "max_long_poll_waiters",
+    "auth_failure_delay",
+)
+LEDGER_KEY_CHECK_RESULTS = ("accepted", "wrong_key", "no_metadata", "lookup_failed")
 CLOSE_REASONS = (
     "protocol_error",
     "max_connections",
@@ -129,6 +154,29 @@ class ShardMetrics:
             "Highest usage fraction among the shard's disks",
             registry=r,
         )
+        self.limit_hits = Counter(
+            "bkaio_bookie_limit_hits",
+            "Times a configured limit was reached (the request or connection was held back, "
+            "capped or refused), by limit",
+            ["limit"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "bkaio_bookie_auth_failures",
+            "HELLOs refused for a missing or wrong auth token",
+            registry=r,
+        )
+        self.ledger_key_checks = Counter(
+            "bkaio_bookie_ledger_key_checks",
+            "First-sight master keys checked against ledger metadata, by result",
+            ["result"],
+            registry=r,
+        )
+        for limit in LIMITS:
+            self.limit_hits.labels(limit=limit)
+        for result in LEDGER_KEY_CHECK_RESULTS:
+            self.ledger_key_checks.labels(result=result)
+        self._limit_children = {limit: self.limit_hits.labels(limit=limit) for limit in LIMITS}
         # Children created up front: the series exist (at 0) before the first event.
         for reason in REJECT_REASONS:
             self.requests_rejected.labels(reason=reason)
@@ -139,6 +187,10 @@ class ShardMetrics:
         for op in OPS:
             self._success[op] = self.request_seconds.labels(op=op, success="true")
             self._failure[op] = self.request_seconds.labels(op=op, success="false")
+
+    def limit_hit(self, limit: str) -> None:
+        """Count one hit of `limit` (one of LIMITS)."""
+        self._limit_children[limit].inc()
 
     def observe_request(self, op: str, seconds: float, success: bool) -> None:
         (self._success if success else self._failure)[op].observe(seconds)

@@ -30,7 +30,7 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.logs import configure_logging
 
-from .admin import build_admin_app
+from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
 from .metrics import AggregatingCollector
 from .sdnotify import SystemdNotifier
@@ -42,6 +42,7 @@ EXIT_WORKER_DIED = 1
 EXIT_START_FAILED = 2
 WORKER_START_TIMEOUT_SECONDS = 120.0  # Journal replay of a large journal can take a while.
 CONTROL_REPLY_TIMEOUT_SECONDS = 5.0
+GC_REPLY_TIMEOUT_SECONDS = 300.0  # A GC run may compact large entry logs.
 
 
 class WorkerHandle:
@@ -104,14 +105,16 @@ class WorkerHandle:
         if stdin is not None and not stdin.is_closing():
             stdin.write(encode_message(message))
 
-    async def call(self, method: str, **fields: Any) -> dict[str, Any]:
+    async def call(
+        self, method: str, *, reply_seconds: float = CONTROL_REPLY_TIMEOUT_SECONDS, **fields: Any
+    ) -> dict[str, Any]:
         self._next_id += 1
         request_id = self._next_id
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[request_id] = waiter
         try:
             self.send({"id": request_id, "method": method, **fields})
-            async with asyncio.timeout(CONTROL_REPLY_TIMEOUT_SECONDS):
+            async with asyncio.timeout(reply_seconds):
                 return await waiter
         finally:
             self._replies.pop(request_id, None)
@@ -141,6 +144,8 @@ class BookieParent:
         self._registered_gauge.set_function(lambda: 1.0 if self.registration is not None else 0.0)
         self._mode_lock = asyncio.Lock()
         self._stop = asyncio.Event()
+        self.autorecovery: Any = None  # AutorecoveryService while it runs.
+        self.jobs = AdminJobs()
 
     # --- state for admin ---------------------------------------------------------------------
 
@@ -210,6 +215,52 @@ class BookieParent:
             except BKError as error:
                 self.log.warning("registration_mode_change_failed", error=str(error))
 
+    async def ledger_key(self, ledger_id: int) -> str | None:
+        """Hex master key the shard of `ledger_id` recorded; None if it has none."""
+        worker = self.workers[ledger_id % len(self.workers)]
+        reply = await worker.call("ledger_key", ledger_id=ledger_id)
+        if "error" in reply:
+            raise BKError(f"shard {worker.shard_index}: {reply['error']}")
+        key = reply.get("master_key")
+        return None if key is None else str(key)
+
+    async def run_gc(self) -> list[dict[str, Any]]:
+        """One garbage collection run on every shard, now."""
+        replies = await asyncio.gather(
+            *(w.call("gc", reply_seconds=GC_REPLY_TIMEOUT_SECONDS) for w in self.workers),
+            return_exceptions=True,
+        )
+        return [r if isinstance(r, dict) else {"error": str(r)} for r in replies]
+
+    async def _start_autorecovery(self) -> None:
+        if not self.config.autorecovery.enabled:
+            return
+        from bkaio.autorecovery import AutorecoveryMetrics, AutorecoveryService
+
+        if not (self.config.autorecovery.admin_token or self.config.admin.token):
+            self.log.warning(
+                "autorecovery_without_admin_token",
+                hint="set admin.token (the same on every bookie): replication needs it to"
+                " learn ledgers' master keys from other bookies",
+            )
+        service = AutorecoveryService(
+            self.metadata,
+            owner=self.config.bookie_id,
+            config=self.config.autorecovery,
+            admin_token=self.config.admin.token,
+            metrics=AutorecoveryMetrics(self.metrics_registry),
+        )
+        await service.start()
+        self.autorecovery = service
+
+    async def _stop_autorecovery(self) -> None:
+        service, self.autorecovery = self.autorecovery, None
+        if service is not None:
+            try:
+                await service.close()
+            except BKError as error:
+                self.log.warning("autorecovery_stop_failed", error=str(error))
+
     def _on_worker_read_only(self) -> None:
         asyncio.get_running_loop().create_task(self._sync_registration_mode())
 
@@ -250,6 +301,7 @@ class BookieParent:
                 return await self._shutdown(EXIT_OK)
             self.registration = registration_wait.result()
             await self._sync_registration_mode()  # A shard may have flipped meanwhile.
+            await self._start_autorecovery()
             self.notifier.notify("READY=1", f"STATUS=serving {self.config.shard_count} shards")
             self.log.info(
                 "bookie_started",
@@ -355,6 +407,8 @@ class BookieParent:
         self.shutting_down = True
         self.notifier.notify("STOPPING=1")
         self.log.info("bookie_stopping", exit_code=exit_code)
+        await self._stop_autorecovery()  # Resigns as auditor, so another takes over at once.
+        await self.jobs.cancel_all()
         registration, self.registration = self.registration, None
         if registration is not None:
             try:

@@ -11,9 +11,9 @@ durable. Imports protocol and storage types; never the ledger client or sockets.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,9 +24,11 @@ from bkaio.entrylog.types import DiskUsage, LedgerState, StoredEntry
 from bkaio.errors import (
     BadDigestError,
     BKError,
+    InvalidArgumentError,
     NoSuchEntryError,
     NoSuchLedgerError,
     ReadOnlyBookieError,
+    TooManyRequestsError,
     UnauthorizedError,
     WrongShardError,
 )
@@ -60,6 +62,8 @@ from bkaio.protocol.messages import (
     WriteLacResponse,
 )
 from bkaio.protocol.status import Status
+from bkaio.security.ledger_keys import LedgerKeyRefusedError, LedgerKeyVerifier
+from bkaio.security.tokens import AuthFailureThrottle, tokens_equal
 
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
@@ -106,6 +110,7 @@ class ShardServer:
         metrics: ShardMetrics,
         *,
         on_read_only_change: Callable[[bool], None] | None = None,
+        key_verifier: LedgerKeyVerifier | None = None,
     ) -> None:
         assert 0 <= shard_index < config.shard_count, (shard_index, config.shard_count)
         self.config = config
@@ -126,6 +131,17 @@ class ShardServer:
         self.disk_usage_fraction_max = 0.0
         self.stopping = False
         self._on_read_only_change = on_read_only_change
+        # None: "first_sight" (storage records the first key); else checked against metadata.
+        self.key_verifier = key_verifier
+        self._loop = asyncio.get_running_loop()  # Cached: get_running_loop costs a getpid.
+        # The add fast path (no task per entry) when the storage offers it (ShardStorage does).
+        self._add_nowait: Callable[..., asyncio.Future[Any] | None] | None = getattr(
+            storage, "add_entry_nowait", None
+        )
+        self._fast_adds: set[asyncio.Future[Any]] = set()  # Journaled, not yet answered.
+        self.auth_throttle = AuthFailureThrottle(
+            config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
+        )
         self._handlers: dict[Op, Callable[[Any], Awaitable[Response]]] = {
             Op.ADD_ENTRY: self._add_entry,
             Op.READ_ENTRY: self._read_entry,
@@ -191,8 +207,9 @@ class ShardServer:
         if request.protocol_version != PROTOCOL_VERSION:
             return request.error_response(Status.UNSUPPORTED_VERSION), False
         token = self.limits.auth_token
-        if token and not hmac.compare_digest((request.auth_token or "").encode(), token.encode()):
+        if token and not tokens_equal(request.auth_token, token):  # Never logged.
             self.metrics.requests_rejected.labels(reason="bad_auth_token").inc()
+            self.metrics.auth_failures.inc()
             return request.error_response(Status.UNAUTHORIZED), False
         response = HelloResponse(
             request.request_id,
@@ -217,18 +234,31 @@ class ShardServer:
                 _OP_NAMES[op], time.perf_counter() - started, response.status is Status.OK
             )
             return
+        request_id = request.request_id
+        if request_id in connection.inflight_ids:
+            # Two answers under one id would be ambiguous: the duplicate is refused at once
+            # and not executed; the first one's answer follows as usual.
+            self.metrics.requests_rejected.labels(reason="duplicate_request_id").inc()
+            connection.respond(request.error_response(Status.BAD_REQUEST))
+            return
         size = REQUEST_OVERHEAD_BYTES
         if op is Op.ADD_ENTRY:
             size += len(request.payload)  # type: ignore[union-attr]
+        connection.inflight_ids.add(request_id)
         connection.request_started(size)
         self.inflight_requests += 1
         self.inflight_bytes += size
         if self.inflight_bytes > self.limits.max_memory_bytes:
+            if connection not in self.memory_paused:
+                self.metrics.limit_hit("max_memory_bytes")
             self.memory_paused.add(connection)
             connection.pause_for_memory()
-        task = asyncio.get_running_loop().create_task(
-            self._run(connection, request, handler, size, time.perf_counter())
-        )
+        started = time.perf_counter()
+        if op is Op.ADD_ENTRY and self._add_nowait is not None:
+            handler = self._add_fast(connection, request, size, started)  # type: ignore[arg-type]
+            if handler is None:
+                return
+        task = self._loop.create_task(self._run(connection, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         if op is Op.READ_LAC:
@@ -273,11 +303,13 @@ class ShardServer:
             response = request.error_response(error.status)
             self.log.debug("request_failed", op=request.op.name, error=str(error))
         except asyncio.CancelledError:
+            connection.inflight_ids.discard(request.request_id)
             self._finish(connection, size)
             raise
         except Exception:
             self.log.exception("request_crashed", op=request.op.name)
             response = request.error_response(Status.INTERNAL_ERROR)
+        connection.inflight_ids.discard(request.request_id)
         self._finish(connection, size)
         connection.respond(response)
         self.metrics.observe_request(
@@ -307,16 +339,106 @@ class ShardServer:
         except NoSuchLedgerError:
             return -1
 
+    async def _check_ledger_key(self, ledger_id: int, master_key: bytes) -> None:
+        """A ledger this shard has no key for yet: the key must match the ledger's metadata.
+
+        Once storage holds the key it compares every later request itself.
+        """
+        verifier = self.key_verifier
+        if verifier is None:
+            return
+        state = self.storage.ledger_state(ledger_id)
+        if state is not None and state.master_key:
+            return
+        checks = self.metrics.ledger_key_checks
+        try:
+            await verifier.verify(ledger_id, master_key)
+        except LedgerKeyRefusedError as refused:
+            self.metrics.requests_rejected.labels(reason="unauthorized_ledger_key").inc()
+            checks.labels(result=refused.reason).inc()
+            raise
+        except BKError:
+            checks.labels(result="lookup_failed").inc()
+            raise
+        checks.labels(result="accepted").inc()
+
     async def _fence(self, ledger_id: int, master_key: bytes | None) -> None:
         if master_key is None:
             raise UnauthorizedError(f"ledger {ledger_id}: a fencing read needs the master key")
+        await self._check_ledger_key(ledger_id, master_key)
         await self.storage.fence(ledger_id, master_key)
         if self.lac_waiters:
             self.lac_waiters.wake_ledger(ledger_id, self._lac_of(ledger_id))
 
     # --- operations --------------------------------------------------------------------------
 
-    async def _add_entry(self, request: AddEntryRequest) -> Response:
+    def _add_fast(
+        self, connection: BookieServerProtocol, request: AddEntryRequest, size: int, started: float
+    ) -> Callable[[Any], Awaitable[Response]] | None:
+        """Journal an add without a task; None when answered or in flight, else a handler.
+
+        The answer is queued by a done-callback of the journal future: after the group's
+        fdatasync, and after storage applied the entry (its callback was added first). An add
+        the fast path cannot take (first of its ledger, possible duplicate, full cache or
+        journal group) gets the returned handler, run as a task like every other request.
+        """
+        assert self._add_nowait is not None
+        try:
+            entry, recovery = self._prepare_add(request)
+            # Only a ledger whose key storage holds takes the fast path: for it,
+            # `_check_ledger_key` has nothing to verify, and storage compares the key.
+            future = self._add_nowait(entry, request.master_key, recovery=recovery)
+        except BKError as error:
+            self.log.debug("request_failed", op=request.op.name, error=str(error))
+            self._answer(connection, request, size, started, request.error_response(error.status))
+            return None
+        if future is None:
+            return partial(self._add_prepared, entry, recovery)
+        self._fast_adds.add(future)
+        future.add_done_callback(partial(self._add_durable, connection, request, size, started))
+        return None
+
+    def _add_durable(
+        self,
+        connection: BookieServerProtocol,
+        request: AddEntryRequest,
+        size: int,
+        started: float,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self._fast_adds.discard(future)
+        if future.cancelled():  # The journal closed under it: nobody answers (as a task).
+            connection.inflight_ids.discard(request.request_id)
+            self._finish(connection, size)
+            return
+        error = future.exception()
+        if error is None:
+            response = self._added(request)
+        elif isinstance(error, BKError):
+            self.log.debug("request_failed", op=request.op.name, error=str(error))
+            response = request.error_response(error.status)
+        else:
+            self.log.error("request_crashed", op=request.op.name, error=repr(error))
+            response = request.error_response(Status.INTERNAL_ERROR)
+        self._answer(connection, request, size, started, response)
+
+    def _answer(
+        self,
+        connection: BookieServerProtocol,
+        request: AddEntryRequest,
+        size: int,
+        started: float,
+        response: Response,
+    ) -> None:
+        connection.inflight_ids.discard(request.request_id)
+        self._finish(connection, size)
+        connection.respond(response)
+        self.metrics.observe_request(
+            "add_entry", time.perf_counter() - started, response.status is Status.OK
+        )
+
+    def _prepare_add(self, request: AddEntryRequest) -> tuple[StoredEntry, bool]:
+        """The checks of an add that need no I/O; the entry to store and the recovery flag."""
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
         recovery = bool(request.flags & Flag.RECOVERY_ADD)
@@ -324,6 +446,12 @@ class ShardServer:
             self.metrics.requests_rejected.labels(reason="read_only").inc()
             raise ReadOnlyBookieError(f"{self.config.bookie_id} shard {self.shard_index}")
         payload = request.payload
+        if len(payload) > self.limits.max_entry_bytes:
+            self.metrics.limit_hit("max_entry_bytes")
+            raise InvalidArgumentError(
+                f"ledger {ledger_id}: entry {request.entry_id} has a {len(payload)}-byte payload, "
+                f"above server.max_entry_bytes={self.limits.max_entry_bytes}"
+            )
         digest = entry_digest(ledger_id, request.entry_id, request.lac, request.length, payload)
         if digest != request.digest:
             self.metrics.requests_rejected.labels(reason="bad_digest").inc()
@@ -334,8 +462,23 @@ class ShardServer:
         entry = StoredEntry(
             ledger_id, request.entry_id, request.lac, request.length, request.digest, payload
         )
+        return entry, recovery
+
+    async def _add_entry(self, request: AddEntryRequest) -> Response:
+        entry, recovery = self._prepare_add(request)
+        return await self._add_prepared(entry, recovery, request)
+
+    async def _add_prepared(
+        self, entry: StoredEntry, recovery: bool, request: AddEntryRequest
+    ) -> Response:
+        await self._check_ledger_key(entry.ledger_id, request.master_key)
         await self.storage.add_entry(entry, request.master_key, recovery=recovery)
-        self.metrics.add_entry_bytes.inc(len(payload))
+        return self._added(request)
+
+    def _added(self, request: AddEntryRequest) -> Response:
+        """The OK answer to a durable add, and what it tells metrics and long polls."""
+        ledger_id = request.ledger_id
+        self.metrics.add_entry_bytes.inc(len(request.payload))
         if self.lac_waiters:
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
         return AddEntryResponse(request.request_id, Status.OK, ledger_id, request.entry_id)
@@ -369,6 +512,10 @@ class ShardServer:
             await self._fence(ledger_id, request.master_key)
         max_count = min(request.max_count, self.limits.max_read_range_count)
         max_bytes = min(request.max_bytes, self.limits.max_read_range_bytes)
+        if max_count < request.max_count:
+            self.metrics.limit_hit("max_read_range_count")
+        if max_bytes < request.max_bytes:
+            self.metrics.limit_hit("max_read_range_bytes")
         stored = await self.storage.read_range(
             ledger_id, request.first_entry_id, max_count, max_bytes
         )
@@ -390,7 +537,11 @@ class ShardServer:
         lac = self._lac_of(ledger_id)
         if long_poll and lac <= request.previous_lac and not self.stopping:
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self.lac_waiters.add(ledger_id, request.previous_lac, future)
+            try:
+                self.lac_waiters.add(ledger_id, request.previous_lac, future)
+            except TooManyRequestsError:
+                self.metrics.limit_hit("max_long_poll_waiters")
+                raise
             try:
                 async with asyncio.timeout(request.timeout_ms / 1000):
                     await future
@@ -410,6 +561,7 @@ class ShardServer:
     async def _write_lac(self, request: WriteLacRequest) -> Response:
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
+        await self._check_ledger_key(ledger_id, request.master_key)
         await self.storage.write_lac(ledger_id, request.master_key, request.lac)
         if self.lac_waiters:
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
@@ -438,14 +590,17 @@ class ShardServer:
         for connection in list(self.connections):
             connection.stop_reading()
         self.lac_waiters.wake_all()
-        pending = set(self.tasks)
+        # Journaled fast-path adds are waited for too (answered when durable), never cancelled.
+        pending: set[asyncio.Future[Any]] = set(self.tasks) | self._fast_adds
         if pending:
             _, still_running = await asyncio.wait(pending, timeout=timeout_seconds)
             if still_running:
                 self.log.warning("drain_timed_out", unfinished_requests=len(still_running))
-                for task in still_running:
+                tasks = [task for task in still_running if task in self.tasks]
+                for task in tasks:
                     task.cancel()
-                await asyncio.wait(still_running, timeout=1.0)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=1.0)
         for connection in list(self.connections):
             connection.close_after_flush()
         await asyncio.sleep(0)  # Let the flush callbacks run.

@@ -28,9 +28,13 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.journal import JournalConfig
 from bkaio.logs import configure_logging
+from bkaio.runtime_tuning import tune_gc_for_throughput
+from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
+from bkaio.security.tls import server_tls_context_from_config
 
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
+from .gc import GarbageCollector, MetadataGcSource
 from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
 from .server import ShardServer
 
@@ -74,6 +78,10 @@ class ShardWorker:
         self._journals: list[Any] = []
         self._control: asyncio.WriteTransport | None = None
         self.server: ShardServer | None = None
+        self._gc: GarbageCollector | None = None
+        self._gc_lock = asyncio.Lock()
+        self._gc_metadata: Any = None
+        self._control_tasks: set[asyncio.Task[None]] = set()
 
     def send(self, message: dict[str, Any]) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -116,12 +124,25 @@ class ShardWorker:
             self.log.error("shard_storage_open_failed", error=str(error))
             self.send({"event": "failed", "error": str(error)})
             return EXIT_START_FAILED
+        try:
+            ssl_context = server_tls_context_from_config(config.tls)
+        except BKError as error:
+            self.log.error("tls_setup_failed", error=str(error))
+            self.send({"event": "failed", "error": str(error)})
+            await storage.close()
+            return EXIT_START_FAILED
+        key_verifier = None
+        if config.server.ledger_key_check == "metadata":
+            key_verifier = LedgerKeyVerifier(
+                self._open_key_source, cache_entries=config.server.ledger_key_cache_entries
+            )
         server = ShardServer(
             config,
             self.shard_index,
             storage,
             self.metrics,
             on_read_only_change=lambda ro: self.send({"event": "read_only", "read_only": ro}),
+            key_verifier=key_verifier,
         )
         self.server = server
         await self._check_disks()
@@ -133,6 +154,11 @@ class ShardWorker:
                 port,
                 reuse_address=True,
                 backlog=1024,
+                ssl=ssl_context,
+                # A handshake that never completes is a slow-loris too.
+                ssl_handshake_timeout=(
+                    config.server.hello_timeout_seconds if ssl_context is not None else None
+                ),
             )
         except OSError as error:
             self.log.error("listen_failed", host=config.host, port=port, error=str(error))
@@ -154,10 +180,13 @@ class ShardWorker:
                 "instance_id": storage.cookie.instance_id,
             }
         )
+        tune_gc_for_throughput()  # Start-up objects frozen; young collections rarer.
         background = [
             loop.create_task(self._sweep_loop(server)),
             loop.create_task(self._disk_loop()),
         ]
+        if config.gc.enabled:
+            background.append(loop.create_task(self._gc_loop(storage)))
         await self.stop_requested.wait()
         self.log.info("shard_stopping", connections=len(server.connections))
         listener.close()
@@ -165,10 +194,22 @@ class ShardWorker:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if self._gc_metadata is not None:
+            with contextlib.suppress(BKError):
+                await self._gc_metadata.close()
+        if key_verifier is not None:
+            with contextlib.suppress(BKError):
+                await key_verifier.close()
         await storage.close()
         self.log.info("shard_stopped")
         self.send({"event": "stopped"})
         return 0
+
+    async def _open_key_source(self) -> KeySource:
+        """Metadata for first-sight key checks, opened on the first new ledger (read-only use)."""
+        from bkaio.meta import open_metadata
+
+        return MetadataKeySource(await open_metadata(self.config.metadata.uri))
 
     async def _sweep_loop(self, server: ShardServer) -> None:
         limits = self.config.server
@@ -200,6 +241,57 @@ class ShardWorker:
             await asyncio.sleep(interval)
             await self._check_disks()
 
+    async def _gc_collector(self, storage: Any) -> GarbageCollector:
+        if self._gc is None:
+            from bkaio.meta import open_metadata
+
+            self._gc_metadata = await open_metadata(self.config.metadata.uri)
+            gc = self.config.gc
+            self._gc = GarbageCollector(
+                storage,
+                MetadataGcSource(self._gc_metadata),
+                bookie_id=self.config.bookie_id,
+                grace_seconds=gc.grace_seconds,
+                collect_overreplicated=gc.collect_overreplicated,
+                overreplicated_grace_seconds=gc.overreplicated_grace_seconds,
+                compact_after_delete=gc.compact_after_delete,
+                compaction_interval_seconds=gc.compaction_interval_seconds,
+            )
+        return self._gc
+
+    async def run_gc(self) -> dict[str, Any]:
+        """One garbage collection run of this shard (periodic, or asked by the parent)."""
+        server = self.server
+        assert server is not None
+        async with self._gc_lock:
+            collector = await self._gc_collector(server.storage)
+            report = await collector.run_once()
+        return {
+            "shard_index": self.shard_index,
+            "local_ledgers": report.local_ledgers,
+            "deleted": list(report.deleted),
+            "overreplicated": list(report.overreplicated),
+            "candidates": report.candidates,
+            "bytes_freed": report.compaction.bytes_freed if report.compaction else 0,
+        }
+
+    async def _gc_loop(self, storage: Any) -> None:
+        interval = self.config.gc.interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.run_gc()
+            except BKError as error:
+                self.log.warning("gc_failed", error=str(error))
+
+    async def _reply_later(self, request_id: Any, work: Any) -> None:
+        try:
+            result = await work
+        except BKError as error:
+            result = {"error": str(error)}
+        if request_id is not None:
+            self.send({"reply": request_id, "result": result})
+
     def _on_control(self, message: dict[str, Any]) -> None:
         method = message.get("method")
         request_id = message.get("id")
@@ -218,6 +310,17 @@ class ShardWorker:
         elif method == "set_forced_read_only":
             server.set_read_only(forced=bool(message.get("value")))
             result = self._info(server)
+        elif method == "gc":
+            task = asyncio.get_running_loop().create_task(
+                self._reply_later(request_id, self.run_gc())
+            )
+            self._control_tasks.add(task)
+            task.add_done_callback(self._control_tasks.discard)
+            return
+        elif method == "ledger_key":
+            state = server.storage.ledger_state(int(message.get("ledger_id", -1)))
+            key = None if state is None or not state.master_key else state.master_key.hex()
+            result = {"master_key": key}
         elif method == "check_disks":
             asyncio.get_running_loop().create_task(self._check_disks())
             result = {}

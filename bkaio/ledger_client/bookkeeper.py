@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import hmac
 import random
 import ssl
 from collections.abc import AsyncIterator, Generator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -29,16 +29,22 @@ from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.ledger_client.types import BookieOps, ClientConfig
 from bkaio.meta.bookies import BookieInfo
 from bkaio.meta.ledger_metadata import DigestType, LedgerMetadata
-from bkaio.protocol.digest import master_key
+from bkaio.protocol.digest import master_key, password_check
+from bkaio.security.tokens import redact_uri
+
+if TYPE_CHECKING:
+    from bkaio.meta import Metadata
+    from bkaio.stream import Namespace
 
 log = structlog.get_logger(__name__)
 
 _REGISTRY_RETRY_SECONDS = 1.0
 
 
-def password_hash(password: bytes) -> bytes:
-    """What ledger metadata stores to check a password: a hash of the master key, not the key."""
-    return hashlib.sha256(b"bkaio-password-check\0" + master_key(password)).digest()
+def password_hash(password: bytes, ledger_id: int) -> bytes:
+    """What ledger metadata stores to check a password: a hash of the ledger's master key (not
+    the key), which bookies also use to check the key of a ledger they have not seen yet."""
+    return password_check(master_key(password, ledger_id))
 
 
 class BookKeeper:
@@ -54,7 +60,7 @@ class BookKeeper:
         ledgers: LedgerStore,
         ops: BookieOps,
         config: ClientConfig,
-        metadata: Any = None,
+        metadata: Metadata | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._metadata = metadata
@@ -106,7 +112,7 @@ class BookKeeper:
         except BaseException:
             await metadata.close()
             raise
-        log.info("bookkeeper_connected", uri=uri, bookies=len(client._bookies))
+        log.info("bookkeeper_connected", uri=redact_uri(uri), bookies=len(client._bookies))
         return client
 
     async def _start_bookie_watch(self) -> None:
@@ -117,6 +123,7 @@ class BookKeeper:
         await first_view
 
     async def _watch_bookies(self, first_view: asyncio.Future[None]) -> None:
+        assert self._metadata is not None, "a bookie watch needs a metadata connection"
         registry = self._metadata.bookies
         while True:
             try:
@@ -139,6 +146,28 @@ class BookKeeper:
 
     def _writable_view(self) -> Sequence[BookieCandidate]:
         return self._bookies
+
+    @property
+    def metadata(self) -> Metadata | None:
+        """The metadata connection this client uses (None when built from test fakes)."""
+        return self._metadata
+
+    async def namespace(
+        self,
+        name: str,
+        *,
+        create: bool = False,
+        quota_bytes: int | None = None,
+        max_streams: int | None = None,
+        **settings: Any,
+    ) -> Namespace:
+        """Open (or with create=True, create) a namespace of streams; see bkaio.stream."""
+        from bkaio.stream import open_namespace
+
+        return await open_namespace(
+            self, name, create=create, quota_bytes=quota_bytes, max_streams=max_streams,
+            **settings,
+        )  # fmt: skip
 
     @property
     def bookies(self) -> list[BookieInfo]:
@@ -197,21 +226,36 @@ class BookKeeper:
                 raise InvalidArgumentError(
                     f"custom_metadata must map str to bytes; {key!r} -> {type(value).__name__}"
                 )
-        ledger_key = master_key(password)
         ensemble = self._context.placement.new_ensemble(self._bookies, ensemble_size, write_quorum)
-        metadata = await self._context.ledgers.create(
+        # The master key depends on the ledger id, so the id is taken before the record is
+        # written: bookies check the first key they see against this record's password hash.
+        ledger_id = await self._new_ledger_id()
+        ledgers = self._context.ledgers
+        metadata = await ledgers.create(
             LedgerMetadata(
+                ledger_id=ledger_id,
                 ensemble_size=ensemble_size,
                 write_quorum=write_quorum,
                 ack_quorum=ack_quorum,
                 ensembles=((0, ensemble),),
                 digest_type=DigestType.CRC32C,
-                password_hash=password_hash(password),
+                password_hash=password_hash(password, ledger_id) if ledger_id >= 0 else b"",
                 custom_metadata=custom,
             )
         )
+        if metadata.ledger_id != ledger_id:  # A store that allocates ids itself (test fakes).
+            checked = password_hash(password, metadata.ledger_id)
+            metadata = await ledgers.update(metadata.replace(password_hash=checked))
         log.info("ledger_created", ledger_id=metadata.ledger_id, ensemble=list(ensemble))
-        return LedgerHandle(self._context, metadata, ledger_key)
+        return LedgerHandle(self._context, metadata, master_key(password, metadata.ledger_id))
+
+    async def _new_ledger_id(self) -> int:
+        """A fresh ledger id from the store's generator, or -1 when the store has none."""
+        next_id = getattr(self._context.ledgers, "next_id", None)
+        if next_id is None:
+            return -1
+        ledger_id: int = await next_id()
+        return ledger_id
 
     async def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True
@@ -224,10 +268,13 @@ class BookKeeper:
         it does not exist; UnauthorizedError on a wrong password.
         """
         metadata = await self._context.ledgers.get(ledger_id)
-        if metadata.password_hash and metadata.password_hash != password_hash(password):
+        if metadata.password_hash and not hmac.compare_digest(
+            metadata.password_hash, password_hash(password, ledger_id)
+        ):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         if recovery and not metadata.is_closed:
-            metadata = await LedgerRecovery(self._context, metadata, master_key(password)).run()
+            key = master_key(password, ledger_id)
+            metadata = await LedgerRecovery(self._context, metadata, key).run()
         handle = ReadHandle(self._context, metadata)
         if not metadata.is_closed:
             try:

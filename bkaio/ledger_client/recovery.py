@@ -19,8 +19,11 @@ Imports no transport code.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from collections import deque
 from functools import partial
+from typing import cast
 
 import structlog
 
@@ -29,7 +32,7 @@ from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
 from bkaio.ledger_client.quorum import bookies_for_entry, with_new_segment, write_set
 from bkaio.ledger_client.reads import EntryReader
-from bkaio.ledger_client.types import StoredCopy
+from bkaio.ledger_client.types import BookieOps, StoredCopy
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 
@@ -48,6 +51,9 @@ class LedgerRecovery:
         self._md = metadata
         self._master_key = master_key
         self.ledger_id = metadata.ledger_id
+        if "no_fence_on_recovery_reads" in os.environ.get("BKAIO_MUTATION", "").split(","):
+            # Deliberately broken (BookKeeper issue 2614), for the fault suite's mutation check.
+            context = dataclasses.replace(context, ops=cast(BookieOps, _UnfencedReads(context.ops)))
         self._reader = EntryReader(
             context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum
         )
@@ -234,3 +240,30 @@ class LedgerRecovery:
             if isinstance(error, UnauthorizedError):
                 raise error  # Another bookie would say the same: the key is wrong.
         return failed
+
+
+class _UnfencedReads:
+    """BKAIO_MUTATION=no_fence_on_recovery_reads: recovery reads lose their FENCE flag.
+
+    Only for the fault suite's mutation check (tests/faults: F8 must then fail). Never set.
+    """
+
+    def __init__(self, ops: BookieOps) -> None:
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ops, name)
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        del fence
+        return await self._ops.read_entry(
+            bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
+        )

@@ -1,16 +1,21 @@
 """Entry digests and ledger master keys (docs/protocol.md, "Entries and digests", "Master key").
 
     digest     = crc32c( pack(">qqqq", ledger_id, entry_id, lac, length) || payload )
-    master_key = sha256(b"bkaio-ledger\\0" + password)        (32 bytes)
+    master_key = HMAC-SHA256(key=sha256(b"bkaio-ledger\\0" + password),
+                             msg=pack(">q", ledger_id))                    (32 bytes)
 
 The writer computes the digest, the bookie checks it on add and the reader checks it again.
 `length` is the ledger length after the entry (cumulative payload bytes), as in BookKeeper.
-Pure: imports crc32c and hashlib only (plus bkaio.errors for BadDigestError).
+The master key is keyed by the ledger id, so one ledger's key says nothing about another's
+(faults.md B4: a keyed hash, not a bare hash of the password). The password is hashed into
+the HMAC key first because HMAC pads short keys with zeros ("pw" and "pw\\0" would collide).
+Pure: imports crc32c, hashlib and hmac only (plus bkaio.errors for BadDigestError).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 from typing import TypeAlias
 
@@ -21,6 +26,7 @@ from bkaio import errors  # Module reference: see the import note in frames.py.
 Payload: TypeAlias = bytes | bytearray | memoryview
 _DIGEST_HEADER = struct.Struct(">qqqq")
 _MASTER_KEY_PREFIX = b"bkaio-ledger\0"
+_LEDGER_ID = struct.Struct(">q")
 MASTER_KEY_BYTES = 32
 
 
@@ -50,8 +56,21 @@ def check_entry_digest(
         )
 
 
-def master_key(password: bytes) -> bytes:
-    """The 32-byte key a ledger's writer and fencing readers send, derived from its password."""
+def master_key(password: bytes, ledger_id: int) -> bytes:
+    """The 32-byte key a ledger's writer and fencing readers send: HMAC-SHA256 of the ledger
+    id under the ledger's password."""
     if not isinstance(password, bytes | bytearray | memoryview):
         raise errors.ConfigError(f"ledger password must be bytes, got {type(password).__name__}")
-    return hashlib.sha256(_MASTER_KEY_PREFIX + bytes(password)).digest()
+    if type(ledger_id) is not int or ledger_id < 0:
+        raise errors.ConfigError(f"master key of ledger {ledger_id!r}: want an id >= 0")
+    hmac_key = hashlib.sha256(_MASTER_KEY_PREFIX + bytes(password)).digest()
+    return hmac.new(hmac_key, _LEDGER_ID.pack(ledger_id), hashlib.sha256).digest()
+
+
+_PASSWORD_CHECK_PREFIX = b"bkaio-password-check\0"
+
+
+def password_check(key: bytes) -> bytes:
+    """What ledger metadata stores as `password_hash`: sha256 of the master key, so that reading
+    metadata does not reveal the key; a bookie checks a presented key against it."""
+    return hashlib.sha256(_PASSWORD_CHECK_PREFIX + bytes(key)).digest()

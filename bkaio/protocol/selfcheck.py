@@ -48,7 +48,7 @@ from bkaio.protocol.messages import (
 from bkaio.protocol.status import Status
 
 _LEDGER_ID = 42
-_KEY = master_key(b"selfcheck")
+_KEY = master_key(b"selfcheck", _LEDGER_ID)
 
 
 def _entry(entry_id: int, payload: bytes) -> WireEntry:
@@ -139,7 +139,7 @@ def _check_digests() -> int:
         pass
     else:
         raise AssertionError("a wrong entry id went unnoticed")
-    if len(_KEY) != 32 or master_key(b"other") == _KEY:
+    if len(_KEY) != 32 or master_key(b"other", _LEDGER_ID) == _KEY:
         raise AssertionError("master keys are not 32 distinct bytes")
     return digest
 

@@ -26,7 +26,13 @@ async def guarded(
 ) -> AsyncIterator[tuple[BookieCluster, RawClient]]:
     """A bookie with short deadlines and a canary client that keeps adding throughout."""
     cluster = await bookie_cluster_factory(
-        config={"server": {"frame_read_timeout_seconds": 1.0, "hello_timeout_seconds": 1.0}}
+        config={
+            "server": {
+                "frame_read_timeout_seconds": 1.0,
+                "hello_timeout_seconds": 1.0,
+                "ledger_key_check": "first_sight",
+            }
+        }
     )
     canary = await RawClient.connect(cluster[0].host, cluster[0].port)
     yield cluster, canary

@@ -9,13 +9,13 @@ from bkaio.protocol.messages import AddEntryResponse, Flag, ReadRangeRequest, Re
 from bkaio.protocol.status import Status
 from tests.fixtures.bookies import BookieClusterFactory
 from tests.fixtures.etcd import EtcdServer
-from tests.integration.bookie.raw_client import RawClient, add_request
+from tests.integration.bookie.raw_client import FIRST_SIGHT, RawClient, add_request
 
 
 async def test_kill9_during_adds_loses_no_acknowledged_entry(
     bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
 ) -> None:
-    cluster = await bookie_cluster_factory(metadata_uri=etcd_server.uri)
+    cluster = await bookie_cluster_factory(metadata_uri=etcd_server.uri, config=FIRST_SIGHT)
     bookie = cluster[0]
     client = await RawClient.connect(bookie.host, bookie.port)
     ledger_id, payload = 9, b"p" * 512
@@ -63,7 +63,9 @@ async def test_kill9_during_adds_loses_no_acknowledged_entry(
 async def test_lease_expiry_removes_a_killed_bookie(
     bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
 ) -> None:
-    cluster = await bookie_cluster_factory(count=2, metadata_uri=etcd_server.uri)
+    cluster = await bookie_cluster_factory(
+        count=2, metadata_uri=etcd_server.uri, config=FIRST_SIGHT
+    )
     assert set(await cluster.registered()) == set(cluster.bookie_ids)
     cluster.kill9(0)
     await cluster.wait_until_deregistered(0, timeout_seconds=15)
@@ -73,7 +75,9 @@ async def test_lease_expiry_removes_a_killed_bookie(
 async def test_sigterm_drains_cleanly_and_deregisters(
     bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
 ) -> None:
-    cluster = await bookie_cluster_factory(shards=2, metadata_uri=etcd_server.uri)
+    cluster = await bookie_cluster_factory(
+        shards=2, metadata_uri=etcd_server.uri, config=FIRST_SIGHT
+    )
     bookie = cluster[0]
     client = await RawClient.connect(bookie.host, bookie.port)
     requests = [add_request(client.next_id(), 0, e, b"z" * 100) for e in range(2000)]

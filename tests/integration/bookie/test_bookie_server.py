@@ -28,7 +28,7 @@ from bkaio.protocol.messages import (
 from bkaio.protocol.status import Status
 from tests.fixtures.bookies import BookieClusterFactory
 
-from .raw_client import MASTER_KEY, RawClient, add_request
+from .raw_client import FIRST_SIGHT, MASTER_KEY, RawClient, add_request
 
 
 async def _ok(client: RawClient, request: Any) -> None:
@@ -51,7 +51,7 @@ def _http(url: str, method: str = "GET", body: Any = None, token: str | None = N
 async def test_pipelined_adds_on_one_connection_are_all_readable(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
-    cluster = await bookie_cluster_factory()
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
     bookie = cluster[0]
     client = await RawClient.connect(bookie.host, bookie.port)
     ledger_id, count, payload = 7, 10_000, b"x" * 100
@@ -83,7 +83,7 @@ async def test_pipelined_adds_on_one_connection_are_all_readable(
 
 
 async def test_two_shards_route_by_ledger_id(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory(shards=2)
+    cluster = await bookie_cluster_factory(shards=2, config=FIRST_SIGHT)
     bookie = cluster[0]
     shard0 = await RawClient.connect(bookie.host, bookie.shard_port(0))
     shard1 = await RawClient.connect(bookie.host, bookie.shard_port(1))
@@ -104,13 +104,13 @@ async def test_two_shards_route_by_ledger_id(bookie_cluster_factory: BookieClust
 
 
 async def test_fencing_wrong_keys_and_digests(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory()
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
     client = await RawClient.connect(cluster[0].host, cluster[0].port)
     ledger_id = 3
     assert (
         await client.request(add_request(client.next_id(), ledger_id, 0, b"e0"))
     ).status is Status.OK
-    other_key = master_key(b"not the password")
+    other_key = master_key(b"not the password", 0)
     wrong = await client.request(add_request(client.next_id(), ledger_id, 1, b"e1", key=other_key))
     assert wrong.status is Status.UNAUTHORIZED
     bad_digest = await client.request(add_request(client.next_id(), ledger_id, 1, b"e1", digest=1))
@@ -142,7 +142,7 @@ async def test_fencing_wrong_keys_and_digests(bookie_cluster_factory: BookieClus
 
 
 async def test_long_poll_read_lac(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory()
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
     writer = await RawClient.connect(cluster[0].host, cluster[0].port)
     reader = await RawClient.connect(cluster[0].host, cluster[0].port)
     ledger_id = 5
@@ -178,7 +178,7 @@ async def test_long_poll_read_lac(bookie_cluster_factory: BookieClusterFactory) 
 async def test_read_only_flips_on_injected_disk_usage(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
-    cluster = await bookie_cluster_factory()
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
     client = await RawClient.connect(cluster[0].host, cluster[0].port)
     await _ok(client, add_request(client.next_id(), 1, 0, b"a"))
     cluster.set_disk_usage(0, 0.99)
@@ -198,7 +198,7 @@ async def test_read_only_flips_on_injected_disk_usage(
 
 
 async def test_admin_http(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory()
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
     bookie = cluster[0]
     client = await RawClient.connect(bookie.host, bookie.port)
     await _ok(client, add_request(client.next_id(), 2, 0, b"a"))

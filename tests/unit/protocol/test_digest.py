@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 
 import crc32c
@@ -10,6 +11,7 @@ import pytest
 
 from bkaio.errors import BadDigestError, ConfigError
 from bkaio.protocol import check_entry_digest, entry_digest, master_key, verify_entry_digest
+from bkaio.protocol.digest import password_check
 
 LEDGER_ID, ENTRY_ID, LAC, LENGTH = 12345, 678, 677, 1 << 20
 PAYLOAD = bytes(range(256)) * 4 + b"tail"
@@ -71,13 +73,33 @@ def test_wrong_digest_value_is_detected() -> None:
 
 def test_master_key_is_32_bytes_and_differs_per_password() -> None:
     passwords = [b"", b"a", b"b", b"secret", b"secret\0", b"\0secret"]
-    keys = [master_key(password) for password in passwords]
+    keys = [master_key(password, 7) for password in passwords]
     assert all(len(key) == 32 for key in keys)
     assert len(set(keys)) == len(passwords)
-    assert master_key(b"secret") == master_key(b"secret")
-    assert master_key(b"secret") == hashlib.sha256(b"bkaio-ledger\0secret").digest()
+    assert master_key(b"secret", 7) == master_key(b"secret", 7)
+    hmac_key = hashlib.sha256(b"bkaio-ledger\0secret").digest()
+    expected = hmac.new(hmac_key, (7).to_bytes(8, "big"), hashlib.sha256)
+    assert master_key(b"secret", 7) == expected.digest()
+
+
+def test_master_key_differs_per_ledger() -> None:
+    """A key learned for one ledger is no use for another ledger with the same password."""
+    keys = {master_key(b"secret", ledger_id) for ledger_id in (0, 1, 2, 255, 256, 2**62)}
+    assert len(keys) == 6
+
+
+def test_password_check_hashes_the_key() -> None:
+    key = master_key(b"secret", 7)
+    assert password_check(key) == hashlib.sha256(b"bkaio-password-check\0" + key).digest()
+    assert password_check(key) != key
 
 
 def test_master_key_refuses_a_str_password() -> None:
     with pytest.raises(ConfigError, match="must be bytes, got str"):
-        master_key("secret")  # type: ignore[arg-type]
+        master_key("secret", 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ledger_id", [-1, True, 1.0, "1"])
+def test_master_key_refuses_a_bad_ledger_id(ledger_id: object) -> None:
+    with pytest.raises(ConfigError, match="want an id >= 0"):
+        master_key(b"secret", ledger_id)  # type: ignore[arg-type]
