@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -95,6 +95,11 @@ bench-meta: venv system-deps
 
 bench-spark: venv
 	$(PY) benchmarks/spark_bench.py
+
+# Every fault scenario, with longer schedules and many seeds; prints the lost/violations table.
+SOAK_ARGS ?=
+soak: venv system-deps
+	BKAIO_SOAK=1 $(PY) scripts/soak.py $(SOAK_ARGS)
 
 # Coverage-guided fuzzing of the frame decoder (atheris); `make test` runs a 10 s pass.
 FUZZ_SECONDS ?= 300

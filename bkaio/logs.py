@@ -8,7 +8,7 @@ import sys
 import structlog
 
 
-def configure_logging(*, json: bool = True, level: str = "info") -> None:
+def configure_logging(*, json: bool = True, level: str = "info", cache: bool = True) -> None:
     """Configure structlog for this process. A filtered `debug` call costs one function call."""
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
@@ -25,7 +25,7 @@ def configure_logging(*, json: bool = True, level: str = "info") -> None:
             logging.getLevelNamesMapping()[level.upper()]
         ),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
 
 
@@ -36,4 +36,5 @@ def configure_library_default() -> None:
     lines into an application's output. Services and the CLI call `configure_logging` instead.
     """
     if not structlog.is_configured():
-        configure_logging(json=False, level="warning")
+        # Not cached: an application (or structlog.testing.capture_logs) may reconfigure later.
+        configure_logging(json=False, level="warning", cache=False)

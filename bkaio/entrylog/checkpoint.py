@@ -22,6 +22,7 @@ from pathlib import Path
 import crc32c
 
 from bkaio.entrylog.cookie import fsync_directory
+from bkaio.journal.disk import crash_point
 from bkaio.journal.records import JournalMark
 
 LAST_MARK_FILE = "lastMark"
@@ -64,6 +65,7 @@ def write_last_mark(directory: Path, marks: list[JournalMark | None]) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+    crash_point("checkpoint.before_rename")  # Fault suite only (bkaio.journal.disk).
     os.replace(temporary, directory / LAST_MARK_FILE)
     fsync_directory(directory)
 

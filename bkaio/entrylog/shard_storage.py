@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import shutil
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from bkaio.errors import (
     UnauthorizedError,
 )
 from bkaio.journal.config import JournalConfig
+from bkaio.journal.errors import JournalFullError
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import (
     EntryRecord,
@@ -91,7 +91,7 @@ JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
 
 async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
     """The real journal of one directory (ledgers go to journal `config.journal_of(ledger_id)`)."""
-    return await Journal.open(config, sync_function=os.fdatasync, directory=directory)
+    return await Journal.open(config, directory=directory)  # Disk: bkaio.journal.disk.
 
 
 SLOW_FLUSH_SECONDS = 1.0  # A flush this slow holds adds back behind a full cache: say so.
@@ -399,6 +399,40 @@ class ShardStorage:
             await self._accept_duplicate(entry, existing)
             return
         await asyncio.shield(future)
+
+    def add_entry_nowait(
+        self, entry: StoredEntry, master_key: bytes, *, recovery: bool = False
+    ) -> asyncio.Future[JournalMark] | None:
+        """The common add without a coroutine: journal it now; durable when the future is done.
+
+        Returns None, having changed nothing, when the add needs `add_entry` instead: a ledger
+        this shard holds no key for yet, an entry at or below its last entry or already in flight
+        (a possible duplicate), a full write cache or a full journal group. Raises what
+        `add_entry` raises for a wrong key or a fenced ledger. The future fails with the
+        journal's error if the write or the sync fails; the entry is applied before any
+        callback added to the future by the caller runs.
+        """
+        self._check_open()
+        ledger = self._ledgers.get(entry.ledger_id)
+        if ledger is None or not ledger.master_key or entry.entry_id <= ledger.last_entry_id:
+            return None
+        _check_ids(entry.ledger_id, entry.entry_id)
+        if self._check_add(entry, master_key, recovery) is not None:
+            return None
+        size = cached_bytes(entry)
+        limit = self.config.write_cache_bytes
+        if self._active.bytes + self._flushing.bytes + self._reserved_bytes + size > limit:
+            return None
+        self._reserved_bytes += size
+        try:
+            return self._journal_entry(entry, master_key, size)
+        except JournalFullError:
+            self._reserved_bytes -= size
+            return None
+        except BaseException:
+            self._reserved_bytes -= size
+            self._cache_freed.set()
+            raise
 
     def _check_add(
         self, entry: StoredEntry, master_key: bytes, recovery: bool

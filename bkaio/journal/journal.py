@@ -30,6 +30,7 @@ import structlog
 
 from bkaio.errors import BKError, BookieIOError, ConfigError
 from bkaio.journal.config import JournalConfig
+from bkaio.journal.disk import Disk, default_disk
 from bkaio.journal.errors import JournalError, JournalFullError, RecordError
 from bkaio.journal.files import (
     HEADER_BYTES,
@@ -148,9 +149,10 @@ class Journal:
         cls,
         config: JournalConfig,
         *,
-        sync_function: Callable[[int], None] = os.fdatasync,
+        sync_function: Callable[[int], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         directory: Path | None = None,
+        disk: Disk | None = None,
     ) -> Journal:
         """Open (creating if needed) and lock one journal directory; start a new file in it.
 
@@ -176,8 +178,13 @@ class Journal:
             if config.preallocate_next_file
             else None
         )
+        disk = disk if disk is not None else default_disk()  # Fakes: bkaio.journal.disk.
         writer = JournalFileWriter(
-            directory, sync=config.sync, sync_function=sync_function, preallocator=preallocator
+            directory,
+            sync=config.sync,
+            sync_function=sync_function if sync_function is not None else disk.fdatasync,
+            preallocator=preallocator,
+            disk=disk,
         )
 
         def set_up() -> tuple[int, list[int], int]:

@@ -14,7 +14,6 @@ then `delete_files_before(marks)` after it.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Sequence
 
 from bkaio.errors import ConfigError
@@ -39,7 +38,7 @@ class JournalSet:
         config: JournalConfig,
         *,
         ledger_stride: int = 1,
-        sync_function: Callable[[int], None] = os.fdatasync,
+        sync_function: Callable[[int], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> JournalSet:
         if ledger_stride <= 0:

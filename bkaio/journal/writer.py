@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bkaio.journal.disk import OS_DISK, Disk, crash_point, mutation
 from bkaio.journal.files import (
     create_file,
     install_preallocated,
     preallocate_file,
-    write_all,
 )
 from bkaio.journal.records import JournalMark
 
@@ -93,13 +92,18 @@ class JournalFileWriter:
         sync: bool,
         sync_function: Callable[[int], None],
         preallocator: Preallocator | None,
+        disk: Disk = OS_DISK,
     ) -> None:
         self._directory = directory
         self._sync = sync
         self._sync_function = sync_function
         self._preallocator = preallocator
+        self._disk = disk
         self._fd: int | None = None
         self._file_id = 0
+        # Fault-suite mutation check only (bkaio.journal.disk): sync a group after its ack.
+        self._ack_before_fsync = mutation("ack_before_fsync")
+        self._sync_owed = False
 
     def open_new(self, file_id: int) -> None:
         """Start writing `file_id`: a prepared file if one is ready, else a fresh one."""
@@ -116,20 +120,28 @@ class JournalFileWriter:
 
     def commit(self, group: Group) -> float:
         """Write the group and sync it once; return the seconds the sync took."""
+        if self._sync_owed and self._fd is not None:
+            self._sync_owed = False
+            self._sync_function(self._fd)  # BROKEN on purpose: the previous group, already acked.
         if group.new_file:
             self.open_new(group.file_id)
         assert self._fd is not None and group.file_id == self._file_id, (group, self._file_id)
-        write_all(self._fd, group.data, group.start_offset)
+        self._disk.write(self._fd, group.data, group.start_offset)
+        crash_point("journal.after_write_before_sync")
         if not self._sync:
             return 0.0  # UNSAFE mode (tests only): the page cache is not flushed.
+        if self._ack_before_fsync:
+            self._sync_owed = True
+            return 0.0
         started = time.perf_counter()
         self._sync_function(self._fd)
+        crash_point("journal.after_sync_before_ack")
         return time.perf_counter() - started
 
     def close_current(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)
+            self._disk.close(fd)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -1,0 +1,88 @@
+"""The journal's disk: the few file operations the commit path makes, behind one interface.
+
+Production uses `OS_DISK` (pwrite, fdatasync, close). Fault tests swap in a fake from
+`bkaio.testing.disk` that can hold unsynced writes in memory (lost on kill -9, like a power
+failure), tear writes, fail fsync with EIO or add latency. A bookie process picks its disk from
+the environment once, at the first journal it opens:
+
+    BKAIO_FAULT_DISK=lazy,sync_delay_ms=20,eio_after_syncs=50    (see bkaio.testing.disk)
+
+`BKAIO_CRASHPOINT=journal.after_write_before_sync:3` exits the process the 3rd time it passes
+that point (`crash_point`; the others: journal.after_sync_before_ack, checkpoint.before_rename).
+`BKAIO_MUTATION=ack_before_fsync` is a deliberately broken build for the fault suite's own
+mutation check: each group is acknowledged after its write and synced only when the next group
+comes. Never set these variables in production.
+Every method blocks: the journal calls them on its writer thread only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final, Protocol
+
+from bkaio.journal.files import write_all
+
+FAULT_DISK_ENV: Final = "BKAIO_FAULT_DISK"
+MUTATION_ENV: Final = "BKAIO_MUTATION"
+CRASHPOINT_ENV: Final = "BKAIO_CRASHPOINT"
+_crash_passes: dict[str, int] = {}
+
+
+class Disk(Protocol):
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of `data` at `offset` (not durable until `fdatasync`)."""
+
+    def fdatasync(self, fd: int) -> None:
+        """Make every write to `fd` durable; OSError (EIO, ENOSPC) when it cannot."""
+
+    def close(self, fd: int) -> None: ...
+
+
+class OsDisk:
+    """The real thing."""
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        write_all(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+
+OS_DISK: Final = OsDisk()
+_from_environment: Disk | None = None
+
+
+def default_disk() -> Disk:
+    """`OS_DISK`, or the fault-injection disk that BKAIO_FAULT_DISK names (one per process)."""
+    global _from_environment
+    spec = os.environ.get(FAULT_DISK_ENV, "")
+    if not spec:
+        return OS_DISK
+    if _from_environment is None:
+        from bkaio.testing.disk import disk_from_spec  # Test-only code, loaded only on request.
+
+        _from_environment = disk_from_spec(spec)
+    return _from_environment
+
+
+def crash_point(name: str) -> None:
+    """Named crash point: with BKAIO_CRASHPOINT="<name>:<n>" the process exits (137, as if
+    killed) the n-th time it passes here. Costs one dict lookup when unset."""
+    armed = os.environ.get(CRASHPOINT_ENV)
+    if not armed:
+        return
+    point, _, count = armed.partition(":")
+    if point != name:
+        return
+    passes = _crash_passes.get(name, 0) + 1
+    _crash_passes[name] = passes
+    if passes >= int(count or "1"):
+        os._exit(137)
+
+
+def mutation(name: str) -> bool:
+    """Whether the deliberately broken behaviour `name` is switched on (fault-suite checks)."""
+    return name in os.environ.get(MUTATION_ENV, "").split(",")

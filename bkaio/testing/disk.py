@@ -1,0 +1,145 @@
+"""Fault-injecting disks for the journal's `Disk` interface (bkaio.journal.disk). Tests only.
+
+`FakeDisk` wraps the real file operations and can
+- hold unsynced writes in memory (`lazy`): they reach the file only at fdatasync, so kill -9 of
+  the process loses exactly what a power failure would lose; `crash()` does the same in-process;
+- tear a write on `crash()` (`tear`): a prefix of the oldest unsynced write reaches the file;
+- fail fsync with EIO after N successful syncs (`eio_after_syncs`), and keep failing; the
+  unsynced writes are dropped, as the kernel drops dirty pages after a failed writeback;
+- add latency to every sync or write (`sync_delay`, `write_delay`).
+
+A bookie process gets one from the environment (bkaio.journal.disk.default_disk):
+
+    BKAIO_FAULT_DISK="lazy,sync_delay_ms=20,eio_after_syncs=100,write_delay_ms=0,tear"
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bkaio.errors import ConfigError
+from bkaio.journal.files import write_all
+
+
+@dataclass
+class FakeDiskStats:
+    writes: int = 0
+    syncs: int = 0
+    failed_syncs: int = 0
+    dropped_bytes: int = 0
+
+
+@dataclass
+class FakeDisk:
+    lazy: bool = False
+    tear: bool = False
+    sync_delay: float = 0.0
+    write_delay: float = 0.0
+    eio_after_syncs: int | None = None
+    stats: FakeDiskStats = field(default_factory=FakeDiskStats)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, list[tuple[int, bytes]]] = {}
+        self._crashed = False
+        self._failed = False
+
+    # ----------------------------------------------------------------- Disk
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        if self.write_delay:
+            time.sleep(self.write_delay)
+        with self._lock:
+            self.stats.writes += 1
+            if self._crashed:
+                return
+            if self.lazy:
+                self._pending.setdefault(fd, []).append((offset, bytes(data)))
+                return
+        write_all(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        if self.sync_delay:
+            time.sleep(self.sync_delay)
+        with self._lock:
+            if self._crashed:
+                return
+            if self._failed or (
+                self.eio_after_syncs is not None and self.stats.syncs >= self.eio_after_syncs
+            ):
+                self._failed = True
+                self.stats.failed_syncs += 1
+                dropped = self._pending.pop(fd, [])
+                self.stats.dropped_bytes += sum(len(data) for _, data in dropped)
+                raise OSError(errno.EIO, "injected fsync failure (FakeDisk)")
+            for offset, data in self._pending.pop(fd, []):
+                write_all(fd, data, offset)
+            self.stats.syncs += 1
+        os.fdatasync(fd)
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            pending = self._pending.pop(fd, [])
+            if not self._crashed:  # A clean close: the page cache keeps them.
+                for offset, data in pending:
+                    write_all(fd, data, offset)
+        os.close(fd)
+
+    # ----------------------------------------------------------------- faults
+
+    def crash(self) -> int:
+        """Power failure: unsynced writes are gone (a torn prefix of one may land with `tear`);
+        everything after this is ignored. Returns the bytes dropped."""
+        with self._lock:
+            self._crashed = True
+            dropped = 0
+            for fd, writes in self._pending.items():
+                for position, (offset, data) in enumerate(writes):
+                    if self.tear and position == 0 and len(data) > 1:
+                        keep = len(data) // 2
+                        write_all(fd, data[:keep], offset)
+                        dropped += len(data) - keep
+                    else:
+                        dropped += len(data)
+            self._pending.clear()
+            self.stats.dropped_bytes += dropped
+            return dropped
+
+    @property
+    def unsynced_bytes(self) -> int:
+        with self._lock:
+            return sum(len(d) for writes in self._pending.values() for _, d in writes)
+
+
+def disk_from_spec(spec: str) -> FakeDisk:
+    """Parse BKAIO_FAULT_DISK: comma-separated flags (`lazy`, `tear`) and `name=value` options
+    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`)."""
+    disk = FakeDisk()
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, _, value = item.partition("=")
+        try:
+            if name == "lazy" and not value:
+                disk.lazy = True
+            elif name == "tear" and not value:
+                disk.tear = True
+            elif name == "sync_delay_ms":
+                disk.sync_delay = float(value) / 1000
+            elif name == "write_delay_ms":
+                disk.write_delay = float(value) / 1000
+            elif name == "eio_after_syncs":
+                disk.eio_after_syncs = int(value)
+            else:
+                raise ValueError("unknown option")
+        except ValueError as error:
+            raise ConfigError(
+                f"BKAIO_FAULT_DISK={spec!r}: bad item {item!r} ({error}); expected lazy, tear, "
+                "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N"
+            ) from None
+    return disk

@@ -1,0 +1,144 @@
+"""Soak runner: every fault scenario for many seeds, plus thousands of simulator seeds.
+
+    .venv/bin/python scripts/soak.py [--seeds 3] [--sim-seeds 2000] [-k EXPR] [--first-seed N]
+
+Each real scenario runs as its own pytest process with BKAIO_SOAK=1 and BKAIO_SEED=<seed>, so a
+crash or hang stays contained and any failure is replayed with the printed command. The
+simulator runs in this process (PYTHONHASHSEED is pinned to 0 so seeds replay exactly). Prints
+one table: scenario, seeds, operations, acknowledged, lost (must be 0), violations, failed runs.
+Exits non-zero when anything was lost, violated or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = REPO / "tests" / "faults" / "scenarios"
+_STATS = re.compile(r"^\[(?P<name>[^\]]+)\] stats: (?P<stats>\{.*\})$", re.M)
+
+
+@dataclass
+class Row:
+    seeds: int = 0
+    ops: int = 0
+    acknowledged: int = 0
+    lost: int = 0
+    violations: int = 0
+    failed_runs: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _collect(expression: str | None) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", str(SCENARIOS)]
+    if expression:
+        command += ["-k", expression]
+    env = {**os.environ, "BKAIO_SOAK": "1"}
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+def _run_real(test_id: str, seed: int, rows: dict[str, Row], timeout: float) -> None:
+    env = {**os.environ, "BKAIO_SOAK": "1", "BKAIO_SEED": str(seed)}
+    command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", test_id]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        output, code = str(expired.stdout or ""), -1
+    label = test_id.split("::")[-1]
+    seen = False
+    for match in _STATS.finditer(output):
+        stats = ast.literal_eval(match.group("stats"))
+        row = rows[f"{label}"]
+        row.ops += stats.get("ops", 0)
+        row.acknowledged += stats.get("acknowledged", 0)
+        row.lost += stats.get("lost", 0)
+        row.violations += stats.get("violations", 0)
+        seen = True
+    row = rows[label]
+    row.seeds += 1
+    if code not in (0, 5):  # 5: everything skipped (e.g. no root for a tmpfs).
+        row.failed_runs += 1
+        row.failures.append(f"BKAIO_SOAK=1 BKAIO_SEED={seed} pytest -s '{test_id}'")
+    if not seen and code == 0:
+        pass  # Tests that check without a history (none today) still count their seeds.
+
+
+def _run_sim(seeds: int, first: int, rows: dict[str, Row]) -> None:
+    from bkaio.testing.sim.scenarios import run_seed
+
+    for scenario in ("race", "f8"):
+        count = seeds if scenario == "race" else max(1, seeds // 20)
+        row = rows[f"sim-{scenario}"]
+        for seed in range(first, first + count):
+            outcome = run_seed(scenario, seed)
+            row.seeds += 1
+            row.ops += outcome.ops
+            row.acknowledged += outcome.acked
+            row.lost += outcome.result.lost
+            row.violations += len(outcome.result.violations)
+            if outcome.liveness_error or not outcome.result.valid:
+                row.failed_runs += 1
+                row.failures.append(
+                    f"PYTHONHASHSEED=0 python -c 'from bkaio.testing.sim.scenarios import run_seed;"
+                    f' print(run_seed("{scenario}", {seed}))\'  # {outcome.liveness_error}'
+                )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per real scenario")
+    parser.add_argument("--sim-seeds", type=int, default=2000, help="simulator seeds")
+    parser.add_argument("--first-seed", type=int, default=int(time.time()) % 100_000)
+    parser.add_argument("-k", dest="expression", default=None, help="pytest -k filter")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per scenario run, seconds")
+    args = parser.parse_args()
+    if os.environ.get("PYTHONHASHSEED") != "0":  # Simulator seeds replay only with it pinned.
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"}
+        )
+    rows: dict[str, Row] = defaultdict(Row)
+    started = time.monotonic()
+    if args.sim_seeds:
+        _run_sim(args.sim_seeds, args.first_seed, rows)
+    for test_id in _collect(args.expression) if args.seeds else []:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            _run_real(test_id, seed, rows, args.timeout)
+            print(f"  {test_id.split('::')[-1]} seed {seed}: done", file=sys.stderr, flush=True)
+    header = (
+        f"{'scenario':58} {'seeds':>6} {'operations':>11} {'acked':>9} {'lost':>5} "
+        f"{'viol':>5} {'failed':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    bad = False
+    for name in sorted(rows):
+        row = rows[name]
+        print(
+            f"{name:58} {row.seeds:>6} {row.ops:>11} {row.acknowledged:>9} {row.lost:>5} "
+            f"{row.violations:>5} {row.failed_runs:>6}"
+        )
+        expected_violations = "mutation" in name  # Mutation checks must find violations.
+        if row.failed_runs or (row.lost and not expected_violations):
+            bad = True
+    print(f"first seed {args.first_seed}; {time.monotonic() - started:.0f} s")
+    for name in sorted(rows):
+        for failure in rows[name].failures[:3]:
+            print(f"FAILED {name}: {failure}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
