@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from types import TracebackType
 
@@ -34,6 +35,7 @@ from bkaio.errors import (
 )
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError, copy_error
+from bkaio.ledger_client.placement import BookieCandidate
 from bkaio.ledger_client.quorum import with_new_segment, write_set
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
@@ -43,6 +45,10 @@ log = structlog.get_logger(__name__)
 
 # Errors after which the same bookie can never take this ledger's adds: the handle stops.
 _FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
+# A bookie that failed an add is passed over as a replacement for this long (BookKeeper's
+# quarantine), then it is a candidate again: after a rolling restart every bookie has failed
+# once, and a writer that shunned them for good would run out of bookies.
+BOOKIE_QUARANTINE_SECONDS = 30.0
 
 
 class _PendingAdd:
@@ -96,7 +102,7 @@ class LedgerHandle:
         self._idle = asyncio.Event()
         self._idle.set()
         self._failed: dict[int, str] = {}  # Ensemble index -> bookie to replace.
-        self._ever_failed: set[str] = set()
+        self._failed_at: dict[str, float] = {}  # Bookie -> loop time of its last failed add.
         self._down_mask = 0  # Indexes that failed with no replacement; adds skip them.
         self._changing = False
         self._change_task: asyncio.Task[None] | None = None
@@ -330,7 +336,7 @@ class LedgerHandle:
             error_type=type(error).__name__,
         )
         self._failed[index] = bookie_id
-        self._ever_failed.add(bookie_id)
+        self._failed_at[bookie_id] = self._loop.time()
         if self._change_task is None:
             self._changing = True
             self._change_task = self._loop.create_task(
@@ -349,15 +355,36 @@ class LedgerHandle:
             if self._error is None:
                 self._drain()
 
+    def _replacement(
+        self,
+        bookies: Sequence[BookieCandidate],
+        ensemble: list[str],
+        index: int,
+        failed: dict[int, str],
+    ) -> str:
+        """A bookie for `index`: one that has not failed lately, else any but the failing ones."""
+        now = self._loop.time()
+        quarantined = {
+            bookie_id
+            for bookie_id, failed_at in self._failed_at.items()
+            if now - failed_at < BOOKIE_QUARANTINE_SECONDS
+        }
+        try:
+            return self._ctx.placement.replace_bookie(
+                bookies, ensemble, index, self._write_quorum, exclude=quarantined
+            )
+        except NotEnoughBookiesError:
+            return self._ctx.placement.replace_bookie(
+                bookies, ensemble, index, self._write_quorum, exclude=set(failed.values())
+            )
+
     async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
         new_ensemble = list(self._ensemble)
         replaced: list[int] = []
         bookies = self._ctx.bookies()
         for index in sorted(failed):
             try:
-                new_ensemble[index] = self._ctx.placement.replace_bookie(
-                    bookies, new_ensemble, index, self._write_quorum, exclude=self._ever_failed
-                )
+                new_ensemble[index] = self._replacement(bookies, new_ensemble, index, failed)
             except NotEnoughBookiesError:
                 self._down_mask |= 1 << index
                 self._log.warning(
