@@ -8,8 +8,12 @@ import sys
 import structlog
 
 
-def configure_logging(*, json: bool = True, level: str = "info", cache: bool = True) -> None:
-    """Configure structlog for this process. A filtered `debug` call costs one function call."""
+def configure_logging(*, json: bool = True, level: str = "info", cache: bool = False) -> None:
+    """Configure structlog for this process. A filtered `debug` call costs one function call.
+
+    `cache=True` (long-running services) binds each logger once, on first use; it also means a
+    later reconfiguration, structlog.testing.capture_logs included, no longer reaches it.
+    """
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -37,4 +41,4 @@ def configure_library_default() -> None:
     """
     if not structlog.is_configured():
         # Not cached: an application (or structlog.testing.capture_logs) may reconfigure later.
-        configure_logging(json=False, level="warning", cache=False)
+        configure_logging(json=False, level="warning")

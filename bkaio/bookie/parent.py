@@ -452,7 +452,7 @@ def run_bookie(config_path: Path) -> int:
     except BKError as error:
         print(f"bkaio bookie: {error}", file=sys.stderr)
         return EXIT_START_FAILED
-    configure_logging(json=config.log.json, level=config.log.level)
+    configure_logging(json=config.log.json, level=config.log.level, cache=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
     async def main() -> int:

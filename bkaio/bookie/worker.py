@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     except BKError as error:
         print(f"bookie shard {args.shard}: {error}", file=sys.stderr)
         return EXIT_START_FAILED
-    configure_logging(json=config.log.json, level=config.log.level)
+    configure_logging(json=config.log.json, level=config.log.level, cache=True)
     if not 0 <= args.shard < config.shard_count:
         log.error("bad_shard_index", shard=args.shard, shard_count=config.shard_count)
         return EXIT_START_FAILED
