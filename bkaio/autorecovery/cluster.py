@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ class ClusterView:
         *,
         client_config: ClientConfig | None = None,
         placement: str = "default",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.metadata = metadata
         # Generous timeouts: a copy waits out a busy bookie; a dead one fails fast anyway
@@ -69,7 +71,7 @@ class ClusterView:
         self._bookies: list[BookieInfo] = []
         self._known: dict[str, BookieInfo] = {}  # Also bookies that left: old segments name them.
         self.placement: PlacementPolicy = make_placement(placement)
-        self.pool = BookiePool(self.client_config, self._known.get)
+        self.pool = BookiePool(self.client_config, self._known.get, tls=tls)
         self.context = ClientContext(
             ops=self.pool,
             ledgers=metadata.ledgers,

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from bkaio.config import AutorecoveryConfig
 from bkaio.errors import BKError
+from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import Metadata, open_metadata
 
 from .auditor import Auditor
@@ -40,12 +42,21 @@ class AutorecoveryService:
         config: AutorecoveryConfig | None = None,
         admin_token: str = "",
         metrics: AutorecoveryMetrics | None = None,
+        tls: ssl.SSLContext | None = None,
+        auth_token: str | None = None,
     ) -> None:
         self.metadata = metadata
         self.owner = owner
         self.config = config or AutorecoveryConfig()
         self.metrics = metrics or AutorecoveryMetrics()
-        self.view = ClusterView(metadata)
+        # Bookies that require TLS or a HELLO token require them of replicators too.
+        client_config = ClientConfig(
+            client_id="bkaio-autorecovery",
+            add_timeout=15.0,
+            read_timeout=15.0,
+            auth_token=auth_token or None,
+        )
+        self.view = ClusterView(metadata, client_config=client_config, tls=tls)
         self.keys = MasterKeys(self.view, self.config.admin_token or admin_token)
         self.replicator = Replicator(
             self.view, self.keys, self.metrics, entries_in_flight=self.config.entries_in_flight

@@ -29,6 +29,7 @@ import bkaio
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.logs import configure_logging
+from bkaio.security.tls import bookie_client_tls_context
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
@@ -249,6 +250,8 @@ class BookieParent:
             config=self.config.autorecovery,
             admin_token=self.config.admin.token,
             metrics=AutorecoveryMetrics(self.metrics_registry),
+            tls=bookie_client_tls_context(self.config.tls),
+            auth_token=self.config.server.auth_token,
         )
         await service.start()
         self.autorecovery = service

@@ -213,15 +213,3 @@ def _finish(report: Any, suite: str, console: Any, *, no_plot: bool, as_json: bo
             f"#{first.repeat}: {first.extra.get('first_error', 'no append completed')}"
         )
     return 0
-
-
-if __name__ == "__main__":
-    # `python -m bkaio.cli.bench_cmd ...` is `bkaio bench ...`, also before the root group
-    # registers the command; failures go through the same one-line error handling.
-    import sys
-
-    from bkaio.cli.main import cli, main
-
-    if "bench" not in cli.commands:
-        cli.add_command(bench)
-    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -7,6 +7,8 @@ exchange, so the data path's pipelined connection machinery would only add weigh
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from dataclasses import dataclass
 
 from bkaio.errors import ProtocolError, error_for_status
@@ -27,14 +29,15 @@ class BookieSpace:
     read_only: bool
 
 
-async def probe_bookie(host: str, port: int) -> BookieSpace:
+async def probe_bookie(host: str, port: int, *, tls: ssl.SSLContext | None = None) -> BookieSpace:
     """Ask one bookie shard for its disk space and state."""
+    token = os.environ.get("BKAIO_AUTH_TOKEN") or None
     async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         try:
             decoder = FrameDecoder(max_frame_bytes=PROBE_MAX_FRAME_BYTES)
             hello = await _exchange(
-                reader, writer, decoder, [Op.HELLO, 1, PROTOCOL_VERSION, "bkaio-probe", None]
+                reader, writer, decoder, [Op.HELLO, 1, PROTOCOL_VERSION, "bkaio-probe", token]
             )
             _check(hello, Op.HELLO)
             info = await _exchange(reader, writer, decoder, [Op.GET_BOOKIE_INFO, 2])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -46,3 +48,22 @@ def run_with_timeout(coroutine: Coroutine[Any, Any, T], timeout_seconds: float) 
             return await coroutine
 
     return run(bounded())
+
+
+def client_tls_from_env() -> ssl.SSLContext | None:
+    """A client TLS context from $BKAIO_TLS_CA (+ $BKAIO_TLS_CERT/$BKAIO_TLS_KEY for mutual TLS)."""
+    ca_file = os.environ.get("BKAIO_TLS_CA")
+    if not ca_file:
+        return None
+    from bkaio.security import client_tls_context
+
+    return client_tls_context(
+        ca_file,
+        cert_file=os.environ.get("BKAIO_TLS_CERT") or None,
+        key_file=os.environ.get("BKAIO_TLS_KEY") or None,
+    )
+
+
+def client_options() -> dict[str, Any]:
+    """BookKeeper.connect options the environment asks for: TLS files and an auth token."""
+    return {"tls": client_tls_from_env(), "auth_token": os.environ.get("BKAIO_AUTH_TOKEN") or None}

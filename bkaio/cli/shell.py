@@ -12,7 +12,7 @@ import click
 from rich.progress import Progress
 
 from bkaio.cli.bookie_probe import probe_bookie
-from bkaio.cli.common import json_option, metadata_option, run
+from bkaio.cli.common import client_options, client_tls_from_env, json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, table
 from bkaio.errors import BKError, NoSuchEntryError
 
@@ -23,7 +23,7 @@ PROGRESS_THRESHOLD = 1000  # Below this many entries a progress bar is only nois
 def _client(metadata_uri: str) -> Any:
     from bkaio.ledger_client import BookKeeper
 
-    return BookKeeper.connect(metadata_uri, client_id="bkaio-shell")
+    return BookKeeper.connect(metadata_uri, client_id="bkaio-shell", **client_options())
 
 
 def _plain(value: Any) -> Any:
@@ -70,7 +70,7 @@ def list_bookies(metadata_uri: str, as_json: bool) -> None:
                 "admin_url": info.admin_url,
             }
             try:
-                space = await probe_bookie(info.host, info.port)
+                space = await probe_bookie(info.host, info.port, tls=client_tls_from_env())
                 row["free_bytes"] = space.free_bytes
                 row["total_bytes"] = space.total_bytes
             except (OSError, BKError, TimeoutError) as error:

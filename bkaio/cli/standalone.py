@@ -48,6 +48,7 @@ class StandaloneLayout:
     etcd_peer_port: int = 0
     # Shared by every bookie: autorecovery fetches ledger keys over the admin API with it.
     admin_token: str = ""
+    tls: bool = False  # Bookies serve mutual TLS with a local CA in <data-dir>/tls.
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -63,13 +64,19 @@ def _free_port() -> int:
 
 
 def _load_layout(
-    data_dir: Path, bookies: int, metadata_uri: str | None, use_etcd: bool, base_port: int
+    data_dir: Path,
+    bookies: int,
+    metadata_uri: str | None,
+    use_etcd: bool,
+    base_port: int,
+    tls: bool,
 ) -> StandaloneLayout:
     state_path = data_dir / STATE_FILE
     if state_path.exists():
         layout = StandaloneLayout(**json.loads(state_path.read_text()))
-        if not layout.admin_token:  # A data dir from before tokens existed.
-            layout.admin_token = secrets.token_hex(16)
+        if not layout.admin_token or (tls and not layout.tls):  # Upgrades keep the data.
+            layout.admin_token = layout.admin_token or secrets.token_hex(16)
+            layout.tls = layout.tls or tls
             _write_private(state_path, json.dumps(asdict(layout), indent=2))
         if len(layout.bookie_ports) != bookies:
             raise ConfigError(
@@ -92,6 +99,7 @@ def _load_layout(
         bookie_ports=bookie_ports,
         admin_ports=admin_ports,
         admin_token=secrets.token_hex(16),
+        tls=tls,
     )
     if use_etcd:
         layout.etcd_client_port, layout.etcd_peer_port = _free_port(), _free_port()
@@ -102,6 +110,13 @@ def _load_layout(
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private(state_path, json.dumps(asdict(layout), indent=2))
     return layout
+
+
+def _local_tls(data_dir: Path) -> Any:
+    """The local CA and certificates of a --tls cluster (made once, then reused)."""
+    from bkaio.security.local_ca import generate_local_tls
+
+    return generate_local_tls((data_dir / "tls").resolve(), hosts=(LOOPBACK,))
 
 
 def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
@@ -129,6 +144,7 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
                 f'ledger_dirs = ["{bookie_dir / "ledgers"}"]',
                 "[read_only]",
                 "disk_check_interval_seconds = 5.0",
+                _local_tls(data_dir).bookie_toml(require_client_cert=True) if layout.tls else "",
                 "",
             ]
         ),
@@ -201,8 +217,17 @@ class StandaloneCluster:
                 )
 
     def describe(self) -> dict[str, Any]:
+        tls = None
+        if self.layout.tls:
+            files = _local_tls(self.data_dir)
+            tls = {
+                "ca_file": str(files.ca_file),
+                "client_cert_file": str(files.client_cert_file),
+                "client_key_file": str(files.client_key_file),
+            }
         return {
             "metadata": self.layout.metadata_uri,
+            "tls": tls,
             "pid": os.getpid(),
             "bookies": [
                 {
@@ -234,6 +259,18 @@ class StandaloneCluster:
         return worst
 
 
+def _client_env(description: dict[str, Any]) -> str:
+    """The environment a `bkaio shell` command needs to reach this cluster."""
+    env = f"BKAIO_METADATA={description['metadata']} "
+    tls = description.get("tls")
+    if tls:
+        env += (
+            f"BKAIO_TLS_CA={tls['ca_file']} BKAIO_TLS_CERT={tls['client_cert_file']} "
+            f"BKAIO_TLS_KEY={tls['client_key_file']} "
+        )
+    return env
+
+
 @click.command()
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(1, 32))
 @click.option(
@@ -256,6 +293,9 @@ class StandaloneCluster:
     type=click.IntRange(0, 65000),
     help="Bookie i listens on BASE+i, its admin HTTP on BASE+100+i (default: free ports).",
 )
+@click.option(
+    "--tls", is_flag=True, help="Mutual TLS between clients and bookies, with a local CA."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster description as JSON.")
 def standalone(
     bookies: int,
@@ -263,12 +303,13 @@ def standalone(
     metadata_uri: str | None,
     use_etcd: bool,
     base_port: int,
+    tls: bool,
     as_json: bool,
 ) -> int:
     """Run a metadata store and N bookies on this host until Ctrl-C or SIGTERM."""
     if use_etcd and metadata_uri:
         raise click.UsageError("--etcd and --metadata exclude each other")
-    layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port)
+    layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
     cluster = StandaloneCluster(data_dir, layout)
     stopping = False
 
@@ -290,7 +331,7 @@ def standalone(
                     f"bookie    {b['bookie_id']}  admin {b['admin_url']}"
                     for b in description["bookies"]
                 ),
-                f"try       BKAIO_METADATA={layout.metadata_uri} bkaio shell simpletest",
+                f"try       {_client_env(description)}bkaio shell simpletest",
                 f"admin     token in {data_dir / STATE_FILE} (for shell recover/decommission)",
                 "stop      Ctrl-C",
             ]

@@ -54,7 +54,8 @@ def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "bkaio.cli.bench_cmd",
+        "bkaio.cli",
+        "bench",
         "--suite",
         "quick",
         "--only",
@@ -96,7 +97,7 @@ def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
 
 def test_a_bad_suite_name_is_a_one_line_error(bench_dir: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bkaio.cli.bench_cmd", "--suite", "nightly", "--peer", "none"],
+        [sys.executable, "-m", "bkaio.cli", "bench", "--suite", "nightly", "--peer", "none"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -32,9 +32,11 @@ def bkaio(
 
 
 class Standalone:
-    def __init__(self, data_dir: Path, bookies: int = 3) -> None:
+    def __init__(self, data_dir: Path, bookies: int = 3, *extra_args: str) -> None:
         self.data_dir = data_dir
         self.bookies = bookies
+        self.extra_args = extra_args
+        self.description: dict[str, object] = {}
         self.process: subprocess.Popen[bytes] | None = None
         self.uri = ""
 
@@ -49,6 +51,7 @@ class Standalone:
                 "--data-dir",
                 str(self.data_dir),
                 "--json",
+                *self.extra_args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -62,7 +65,8 @@ class Standalone:
                 self.stop()
                 pytest.fail("standalone did not become ready")
             time.sleep(0.1)
-        self.uri = json.loads(ready.read_text())["metadata"]
+        self.description = json.loads(ready.read_text())
+        self.uri = str(self.description["metadata"])
 
     def stop(self) -> int:
         assert self.process is not None
@@ -160,7 +164,7 @@ def test_expected_errors_are_one_line_without_traceback(standalone: Standalone) 
         ("shell", "readledger", "987654321", "--metadata", standalone.uri),
         ("shell", "readledger", "x", "--metadata", standalone.uri),
         ("shell", "listledgers", "--metadata", "nosuchscheme://what"),
-        ("shell", "decommission", "127.0.0.1:1", "--metadata", standalone.uri),
+        ("shell", "simpletest", "--ensemble-size", "5", "--metadata", standalone.uri),
     ]
     for args in cases:
         done = bkaio(*args)
@@ -220,3 +224,30 @@ def test_recover_of_a_bookie_that_held_nothing_reports_zero(tmp_path: Path) -> N
     assert (
         json.loads(bkaio("shell", "listunderreplicated", "--json", "--metadata", uri).stdout) == []
     )
+
+
+def test_standalone_tls_needs_the_client_certificate(tmp_path: Path) -> None:
+    cluster = Standalone(tmp_path / "standalone", 2, "--tls")
+    cluster.start()
+    try:
+        tls = cluster.description["tls"]
+        assert isinstance(tls, dict)
+        env = {
+            "BKAIO_TLS_CA": tls["ca_file"],
+            "BKAIO_TLS_CERT": tls["client_cert_file"],
+            "BKAIO_TLS_KEY": tls["client_key_file"],
+        }
+        args = ("shell", "simpletest", "--entries", "20", "--json", "--metadata", cluster.uri)
+        done = bkaio(*args, env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["entries"] == 20
+        bookies = json.loads(
+            bkaio("shell", "listbookies", "--json", "--metadata", cluster.uri, env=env).stdout
+        )
+        assert all(b["free_bytes"] for b in bookies)
+        # Without the client certificate the bookies refuse the connection.
+        plain = bkaio(*args, env={"BKAIO_ADD_TIMEOUT": "2"}, timeout=180)
+        assert plain.returncode != 0
+        assert plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    finally:
+        cluster.stop()
