@@ -23,6 +23,7 @@ import structlog
 from bkaio.bench.spec import Workload
 from bkaio.bench.systems import BenchSetupError, ChildProcess, stop_all, wait_until
 from bkaio.ledger_client import BookKeeper, LedgerHandle
+from bkaio.runtime_tuning import tune_gc_for_throughput
 from bkaio.testing.procs import LOOPBACK, EtcdProcess, free_port
 
 MetadataKind = Literal["embedded", "etcd"]
@@ -126,6 +127,7 @@ class BkaioSystem:
                     alive=bookie.child.check_alive,
                 )
         self._client = await BookKeeper.connect(self.metadata_uri, client_id="bkaio-bench")
+        tune_gc_for_throughput()  # What an application appending at high rates should do.
 
     async def stop(self) -> None:
         if self._client is not None:

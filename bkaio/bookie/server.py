@@ -392,6 +392,12 @@ class ShardServer:
             self.log.debug("request_failed", op=request.op.name, error=str(error))
             self._answer(connection, request, size, started, request.error_response(error.status))
             return None
+        except Exception:
+            self.log.exception("request_crashed", op=request.op.name)
+            self._answer(
+                connection, request, size, started, request.error_response(Status.INTERNAL_ERROR)
+            )
+            return None
         if future is None:
             return partial(self._add_prepared, entry, recovery)
         self._fast_adds.add(future)

@@ -47,7 +47,12 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 30_000  # Writers of other processes queue behind the lock this long.
+# Changes by other processes are noticed by polling: one poller per store reads the revision
+# counter this often and wakes every watch of the store when it moved (a watch then queries its
+# prefix). Local writes wake the watches at once. A watch also re-queries on its own after
+# WATCH_IDLE_REQUERY_SECONDS, a backstop that costs nothing measurable.
 WATCH_POLL_SECONDS = 0.05
+WATCH_IDLE_REQUERY_SECONDS = 1.0
 WATCH_PAGE = 1000
 CHANGES_KEEP_REVISIONS = 100_000
 CHANGES_KEEP_SECONDS = 600.0
@@ -110,6 +115,8 @@ class SqliteMetadataStore(MetadataStore):
         self._local_change = asyncio.Event()  # Replaced after every write: wakes watches early.
         self._pending_writes: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._writer_task: asyncio.Task[None] | None = None
+        self._watches = 0  # Active watch_prefix generators; the poller runs while any is.
+        self._poller: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, uri: str) -> Self:
@@ -227,6 +234,31 @@ class SqliteMetadataStore(MetadataStore):
     def _notify_local_watches(self) -> None:
         event, self._local_change = self._local_change, asyncio.Event()
         event.set()
+
+    def _poll_sync(self) -> int:
+        self._reap_if_needed_sync()  # Expired leases of dead processes must show up as deletes.
+        return self._revision_sync()
+
+    async def _poll_revisions(self) -> None:
+        """The store's one poller: wakes every watch when the revision counter moved."""
+        seen = -1
+        while self._watches > 0 and not self._closed:
+            try:
+                revision = await self._run(self._poll_sync)
+            except MetadataError:
+                revision = seen - 1  # Wake the watches: their own query reports the error.
+            if revision != seen:
+                seen = revision
+                self._notify_local_watches()
+            await asyncio.sleep(WATCH_POLL_SECONDS)
+        self._poller = None
+
+    def _watch_started(self) -> None:
+        self._watches += 1
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(
+                self._poll_revisions(), name="sqlite-watch-poller"
+            )
 
     def _next_revision_sync(self) -> int:
         row = (
@@ -489,21 +521,26 @@ class SqliteMetadataStore(MetadataStore):
         if start_revision is None:
             start_revision = await self.current_revision() + 1
         last = start_revision - 1
-        while True:
-            wake = self._local_change
-            events, revision, compacted = await self._run(self._changes_sync, full_prefix, last)
-            if last < compacted:
-                raise WatchCompactedError(
-                    f"watch on {full_prefix}: changes after revision {last} were trimmed"
-                    f" (up to {compacted}); re-read and watch again"
-                )
-            for event in events:
-                yield event
-                last = event.revision
-            if len(events) == WATCH_PAGE:
-                continue  # More are waiting; do not sleep.
-            last = max(last, revision)  # Nothing under the prefix up to `revision`.
-            await _wait_for_event(wake, WATCH_POLL_SECONDS)
+        self._watch_started()
+        try:
+            while True:
+                # Taken before the query: a change committed after it sets this event.
+                wake = self._local_change
+                events, revision, compacted = await self._run(self._changes_sync, full_prefix, last)
+                if last < compacted:
+                    raise WatchCompactedError(
+                        f"watch on {full_prefix}: changes after revision {last} were trimmed"
+                        f" (up to {compacted}); re-read and watch again"
+                    )
+                for event in events:
+                    yield event
+                    last = event.revision
+                if len(events) == WATCH_PAGE:
+                    continue  # More are waiting; do not sleep.
+                last = max(last, revision)  # Nothing under the prefix up to `revision`.
+                await _wait_for_event(wake, WATCH_IDLE_REQUERY_SECONDS)
+        finally:
+            self._watches -= 1
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -515,6 +552,10 @@ class SqliteMetadataStore(MetadataStore):
     async def close(self) -> None:
         if self._closed:
             return
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            await asyncio.wait((poller,))  # Never raises the poller's cancellation.
         await self._stop_keep_alives()
         if self._writer_task is not None:
             await self._writer_task  # Let queued writes finish before the connection goes.
