@@ -31,6 +31,7 @@ from bkaio.errors import (
     LedgerFencedError,
     MetadataVersionError,
     NotEnoughBookiesError,
+    TooManyRequestsError,
     UnauthorizedError,
 )
 from bkaio.ledger_client.context import ClientContext
@@ -157,6 +158,11 @@ class LedgerHandle:
             raise InvalidArgumentError(
                 f"ledger {self.ledger_id}: payload must be bytes, got {type(payload).__name__}"
             )
+        if len(self._waiting) >= self._ctx.config.max_queued_adds:
+            raise TooManyRequestsError(
+                f"ledger {self.ledger_id}: {len(self._waiting)} appends already queued behind "
+                f"{len(self._pending)} in flight; await earlier appends or wait_for_capacity()"
+            )
         payload = bytes(payload)
         entry_id = self._last_pushed + 1
         self._last_pushed = entry_id
@@ -176,6 +182,15 @@ class LedgerHandle:
             self._pending.append(add)
             self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
         return future
+
+    async def wait_for_capacity(self) -> None:
+        """Return once an append would be sent at once rather than queued (backpressure)."""
+        limit = self._ctx.config.max_outstanding_adds
+        while self._error is None and (self._waiting or len(self._pending) >= limit):
+            if self._pending:  # The oldest in-flight add completes first: wait for it.
+                await asyncio.wait((self._pending[0].future,))
+            else:  # Held back by an ensemble change only; it ends by itself.
+                await asyncio.sleep(0.001)
 
     async def close(self) -> None:
         """Wait for pending adds, then seal the ledger: metadata CLOSED at the LAC.

@@ -109,6 +109,10 @@ class ClientConfig:
     )
     speculative_read_timeout: float | None = None  # Ask the next replica after this; None = off.
     max_outstanding_adds: int = 10_000  # Per ledger handle: adds sent and not yet acknowledged.
+    # Per ledger handle: adds held back (over max_outstanding_adds or during an ensemble change).
+    # Past it `append` raises TooManyRequestsError: memory stays bounded whatever the caller
+    # does; `await handle.wait_for_capacity()` is the cooperative way to stay below it.
+    max_queued_adds: int = 100_000
     read_window: int = 64  # Entries read concurrently by `read`/`read_iter`.
     connect_timeout: float = 5.0
     reconnect_backoff_min: float = 0.05

@@ -10,6 +10,7 @@ from bkaio.errors import (
     LedgerClosedError,
     LedgerFencedError,
     NotEnoughBookiesError,
+    TooManyRequestsError,
 )
 from bkaio.meta.ledger_metadata import LedgerState
 from tests.unit.ledger_client.cluster import fake_cluster
@@ -167,6 +168,17 @@ async def test_outstanding_adds_are_bounded_and_the_rest_follow() -> None:
     futures = [lh.append(b"%d" % i) for i in range(10)]
     assert sum(cluster.ops.add_count.values()) == 4  # Two entries times Qw.
     assert await asyncio.gather(*futures) == list(range(10))
+
+
+async def test_appends_beyond_the_queue_bound_are_refused_and_capacity_can_be_awaited() -> None:
+    cluster = fake_cluster(max_outstanding_adds=2, max_queued_adds=3)
+    lh = await cluster.client.create_ledger(3, 2, 2)
+    futures = [lh.append(b"%d" % i) for i in range(5)]  # Two in flight, three queued.
+    with pytest.raises(TooManyRequestsError, match="wait_for_capacity"):
+        lh.append(b"one too many")
+    await lh.wait_for_capacity()
+    futures.append(lh.append(b"5"))
+    assert await asyncio.gather(*futures) == list(range(6))
 
 
 async def test_explicit_lac_reaches_the_bookies_after_the_interval() -> None:
