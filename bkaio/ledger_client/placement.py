@@ -67,6 +67,19 @@ def _writable(
     return chosen
 
 
+def _enough_writable(
+    bookies: Sequence[BookieCandidate], ensemble_size: int, exclude: Collection[str]
+) -> list[BookieCandidate]:
+    """The writable candidates for a new ensemble; NotEnoughBookiesError when too few."""
+    candidates = _writable(bookies, exclude)
+    if len(candidates) < ensemble_size:
+        raise NotEnoughBookiesError(
+            f"need {ensemble_size} writable bookies, have {len(candidates)} "
+            f"({sorted(b.bookie_id for b in candidates)}; excluded {sorted(exclude)})"
+        )
+    return candidates
+
+
 def _rack(bookie: BookieCandidate) -> str:
     return bookie.rack or DEFAULT_RACK
 
@@ -85,12 +98,7 @@ class RandomPlacement:
         exclude: Collection[str] = (),
     ) -> tuple[str, ...]:
         """`ensemble_size` distinct writable bookies not in `exclude`."""
-        candidates = _writable(bookies, exclude)
-        if len(candidates) < ensemble_size:
-            raise NotEnoughBookiesError(
-                f"need {ensemble_size} writable bookies, have {len(candidates)} "
-                f"({sorted(b.bookie_id for b in candidates)}; excluded {sorted(exclude)})"
-            )
+        candidates = _enough_writable(bookies, ensemble_size, exclude)
         return tuple(b.bookie_id for b in self._rng.sample(candidates, ensemble_size))
 
     def replace_bookie(
@@ -125,12 +133,7 @@ class RackAwarePlacement:
         exclude: Collection[str] = (),
     ) -> tuple[str, ...]:
         """Interleave racks so that neighbouring ensemble members differ in rack."""
-        candidates = _writable(bookies, exclude)
-        if len(candidates) < ensemble_size:
-            raise NotEnoughBookiesError(
-                f"need {ensemble_size} writable bookies, have {len(candidates)} "
-                f"({sorted(b.bookie_id for b in candidates)}; excluded {sorted(exclude)})"
-            )
+        candidates = _enough_writable(bookies, ensemble_size, exclude)
         by_rack: dict[str, list[str]] = {}
         for bookie in candidates:
             by_rack.setdefault(_rack(bookie), []).append(bookie.bookie_id)
