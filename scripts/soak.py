@@ -1,6 +1,10 @@
 """Soak runner: every fault scenario for many seeds, plus thousands of simulator seeds.
 
     .venv/bin/python scripts/soak.py [--seeds 3] [--sim-seeds 2000] [-k EXPR] [--first-seed N]
+                                     [--minutes M]
+
+With --minutes, rounds of real scenarios (each round: every scenario once per seed, fresh seeds
+every round) repeat until M minutes have passed, so a soak has a wall-clock length, not a count.
 
 Each real scenario runs as its own pytest process with BKAIO_SOAK=1 and BKAIO_SEED=<seed>, so a
 crash or hang stays contained and any failure is replayed with the printed command. The
@@ -104,6 +108,9 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("-k", dest="expression", default=None, help="pytest -k filter")
     parser.add_argument("--timeout", type=float, default=600.0, help="per scenario run, seconds")
+    parser.add_argument(
+        "--minutes", type=float, default=0.0, help="repeat rounds until this long has passed"
+    )
     args = parser.parse_args()
     if os.environ.get("PYTHONHASHSEED") != "0":  # Simulator seeds replay only with it pinned.
         os.execve(
@@ -113,10 +120,25 @@ def main() -> int:
     started = time.monotonic()
     if args.sim_seeds:
         _run_sim(args.sim_seeds, args.first_seed, rows)
-    for test_id in _collect(args.expression) if args.seeds else []:
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            _run_real(test_id, seed, rows, args.timeout)
-            print(f"  {test_id.split('::')[-1]} seed {seed}: done", file=sys.stderr, flush=True)
+    test_ids = _collect(args.expression) if args.seeds else []
+    deadline = started + args.minutes * 60.0
+    first = args.first_seed
+    rounds = 0
+    while test_ids:
+        rounds += 1
+        for seed in range(first, first + args.seeds):
+            for test_id in test_ids:
+                _run_real(test_id, seed, rows, args.timeout)
+                elapsed = (time.monotonic() - started) / 60.0
+                print(
+                    f"  [{elapsed:5.1f} min] round {rounds} {test_id.split('::')[-1]}"
+                    f" seed {seed}: done",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        first += args.seeds
+        if time.monotonic() >= deadline:
+            break
     header = (
         f"{'scenario':58} {'seeds':>6} {'operations':>11} {'acked':>9} {'lost':>5} "
         f"{'viol':>5} {'failed':>6}"
@@ -133,7 +155,10 @@ def main() -> int:
         expected_violations = "mutation" in name  # Mutation checks must find violations.
         if row.failed_runs or (row.lost and not expected_violations):
             bad = True
-    print(f"first seed {args.first_seed}; {time.monotonic() - started:.0f} s")
+    print(
+        f"first seed {args.first_seed}; {rounds} round(s) of real scenarios;"
+        f" {time.monotonic() - started:.0f} s ({(time.monotonic() - started) / 60:.1f} min)"
+    )
     for name in sorted(rows):
         for failure in rows[name].failures[:3]:
             print(f"FAILED {name}: {failure}")

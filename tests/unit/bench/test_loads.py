@@ -7,7 +7,10 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from bkaio.bench.loads import run_closed, run_open, run_serial
+import pytest
+
+from bkaio.bench import loads
+from bkaio.bench.loads import PACER_TICK_SECONDS, run_closed, run_open, run_serial
 
 
 class FakeSystem:
@@ -86,6 +89,24 @@ async def test_open_loop_sends_the_scheduled_count() -> None:
     outcome = await run_open(system.send, b"x", rate_per_second=2000, duration_seconds=0.05)
     assert system.sent == outcome.appends == 100
     assert outcome.offered_per_second == 2000
+
+
+async def test_open_loop_sleeps_whole_ticks_between_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5k/s the next append is always due in under 0.5 ms; sleeping that little is
+    `call_soon` under uvloop, a busy loop that would steal CPU from the measured servers."""
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(delay)
+
+    monkeypatch.setattr(loads.asyncio, "sleep", recording_sleep)
+    system = FakeSystem(delay_seconds=0.001)
+    outcome = await run_open(system.send, b"x", rate_per_second=5000, duration_seconds=0.05)
+    assert outcome.appends == 250  # Every append still goes out, in bursts.
+    assert delays and min(delays) >= PACER_TICK_SECONDS
+    assert len(delays) <= 60  # About one sleep per tick, not one per append.
 
 
 async def test_open_loop_latency_counts_from_the_intended_send_time() -> None:
