@@ -4,7 +4,9 @@
 
 Starts a real bookie (`python -m bkaio.bookie`, sqlite metadata, tmp dirs, fsync on), opens one
 connection per shard, keeps `window` adds of `--payload-bytes` in flight on each (closed loop),
-and reports adds/s and latency percentiles (send -> OK response). Prints one JSON line per run.
+and reports adds/s, latency percentiles (send -> OK response) and the bookie's CPU per add: its
+whole process tree, and the shard workers' event-loop threads alone (from /proc). Prints one
+JSON line per run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bkaio.bench.procstat import CLOCK_TICKS_PER_SECOND, cpu_delta, tree_cpu_seconds, tree_pids
 from bkaio.protocol.digest import entry_digest, master_key
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
@@ -150,10 +153,27 @@ def start_bookie(directory: Path, shards: int) -> tuple[subprocess.Popen[bytes],
     return process, port
 
 
+def _loop_thread_cpu_seconds(bookie_pid: int) -> float:
+    """CPU of the workers' main threads (each worker's event loop runs on its main thread)."""
+    total = 0.0
+    for pid in tree_pids(bookie_pid):
+        if pid == bookie_pid:
+            continue  # The parent: admin HTTP and registration, not the data path.
+        try:
+            text = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+    return total
+
+
 async def bench(
-    port: int, shards: int, adds: int, window: int, payload_bytes: int
+    port: int, shards: int, adds: int, window: int, payload_bytes: int, bookie_pid: int
 ) -> dict[str, object]:
     payload = os.urandom(payload_bytes)
+    cpu_before = tree_cpu_seconds(bookie_pid)
+    loop_cpu_before = _loop_thread_cpu_seconds(bookie_pid)
     started = time.perf_counter()
     results = await asyncio.gather(
         *(
@@ -162,6 +182,8 @@ async def bench(
         )
     )
     elapsed = time.perf_counter() - started
+    cpu = cpu_delta(cpu_before, tree_cpu_seconds(bookie_pid))
+    loop_cpu = _loop_thread_cpu_seconds(bookie_pid) - loop_cpu_before
     latencies = sorted(x for shard_latencies in results for x in shard_latencies)
     return {
         "shards": shards,
@@ -173,6 +195,8 @@ async def bench(
         "p99_ms": round(_percentile(latencies, 0.99) * 1000, 3),
         "p999_ms": round(_percentile(latencies, 0.999) * 1000, 3),
         "max_ms": round(latencies[-1] * 1000, 3),
+        "bookie_us_per_add": round(cpu * 1e6 / len(latencies), 2),
+        "loop_thread_us_per_add": round(loop_cpu * 1e6 / len(latencies), 2),
     }
 
 
@@ -187,7 +211,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bkaio-bench-") as tmp:
             process, port = start_bookie(Path(tmp), shards)
             try:
-                result = uvloop.run(bench(port, shards, args.adds, args.window, args.payload_bytes))
+                result = uvloop.run(
+                    bench(port, shards, args.adds, args.window, args.payload_bytes, process.pid)
+                )
                 print(json.dumps(result), flush=True)
             finally:
                 os.killpg(process.pid, signal.SIGTERM)

@@ -228,6 +228,18 @@ class BookieServerProtocol(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def respond_body(self, body: list[Any]) -> None:
+        """`respond` for an answer already in body form: the add path builds no message object.
+
+        Only for small fixed-shape answers (an ADD_ENTRY OK is five ints), never above a frame.
+        """
+        if self._transport is None or self._closing:
+            return
+        self._encoder.add(body)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self._transport

@@ -77,6 +77,10 @@ FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries")
 # Memory charged for a request beyond its payload: the decoded message and its bookkeeping.
 REQUEST_OVERHEAD_BYTES = 256
 _OP_NAMES = {op: op.name.lower() for op in Op}
+# Plain ints for the add path: `IntFlag.__and__` is Python code (~1 µs), `int & int` is not.
+_RECOVERY_ADD_BIT = int(Flag.RECOVERY_ADD)
+_OP_ADD_ENTRY = int(Op.ADD_ENTRY)
+_STATUS_OK = int(Status.OK)
 
 
 class Storage(Protocol):
@@ -387,7 +391,8 @@ class ShardServer:
             entry, recovery = self._prepare_add(request)
             # Only a ledger whose key storage holds takes the fast path: for it,
             # `_check_ledger_key` has nothing to verify, and storage compares the key.
-            future = self._add_nowait(entry, request.master_key, recovery=recovery)
+            on_done = partial(self._add_durable, connection, request, size, started)
+            future = self._add_nowait(entry, request.master_key, recovery=recovery, on_done=on_done)
         except BKError as error:
             self.log.debug("request_failed", op=request.op.name, error=str(error))
             self._answer(connection, request, size, started, request.error_response(error.status))
@@ -401,7 +406,6 @@ class ShardServer:
         if future is None:
             return partial(self._add_prepared, entry, recovery)
         self._fast_adds.add(future)
-        future.add_done_callback(partial(self._add_durable, connection, request, size, started))
         return None
 
     def _add_durable(
@@ -419,14 +423,35 @@ class ShardServer:
             return
         error = future.exception()
         if error is None:
-            response = self._added(request)
-        elif isinstance(error, BKError):
+            self._add_ok(connection, request, size, started)
+            return
+        if isinstance(error, BKError):
             self.log.debug("request_failed", op=request.op.name, error=str(error))
             response = request.error_response(error.status)
         else:
             self.log.error("request_crashed", op=request.op.name, error=repr(error))
             response = request.error_response(Status.INTERNAL_ERROR)
         self._answer(connection, request, size, started, response)
+
+    def _add_ok(
+        self,
+        connection: BookieServerProtocol,
+        request: AddEntryRequest,
+        size: int,
+        started: float,
+    ) -> None:
+        """`_added` + `_answer` for a durable fast-path add, without a response object."""
+        ledger_id = request.ledger_id
+        request_id = request.request_id
+        self.metrics.add_entry_bytes.inc(len(request.payload))
+        if self.lac_waiters:
+            self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+        connection.inflight_ids.discard(request_id)
+        self._finish(connection, size)
+        connection.respond_body(
+            [_OP_ADD_ENTRY, request_id, _STATUS_OK, ledger_id, request.entry_id]
+        )
+        self.metrics.observe_add(time.perf_counter() - started)
 
     def _answer(
         self,
@@ -447,7 +472,7 @@ class ShardServer:
         """The checks of an add that need no I/O; the entry to store and the recovery flag."""
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
-        recovery = bool(request.flags & Flag.RECOVERY_ADD)
+        recovery = int.__and__(request.flags, _RECOVERY_ADD_BIT) != 0
         if not recovery and self.read_only:
             self.metrics.requests_rejected.labels(reason="read_only").inc()
             raise ReadOnlyBookieError(f"{self.config.bookie_id} shard {self.shard_index}")

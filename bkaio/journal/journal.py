@@ -18,7 +18,6 @@ This module must not import `protocol` or `meta`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from bkaio.journal.records import (
 )
 from bkaio.journal.replay import JournalReader, ReplayResult
 from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
+from bkaio.journal.writer_thread import WriterThread
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +104,7 @@ class Journal:
         directory: Path,
         config: JournalConfig,
         loop: asyncio.AbstractEventLoop,
-        executor: concurrent.futures.ThreadPoolExecutor,
+        executor: WriterThread,
         writer: JournalFileWriter,
         preallocator: Preallocator | None,
         lock_fd: int,
@@ -170,9 +170,7 @@ class Journal:
         elif directory not in config.directories:
             raise ConfigError(f"{directory} is not one of journal.directories")
         loop = loop if loop is not None else asyncio.get_running_loop()
-        executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="journal-writer"
-        )
+        executor = WriterThread("journal-writer")
         preallocator = (
             Preallocator(directory, config.max_file_bytes, sync=config.sync)
             if config.preallocate_next_file
@@ -200,7 +198,7 @@ class Journal:
             return lock_fd, file_ids, first_file_id
 
         try:
-            lock_fd, file_ids, first_file_id = await loop.run_in_executor(executor, set_up)
+            lock_fd, file_ids, first_file_id = await asyncio.wrap_future(executor.submit(set_up))
         except BaseException as error:
             executor.shutdown(wait=False)
             if preallocator is not None:
@@ -402,7 +400,7 @@ class Journal:
         self._data, self._ends, self._waiters = bytearray(), [], []
         self._writing = True
         self._last_handoff_time = self._loop.time()
-        self._executor.submit(self._commit_on_writer_thread, group)
+        self._executor.post(self._commit_on_writer_thread, group)
         for room in self._room_waiters:
             if not room.done():
                 room.set_result(None)

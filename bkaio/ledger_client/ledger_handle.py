@@ -114,6 +114,8 @@ class LedgerHandle:
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_tasks: set[asyncio.Task[None]] = set()
         self._log = log.bind(ledger_id=self.ledger_id)
+        # `BookiePool.add_entry_many` when the context has it (test fakes may not).
+        self._add_entry_many = getattr(context.ops, "add_entry_many", None)
 
     # ----------------------------------------------------------------- public surface
 
@@ -245,6 +247,25 @@ class LedgerHandle:
         mask &= ~self._down_mask
         ops = self._ctx.ops
         ensemble = self._ensemble
+        add_entry_many = self._add_entry_many
+        if add_entry_many is not None:  # The wire pool: the entry is packed once for all.
+            add_done = self._add_done
+            add_entry_many(
+                [
+                    (ensemble[index], partial(add_done, add, index, ensemble[index]))
+                    for index in self._write_sets[add.entry_id % self._ensemble_size]
+                    if mask >> index & 1
+                ],
+                self.ledger_id,
+                add.entry_id,
+                recovery=False,
+                master_key=self._master_key,
+                lac=add.lac,
+                length=add.length,
+                digest=add.digest,
+                payload=add.payload,
+            )
+            return
         for index in self._write_sets[add.entry_id % self._ensemble_size]:
             if not mask >> index & 1:
                 continue

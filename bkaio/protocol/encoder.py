@@ -13,6 +13,11 @@ import msgpack
 from bkaio import errors  # Module reference: see the import note in frames.py.
 from bkaio.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER
 
+# A msgpack array of up to 15 values starts with one byte, 0x90 | length (fixarray): the
+# prepacked path frames [op, request_id, *fields] with at most 13 fields that way.
+_MAX_PREPACKED_FIELDS = 13
+_FIXARRAY_PREFIXES = tuple(bytes([0x90 | n]) for n in range(16))
+
 
 class Encodable(Protocol):
     """Any protocol message: every request and response class has `to_body`."""
@@ -54,6 +59,37 @@ class FrameEncoder:
             )
         buffer = self._buffer
         buffer += FRAME_HEADER.pack(body_bytes)
+        buffer += packed
+        self._frames += 1
+        return FRAME_HEADER.size + body_bytes
+
+    def pack_fields(self, fields: list[Any]) -> bytes:
+        """The msgpack encoding of `fields` (at most 13 values) without an array header.
+
+        A request sent to several bookies differs only in its request id: its other fields are
+        packed once with this and framed per connection by `add_prepacked`.
+        """
+        assert len(fields) <= _MAX_PREPACKED_FIELDS, len(fields)
+        packed: bytes = self._packer.pack(fields)
+        return packed[1:]  # Drop the one-byte fixarray header.
+
+    def add_prepacked(self, op: int, request_id: int, field_count: int, packed: bytes) -> int:
+        """Append the frame of `[op, request_id, *fields]` given `pack_fields(fields)`.
+
+        Same bytes as `add([op, request_id, *fields])`; returns the frame size with header.
+        """
+        assert 0 <= field_count <= _MAX_PREPACKED_FIELDS, field_count
+        head = _FIXARRAY_PREFIXES[field_count + 2] + self._packer.pack(op)
+        head += self._packer.pack(request_id)
+        body_bytes = len(head) + len(packed)
+        if body_bytes > self._max_frame_bytes:
+            raise errors.ProtocolError(
+                f"frame of {body_bytes} bytes (op {op}) exceeds "
+                f"max_frame_bytes={self._max_frame_bytes}; the peer would refuse it"
+            )
+        buffer = self._buffer
+        buffer += FRAME_HEADER.pack(body_bytes)
+        buffer += head
         buffer += packed
         self._frames += 1
         return FRAME_HEADER.size + body_bytes

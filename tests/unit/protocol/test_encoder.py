@@ -47,3 +47,24 @@ def test_a_frame_above_max_frame_bytes_is_refused_at_encode() -> None:
 def test_max_frame_bytes_must_be_positive() -> None:
     with pytest.raises(ConfigError):
         FrameEncoder(max_frame_bytes=-1)
+
+
+@pytest.mark.parametrize("request_id", [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32, 2**64 - 1])
+def test_prepacked_frames_are_the_same_bytes_as_whole_bodies(request_id: int) -> None:
+    fields = [7, 2**40, 2, b"k" * 20, -1, 10_000, 0xDEADBEEF, b"p" * 1500]
+    whole = FrameEncoder()
+    whole.add([2, request_id, *fields])
+    prepacked = FrameEncoder()
+    size = prepacked.add_prepacked(2, request_id, len(fields), prepacked.pack_fields(fields))
+    expected = whole.take()
+    assert prepacked.take() == expected
+    assert size == len(expected)
+    assert FrameDecoder().feed(expected) == [[2, request_id, *fields]]
+
+
+def test_prepacked_frame_above_the_limit_is_refused_before_buffering() -> None:
+    encoder = FrameEncoder(max_frame_bytes=100)
+    packed = encoder.pack_fields([b"x" * 200])
+    with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=100"):
+        encoder.add_prepacked(2, 1, 1, packed)
+    assert len(encoder) == 0 and encoder.pending_frames == 0
