@@ -25,14 +25,17 @@ $(TEST_STAMP): $(STAMP)
 	@touch $(TEST_STAMP)
 
 # Debian packages the tests use: etcd-server (the integration tests start real etcd), etcd-client
-# (etcdctl sets up users and roles for the etcd-auth test) and a Java runtime for Spark. Installed
-# when missing and root; otherwise the one command to run is printed.
-SYSTEM_PACKAGES := etcd-server etcd-client default-jre-headless
+# (etcdctl sets up users and roles for the etcd-auth test), a Java runtime for Spark and nftables
+# (`nft`: partitions inside network namespaces, tests/faults/harness/netns.py; only asked for as
+# root, since those tests skip without root). Installed when missing and root; otherwise the one
+# command to run is printed.
+SYSTEM_PACKAGES := etcd-server etcd-client default-jre-headless nftables
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v etcdctl >/dev/null 2>&1 || missing="$$missing etcd-client"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	[ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	if [ -z "$$missing" ]; then \
 		true; \
 	elif [ "$$(id -u)" = 0 ]; then \

@@ -28,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "tests" / "faults" / "scenarios"
+FAILURE_LOGS = Path(os.environ.get("TMPDIR", "/tmp")) / "bkaio-soak-failures"
 _STATS = re.compile(r"^\[(?P<name>[^\]]+)\] stats: (?P<stats>\{.*\})$", re.M)
 
 
@@ -75,7 +76,13 @@ def _run_real(test_id: str, seed: int, rows: dict[str, Row], timeout: float) -> 
     row.seeds += 1
     if code not in (0, 5):  # 5: everything skipped (e.g. no root for a tmpfs).
         row.failed_runs += 1
-        row.failures.append(f"BKAIO_SOAK=1 BKAIO_SEED={seed} pytest -s '{test_id}'")
+        # Keep what the run printed: a failure must be explainable after the fact.
+        FAILURE_LOGS.mkdir(parents=True, exist_ok=True)
+        saved = FAILURE_LOGS / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', label)}-{seed}.log"
+        saved.write_text(output)
+        row.failures.append(
+            f"BKAIO_SOAK=1 BKAIO_SEED={seed} pytest -s '{test_id}'  (output: {saved})"
+        )
     if not seen and code == 0:
         pass  # Tests that check without a history (none today) still count their seeds.
 

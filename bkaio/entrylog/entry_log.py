@@ -10,6 +10,12 @@ record checksum catches on-disk corruption; the writer's digest is kept verbatim
 A log is only appended by the flush thread and rolled by size; on open a fresh log is started,
 so a tail torn by a crash is never appended to (unindexed bytes are garbage that compaction
 drops). Every method here blocks: callers run them on the storage or reader executors.
+
+Writes, syncs and closes of the log being written go through a `Disk` (bkaio.journal.disk: the
+process's disk, the one the journal uses, unless a test passes a fake), so fault tests can lose
+unsynced entry-log writes, tear them, fail their fsync with EIO or slow them down. Records are
+written at the offsets their locations name (pwrite), never at the file position: a write that
+failed halfway cannot shift the records written after it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import crc32c
 
 from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import BookieIOError
+from bkaio.journal.disk import Disk, crash_point, default_disk
 
 LOG_MAGIC = b"BKAIOLOG"
 LOG_VERSION = 1
@@ -92,9 +99,10 @@ class _ReadHandle:
 class EntryLogDirectory:
     """The entry logs of one disk: one current log being appended, the rest sealed."""
 
-    def __init__(self, directory: Path, max_log_bytes: int) -> None:
+    def __init__(self, directory: Path, max_log_bytes: int, disk: Disk | None = None) -> None:
         self.directory = directory
         self._max_log_bytes = max_log_bytes
+        self._disk = disk if disk is not None else default_disk()
         self._lock = threading.Lock()  # Guards _handles and the reader counts.
         self._handles: dict[int, _ReadHandle] = {}
         self._log_ids: set[int] = set()
@@ -115,14 +123,22 @@ class EntryLogDirectory:
         self._start_new_log()
 
     def close(self) -> None:
-        self.sync()
-        if self._current_descriptor >= 0:
-            os.close(self._current_descriptor)
+        """Sync, then close every descriptor; they are closed even when the sync fails."""
+        try:
+            self.sync()
+        finally:
+            written = [*self._sealed_descriptors, self._current_descriptor]
+            self._sealed_descriptors.clear()
+            self._unsynced.clear()
             self._current_descriptor = -1
-        with self._lock:
-            for handle in self._handles.values():
-                os.close(handle.descriptor)
-            self._handles.clear()
+            for descriptor in written:
+                if descriptor >= 0:
+                    with contextlib.suppress(OSError):
+                        self._disk.close(descriptor)
+            with self._lock:
+                for handle in self._handles.values():
+                    os.close(handle.descriptor)
+                self._handles.clear()
 
     @property
     def current_log_id(self) -> int:
@@ -143,15 +159,26 @@ class EntryLogDirectory:
     # -- writing (flush thread only) -------------------------------------------------------
 
     def _start_new_log(self) -> None:
-        if self._current_descriptor >= 0:
-            # Sealed: its final fsync happens in the next sync(), before the index commit.
-            self._sealed_descriptors.append(self._current_descriptor)
         log_id = (max(self._log_ids) + 1) if self._log_ids else 0
         if log_id > _MAX_LOG_ID:
             raise BookieIOError(f"{self.directory}: entry log ids exhausted")
         path = self.directory / log_file_name(log_id)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        _write_all(descriptor, LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, log_id), path)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as error:
+            raise BookieIOError(f"{path}: cannot create entry log: {error}") from error
+        try:
+            self._write(descriptor, LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, log_id), 0, log_id)
+        except BaseException:
+            # Gone again, so the next try can take the same id (O_EXCL would refuse it forever).
+            with contextlib.suppress(OSError):
+                self._disk.close(descriptor)
+            path.unlink(missing_ok=True)
+            raise
+        # Only now is the old log sealed: had the new one failed, the old stays current.
+        if self._current_descriptor >= 0:
+            # Sealed: its final fsync happens in the next sync(), before the index commit.
+            self._sealed_descriptors.append(self._current_descriptor)
         self._log_ids.add(log_id)
         self._current_id = log_id
         self._current_descriptor = descriptor
@@ -188,23 +215,34 @@ class EntryLogDirectory:
         if not pending:
             return
         data = b"".join(pending)
-        _write_all(self._current_descriptor, data, self.directory / log_file_name(self._current_id))
+        self._write(self._current_descriptor, data, self._current_bytes, self._current_id)
         self._current_bytes += len(data)
         self._unsynced[self._current_id] = self._current_descriptor
 
+    def _write(self, descriptor: int, data: bytes, offset: int, log_id: int) -> None:
+        try:
+            self._disk.write(descriptor, data, offset)
+        except OSError as error:
+            path = self.directory / log_file_name(log_id)
+            raise BookieIOError(f"{path}@{offset}: write failed: {error}") from error
+
     def sync(self) -> None:
-        """fsync every log written since the last sync; closes the sealed ones."""
+        """fsync every log written since the last sync; closes the sealed ones.
+
+        On a failure (BookieIOError) the logs stay unsynced: the caller must not index what it
+        appended since the last sync, and appends again what it still holds."""
+        if self._unsynced:
+            crash_point("entrylog.after_write_before_sync")
         for log_id, descriptor in list(self._unsynced.items()):
             try:
-                os.fdatasync(descriptor)
+                self._disk.fdatasync(descriptor)
             except OSError as error:
                 raise BookieIOError(
                     f"{self.directory / log_file_name(log_id)}: fsync failed: {error}"
                 ) from error
             del self._unsynced[log_id]
-        for descriptor in self._sealed_descriptors:
-            os.close(descriptor)
-        self._sealed_descriptors.clear()
+        while self._sealed_descriptors:
+            self._disk.close(self._sealed_descriptors.pop())
 
     def remove(self, log_id: int) -> int:
         """Delete a sealed log; returns its size. Readers holding it finish first."""
@@ -281,16 +319,6 @@ class EntryLogDirectory:
             found.append((EntryLocation(log_id, offset, size), entry))
             offset += size
         return found
-
-
-def _write_all(descriptor: int, data: bytes, path: Path) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            written = os.write(descriptor, view)
-            view = view[written:]
-    except OSError as error:
-        raise BookieIOError(f"{path}: write failed: {error}") from error
 
 
 def _fsync_directory(directory: Path) -> None:

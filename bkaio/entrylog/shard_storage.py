@@ -44,6 +44,7 @@ from bkaio.errors import (
     UnauthorizedError,
 )
 from bkaio.journal.config import JournalConfig
+from bkaio.journal.disk import Disk
 from bkaio.journal.errors import JournalFullError
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import (
@@ -205,8 +206,12 @@ class ShardStorage:
         instance_id: str = "",
         journal_factory: JournalFactory = open_journal,
         usage_function: UsageFunction = shutil.disk_usage,
+        entry_log_disk: Disk | None = None,
     ) -> ShardStorage:
-        """Check cookies, open indexes and entry logs, replay the journal, checkpoint."""
+        """Check cookies, open indexes and entry logs, replay the journal, checkpoint.
+
+        `entry_log_disk` is what the entry logs write and sync through (None: the process's
+        disk, `bkaio.journal.disk.default_disk()`; fault tests pass a fake)."""
         loop = asyncio.get_running_loop()
         storage_thread = ThreadPoolExecutor(1, thread_name_prefix="bkaio-storage")
         reader_pool = ThreadPoolExecutor(4, thread_name_prefix="bkaio-storage-read")
@@ -224,6 +229,7 @@ class ShardStorage:
                     index_dirs=config.index_dirs,
                     instance_id=instance_id,
                 ),
+                entry_log_disk,
             )
         except BaseException:
             storage_thread.shutdown()
@@ -1094,7 +1100,7 @@ def _ranges(ids: list[int]) -> list[tuple[int, int]]:
 
 
 def _open_disks(
-    config: StorageConfig, expected: Cookie
+    config: StorageConfig, expected: Cookie, entry_log_disk: Disk | None
 ) -> tuple[
     Cookie,
     list[EntryLogDirectory],
@@ -1111,7 +1117,9 @@ def _open_disks(
     indexes: list[LedgerIndex] = []
     try:
         for ledger_dir, index_dir in zip(config.ledger_dirs, config.index_dirs, strict=True):
-            entry_logs = EntryLogDirectory(Path(ledger_dir) / "logs", config.entry_log_max_bytes)
+            entry_logs = EntryLogDirectory(
+                Path(ledger_dir) / "logs", config.entry_log_max_bytes, entry_log_disk
+            )
             entry_logs.open()
             logs.append(entry_logs)
             indexes.append(LedgerIndex(Path(index_dir), config.index_map_bytes))

@@ -1,23 +1,29 @@
-"""The journal's disk: the few file operations the commit path makes, behind one interface.
+"""The bookie's disk: the few file operations the journal and the entry logs make to write
+and sync their data, behind one interface.
 
 Production uses `OS_DISK` (pwrite, fdatasync, close). Fault tests swap in a fake from
 `bkaio.testing.disk` that can hold unsynced writes in memory (lost on kill -9, like a power
 failure), tear writes, fail fsync with EIO or add latency. A bookie process picks its disk from
-the environment once, at the first journal it opens:
+the environment once, at the first journal or entry log it opens, and both share it:
 
     BKAIO_FAULT_DISK=lazy,sync_delay_ms=20,eio_after_syncs=50    (see bkaio.testing.disk)
 
+Only data goes through here: creating files and syncing directories stay plain `os` calls.
+
 `BKAIO_CRASHPOINT=journal.after_write_before_sync:3` exits the process the 3rd time it passes
-that point (`crash_point`; the others: journal.after_sync_before_ack, checkpoint.before_rename).
+that point (`crash_point`; the others: journal.after_sync_before_ack,
+entrylog.after_write_before_sync, checkpoint.before_rename).
 `BKAIO_MUTATION=ack_before_fsync` is a deliberately broken build for the fault suite's own
 mutation check: each group is acknowledged after its write and synced only when the next group
 comes. Never set these variables in production.
-Every method blocks: the journal calls them on its writer thread only.
+Every method blocks: the journal calls them on its writer thread, the entry logs on the
+storage thread.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Final, Protocol
 
 from bkaio.journal.files import write_all
@@ -35,7 +41,9 @@ class Disk(Protocol):
     def fdatasync(self, fd: int) -> None:
         """Make every write to `fd` durable; OSError (EIO, ENOSPC) when it cannot."""
 
-    def close(self, fd: int) -> None: ...
+    def close(self, fd: int) -> None:
+        """Close a descriptor written through this disk. Never `os.close` one directly: a fake
+        keeps unsynced writes by descriptor number, and a reused number would inherit them."""
 
 
 class OsDisk:
@@ -53,6 +61,7 @@ class OsDisk:
 
 OS_DISK: Final = OsDisk()
 _from_environment: Disk | None = None
+_from_environment_lock = threading.Lock()  # The journal and the storage thread may race here.
 
 
 def default_disk() -> Disk:
@@ -61,11 +70,12 @@ def default_disk() -> Disk:
     spec = os.environ.get(FAULT_DISK_ENV, "")
     if not spec:
         return OS_DISK
-    if _from_environment is None:
-        from bkaio.testing.disk import disk_from_spec  # Test-only code, loaded only on request.
+    with _from_environment_lock:
+        if _from_environment is None:
+            from bkaio.testing.disk import disk_from_spec  # Test-only code, loaded on request.
 
-        _from_environment = disk_from_spec(spec)
-    return _from_environment
+            _from_environment = disk_from_spec(spec)
+        return _from_environment
 
 
 def crash_point(name: str) -> None:

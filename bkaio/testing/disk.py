@@ -1,4 +1,5 @@
-"""Fault-injecting disks for the journal's `Disk` interface (bkaio.journal.disk). Tests only.
+"""Fault-injecting disks for the `Disk` interface of the journal and the entry logs
+(bkaio.journal.disk). Tests only.
 
 `FakeDisk` wraps the real file operations and can
 - hold unsynced writes in memory (`lazy`): they reach the file only at fdatasync, so kill -9 of
@@ -6,11 +7,14 @@
 - tear a write on `crash()` (`tear`): a prefix of the oldest unsynced write reaches the file;
 - fail fsync with EIO after N successful syncs (`eio_after_syncs`), and keep failing; the
   unsynced writes are dropped, as the kernel drops dirty pages after a failed writeback;
+  `eio_file_suffix` aims that at some files only (`.log`: the entry logs, not the journal's
+  `.jnl` files), and `heal()` makes syncs work again (a test's replaced device);
 - add latency to every sync or write (`sync_delay`, `write_delay`).
 
 A bookie process gets one from the environment (bkaio.journal.disk.default_disk):
 
     BKAIO_FAULT_DISK="lazy,sync_delay_ms=20,eio_after_syncs=100,write_delay_ms=0,tear"
+    BKAIO_FAULT_DISK="lazy,eio_after_syncs=0,eio_file_suffix=.log"    (entry-log syncs fail)
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class FakeDisk:
     sync_delay: float = 0.0
     write_delay: float = 0.0
     eio_after_syncs: int | None = None
+    eio_file_suffix: str = ""  # Empty: EIO may hit any file.
     stats: FakeDiskStats = field(default_factory=FakeDiskStats)
 
     def __post_init__(self) -> None:
@@ -47,6 +52,7 @@ class FakeDisk:
         self._pending: dict[int, list[tuple[int, bytes]]] = {}
         self._crashed = False
         self._failed = False
+        self._targeted_syncs = 0  # Successful syncs of files that EIO may hit.
 
     # ----------------------------------------------------------------- Disk
 
@@ -65,11 +71,16 @@ class FakeDisk:
     def fdatasync(self, fd: int) -> None:
         if self.sync_delay:
             time.sleep(self.sync_delay)
+        targeted = self._eio_may_hit(fd)
         with self._lock:
             if self._crashed:
                 return
-            if self._failed or (
-                self.eio_after_syncs is not None and self.stats.syncs >= self.eio_after_syncs
+            if targeted and (
+                self._failed
+                or (
+                    self.eio_after_syncs is not None
+                    and self._targeted_syncs >= self.eio_after_syncs
+                )
             ):
                 self._failed = True
                 self.stats.failed_syncs += 1
@@ -79,7 +90,16 @@ class FakeDisk:
             for offset, data in self._pending.pop(fd, []):
                 write_all(fd, data, offset)
             self.stats.syncs += 1
+            self._targeted_syncs += 1 if targeted else 0
         os.fdatasync(fd)
+
+    def _eio_may_hit(self, fd: int) -> bool:
+        if not self.eio_file_suffix:
+            return True
+        try:  # The descriptor's path, as the kernel knows it (Linux).
+            return os.readlink(f"/proc/self/fd/{fd}").endswith(self.eio_file_suffix)
+        except OSError:
+            return False
 
     def close(self, fd: int) -> None:
         with self._lock:
@@ -109,6 +129,12 @@ class FakeDisk:
             self.stats.dropped_bytes += dropped
             return dropped
 
+    def heal(self) -> None:
+        """Syncs work again from now on (what was dropped by a failed sync stays lost)."""
+        with self._lock:
+            self._failed = False
+            self.eio_after_syncs = None
+
     @property
     def unsynced_bytes(self) -> int:
         with self._lock:
@@ -117,7 +143,7 @@ class FakeDisk:
 
 def disk_from_spec(spec: str) -> FakeDisk:
     """Parse BKAIO_FAULT_DISK: comma-separated flags (`lazy`, `tear`) and `name=value` options
-    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`)."""
+    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`, `eio_file_suffix`)."""
     disk = FakeDisk()
     for raw in spec.split(","):
         item = raw.strip()
@@ -135,11 +161,13 @@ def disk_from_spec(spec: str) -> FakeDisk:
                 disk.write_delay = float(value) / 1000
             elif name == "eio_after_syncs":
                 disk.eio_after_syncs = int(value)
+            elif name == "eio_file_suffix" and value:
+                disk.eio_file_suffix = value
             else:
                 raise ValueError("unknown option")
         except ValueError as error:
             raise ConfigError(
                 f"BKAIO_FAULT_DISK={spec!r}: bad item {item!r} ({error}); expected lazy, tear, "
-                "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N"
+                "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N, eio_file_suffix=S"
             ) from None
     return disk
