@@ -112,6 +112,13 @@ class ShardMetrics:
             ["reason"],
             registry=r,
         )
+        self.event_loop_lag = LoopHistogram(
+            "bkaio_bookie_event_loop_lag_seconds",
+            "How much later than scheduled the shard's event loop ran a periodic timer",
+            [],
+            LATENCY_BUCKETS_SECONDS,
+            r,
+        ).labels()
         self.add_entry_bytes = LoopCounter(
             "bkaio_bookie_add_entry_bytes", "Payload bytes of acknowledged adds", r
         )

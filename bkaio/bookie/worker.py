@@ -35,6 +35,7 @@ from bkaio.security.tls import server_tls_context_from_config
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
 from .gc import GarbageCollector, MetadataGcSource
+from .loop_lag import watch_loop_lag
 from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
 from .server import ShardServer
 
@@ -184,6 +185,7 @@ class ShardWorker:
         background = [
             loop.create_task(self._sweep_loop(server)),
             loop.create_task(self._disk_loop()),
+            loop.create_task(watch_loop_lag(self.metrics.event_loop_lag.observe, self.log)),
         ]
         if config.gc.enabled:
             background.append(loop.create_task(self._gc_loop(storage)))

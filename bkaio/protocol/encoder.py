@@ -50,18 +50,7 @@ class FrameEncoder:
     def add(self, message: Encodable | list[Any]) -> int:
         """Append one frame (a message or a raw body); returns its size in bytes with header."""
         body = message if isinstance(message, list) else message.to_body()
-        packed = self._packer.pack(body)
-        body_bytes = len(packed)
-        if body_bytes > self._max_frame_bytes:
-            raise errors.ProtocolError(
-                f"frame of {body_bytes} bytes (op {body[0]}) exceeds "
-                f"max_frame_bytes={self._max_frame_bytes}; the peer would refuse it"
-            )
-        buffer = self._buffer
-        buffer += FRAME_HEADER.pack(body_bytes)
-        buffer += packed
-        self._frames += 1
-        return FRAME_HEADER.size + body_bytes
+        return self._append(body[0], self._packer.pack(body))
 
     def pack_fields(self, fields: list[Any]) -> bytes:
         """The msgpack encoding of `fields` (at most 13 values) without an array header.
@@ -81,7 +70,11 @@ class FrameEncoder:
         assert 0 <= field_count <= _MAX_PREPACKED_FIELDS, field_count
         head = _FIXARRAY_PREFIXES[field_count + 2] + self._packer.pack(op)
         head += self._packer.pack(request_id)
-        body_bytes = len(head) + len(packed)
+        return self._append(op, head, packed)
+
+    def _append(self, op: int, body: bytes, tail: bytes = b"") -> int:
+        """Append the frame whose body is `body + tail`, refusing one above the frame limit."""
+        body_bytes = len(body) + len(tail)
         if body_bytes > self._max_frame_bytes:
             raise errors.ProtocolError(
                 f"frame of {body_bytes} bytes (op {op}) exceeds "
@@ -89,8 +82,9 @@ class FrameEncoder:
             )
         buffer = self._buffer
         buffer += FRAME_HEADER.pack(body_bytes)
-        buffer += head
-        buffer += packed
+        buffer += body
+        if tail:
+            buffer += tail
         self._frames += 1
         return FRAME_HEADER.size + body_bytes
 

@@ -118,7 +118,8 @@ class FaultCluster:
         for index in indexes:
             self.bookies.kill9(index)  # Reaps it and records the exit code.
 
-    def _spawn_under(self, index: int, prefix: list[str]) -> None:
+    def spawn_under(self, index: int, prefix: list[str]) -> None:
+        """Start bookie `index` with `prefix` before its command (a wrapper, a namespace)."""
         bookie = self.bookies[index]
         with bookie.log_path.open("ab") as log_file:
             bookie.process = subprocess.Popen(
@@ -142,7 +143,7 @@ class FaultCluster:
         bookie = self.bookies[index]
         if bookie.running:
             await self.bookies.stop(index)
-        self._spawn_under(index, prefix)
+        self.spawn_under(index, prefix)
         assert bookie.process is not None
         url = bookie.admin_url + "/api/v1/bookie/is_ready"
         async with asyncio.timeout(60):

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
-import sys
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -59,22 +57,7 @@ def _spawn_in_namespace(cluster: FaultCluster, net: NetnsNetwork, index: int) ->
     sections = tomllib.loads(bookie.config_path.read_text())
     sections["bookie"]["host"] = bookie.host
     write_toml(bookie.config_path, sections)
-    with bookie.log_path.open("ab") as log_file:
-        bookie.process = subprocess.Popen(
-            [
-                *net.exec_prefix(host),
-                sys.executable,
-                "-m",
-                "bkaio.bookie",
-                "--config",
-                str(bookie.config_path),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            env=cluster.bookies.env,
-            start_new_session=True,  # Own process group, as BookieCluster's kill9 expects.
-        )
+    cluster.spawn_under(index, net.exec_prefix(host))
 
 
 async def _reachable(net: NetnsNetwork, host: str, address: str, port: int) -> bool:
