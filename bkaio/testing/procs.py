@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,11 +20,47 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 
 
+# Servers started by tests get ports below the kernel's ephemeral range. Every outgoing
+# connection (an etcd client, an HTTP readiness poll) takes its local port from that range, so a
+# port picked there with bind(0) could be taken by such a connection before the server binds it
+# ("address already in use" at start-up, seen in the fault soak).
+_LOWEST_PORT = 10_000
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default.
+
+
+def free_port_range(count: int = 1, host: str = LOOPBACK) -> int:
+    """A first port such that `count` consecutive ports are free right now, outside the
+    ephemeral range (another process may still take them: callers that can, retry)."""
+    highest_first = _ephemeral_low() - count
+    if highest_first <= _LOWEST_PORT:
+        raise RuntimeError(f"no room for {count} ports below the ephemeral range on {host}")
+    for _ in range(200):
+        first = random.randrange(_LOWEST_PORT, highest_first)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind((host, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port nobody listens on right now (another process may still take it: retry)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_port_range(1, host)
 
 
 def port_is_open(host: str, port: int, timeout_seconds: float = 0.2) -> bool:
