@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from bkaio.bench import loads
 from bkaio.bench.loads import PACER_TICK_SECONDS, run_closed, run_open, run_serial
 
 
@@ -101,7 +100,7 @@ async def test_open_loop_sleeps_whole_ticks_between_bursts(monkeypatch: pytest.M
         delays.append(delay)
         await real_sleep(delay)
 
-    monkeypatch.setattr(loads.asyncio, "sleep", recording_sleep)
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)  # The module loads.py uses.
     system = FakeSystem(delay_seconds=0.001)
     outcome = await run_open(system.send, b"x", rate_per_second=5000, duration_seconds=0.05)
     assert outcome.appends == 250  # Every append still goes out, in bursts.
