@@ -146,7 +146,7 @@ class SqliteMetadataStore(MetadataStore):
             check_same_thread=False,
         )  # fmt: skip
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _enable_wal_sync(conn)
         conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
         self._conn = conn
 
@@ -563,6 +563,27 @@ class SqliteMetadataStore(MetadataStore):
         await loop.run_in_executor(self._executor, self._close_sync)
         self._closed = True
         self._executor.shutdown(wait=False)
+
+
+def _enable_wal_sync(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL mode, waiting out other processes doing the same.
+
+    Changing the journal mode needs the file to itself, and SQLite reports "database is
+    locked" at once, without its busy handler, when another process is opening the same new
+    file at that moment (bookies of one standalone cluster start together). Retry until the
+    busy timeout instead; once any process has switched the file, the mode sticks.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)  # On the store's worker thread, never the event loop.
+        pause = min(pause * 2, 0.1)
 
 
 async def _wait_for_event(event: asyncio.Event, timeout_seconds: float) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 from bkaio.meta import open_metadata
@@ -50,6 +51,26 @@ async def test_eight_processes_allocate_unique_ledger_ids(metadata_uri: str) -> 
     async with await open_metadata(metadata_uri) as meta:
         listed = [ledger_id async for ledger_id in meta.ledgers.list_ids(page_size=100)]
     assert listed == sorted(every_id)
+
+
+async def test_processes_opening_a_new_sqlite_store_together_all_succeed(tmp_path: Path) -> None:
+    # Bookies of one standalone cluster start at once on a metadata file none has created yet;
+    # switching it to WAL mode used to fail one of them with "database is locked".
+    files, processes_count = 12, 6
+    start_at = time.time() + 2.0  # Time for every child to import and wait.
+    processes = [
+        await spawn("open-fresh", str(tmp_path), str(files), str(start_at))
+        for _ in range(processes_count)
+    ]
+    try:
+        async with asyncio.timeout(120):
+            outputs = [await process.communicate() for process in processes]
+    finally:
+        for process in processes:
+            await reap(process)
+    failed = zip(processes, outputs, strict=True)
+    errors = [err.decode() for process, (_, err) in failed if process.returncode]
+    assert not errors, errors
 
 
 async def test_registration_of_a_killed_bookie_disappears_within_ttl(metadata_uri: str) -> None:

@@ -4,6 +4,9 @@ python -m tests.integration.meta.workers register URI BOOKIE_ID TTL_SECONDS
     registers a bookie, prints "registered", then sleeps until killed
 python -m tests.integration.meta.workers allocate URI COUNT BLOCK_SIZE
     creates COUNT ledgers and prints their ids as one JSON list
+python -m tests.integration.meta.workers open-fresh DIRECTORY COUNT START_AT
+    opens and closes the SQLite stores DIRECTORY/0.db .. COUNT-1.db, the i-th at wall-clock
+    START_AT + i * OPEN_SPACING_SECONDS, so that sibling processes open each new file together
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from pathlib import Path
 
 from bkaio.logs import configure_logging
 from bkaio.meta import BookieInfo, LedgerMetadata, open_metadata
@@ -42,6 +47,17 @@ async def allocate(uri: str, count: int, block_size: int) -> None:
     print(json.dumps(ids), flush=True)
 
 
+OPEN_SPACING_SECONDS = 0.15
+
+
+async def open_fresh(directory: str, count: int, start_at: float) -> None:
+    for index in range(count):
+        await asyncio.sleep(max(0.0, start_at + index * OPEN_SPACING_SECONDS - time.time()))
+        async with await open_metadata(f"sqlite://{Path(directory) / f'{index}.db'}"):
+            pass
+    print("opened", count, flush=True)
+
+
 def main(argv: list[str]) -> None:
     configure_logging(level="warning")  # Logs to stderr; stdout carries the results.
     command, uri, *rest = argv
@@ -49,6 +65,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(register(uri, rest[0], float(rest[1])))
     elif command == "allocate":
         asyncio.run(allocate(uri, int(rest[0]), int(rest[1])))
+    elif command == "open-fresh":
+        asyncio.run(open_fresh(uri, int(rest[0]), float(rest[1])))
     else:
         raise SystemExit(f"unknown command {command!r}")
 
