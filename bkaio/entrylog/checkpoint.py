@@ -87,7 +87,7 @@ def read_last_mark(directories: list[Path], journal_count: int) -> list[JournalM
     return best
 
 
-class _Slot:
+class MarkSlot:
     __slots__ = ("done", "mark")
 
     def __init__(self) -> None:
@@ -104,14 +104,14 @@ class AppliedMarks:
 
     def __init__(self, start: JournalMark | None) -> None:
         self.applied = start
-        self._slots: deque[_Slot] = deque()
+        self._slots: deque[MarkSlot] = deque()
 
-    def begin(self) -> _Slot:
-        slot = _Slot()
+    def begin(self) -> MarkSlot:
+        slot = MarkSlot()
         self._slots.append(slot)
         return slot
 
-    def finish(self, slot: _Slot, mark: JournalMark | None) -> None:
+    def finish(self, slot: MarkSlot, mark: JournalMark | None) -> None:
         assert not slot.done, "a journal append finished twice"
         slot.done = True
         slot.mark = mark

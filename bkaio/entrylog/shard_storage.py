@@ -21,12 +21,13 @@ import shutil
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
-from bkaio.entrylog.checkpoint import AppliedMarks, read_last_mark, write_last_mark
+from bkaio.entrylog.checkpoint import AppliedMarks, MarkSlot, read_last_mark, write_last_mark
 from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.cookie import Cookie, expected_cookie, verify_or_stamp
 from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory, encode_record
@@ -93,6 +94,29 @@ JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
 async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
     """The real journal of one directory (ledgers go to journal `config.journal_of(ledger_id)`)."""
     return await Journal.open(config, directory=directory)  # Disk: bkaio.journal.disk.
+
+
+class _AddBatch:
+    """Adds appended back to back to one journal group, applied and answered together.
+
+    They share the group's one future (`Journal.append_entry_shared`), so a group costs one
+    future callback however many adds it holds. A batch is sealed when the journal starts a new
+    group or another record (a key, a fence, a LAC) is appended after it, so its adds are
+    contiguous in the journal and one applied-marks slot covers them all.
+    """
+
+    __slots__ = ("callbacks", "end", "entries", "future", "journal_index", "size", "slot")
+
+    def __init__(
+        self, future: asyncio.Future[JournalMark], journal_index: int, slot: MarkSlot
+    ) -> None:
+        self.future = future
+        self.journal_index = journal_index
+        self.slot = slot
+        self.entries: list[StoredEntry] = []
+        self.callbacks: list[Callable[[asyncio.Future[JournalMark]], None]] = []
+        self.end = 0  # Offset after the batch's last add, in the file of the group's mark.
+        self.size = 0  # Write-cache room reserved for its adds.
 
 
 SLOW_FLUSH_SECONDS = 1.0  # A flush this slow holds adds back behind a full cache: say so.
@@ -167,10 +191,11 @@ class ShardStorage:
         self.config = config
         self.cookie = cookie
         self._journals = journals
-        # `Journal.append_entry` where the journal has it (fakes in unit tests may not).
-        self._append_entry: list[Callable[..., asyncio.Future[JournalMark]] | None] = [
-            getattr(journal, "append_entry", None) for journal in journals
-        ]
+        # `Journal.append_entry_shared` where the journal has it (fakes in unit tests may not).
+        self._append_entry_shared: list[
+            Callable[..., tuple[asyncio.Future[JournalMark], int]] | None
+        ] = [getattr(journal, "append_entry_shared", None) for journal in journals]
+        self._batches: list[_AddBatch | None] = [None] * len(journals)  # The open one each.
         self._logs = logs
         self._indexes = indexes
         self._usage_function = usage_function
@@ -501,25 +526,68 @@ class ShardStorage:
             self._create_ledger(ledger_id, master_key)
         key = (ledger_id, entry.entry_id)
         journal_index = self.config.journal_of(ledger_id)
+        append_shared = self._append_entry_shared[journal_index]
+        if append_shared is None:  # A fake journal: one future per add.
+            return self._journal_entry_alone(entry, journal_index, size, on_done)
+        # The real journal: no record object and no future of its own per add.
+        future, end = append_shared(
+            ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
+        )
+        batch = self._batches[journal_index]
+        if batch is None or batch.future is not future:
+            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
+            self._batches[journal_index] = batch
+            future.add_done_callback(partial(self._batch_durable, batch))
+        batch.entries.append(entry)
+        batch.end = end
+        batch.size += size
+        if on_done is not None:
+            batch.callbacks.append(on_done)
+        self._pending[key] = (entry, future)
+        return future
+
+    def _batch_durable(self, batch: _AddBatch, done: asyncio.Future[JournalMark]) -> None:
+        """A batch's group is durable (or failed): apply its adds in order, then answer them."""
+        if self._batches[batch.journal_index] is batch:
+            self._batches[batch.journal_index] = None
+        pending = self._pending
+        entries = batch.entries
+        for entry in entries:
+            pending.pop((entry.ledger_id, entry.entry_id), None)
+        self._reserved_bytes -= batch.size
+        marks = self._marks[batch.journal_index]
+        if done.cancelled() or done.exception() is not None:
+            self._cache_freed.set()
+            marks.finish(batch.slot, None)
+        else:
+            apply_entry = self._apply_entry
+            for entry in entries:
+                apply_entry(entry)
+            marks.finish(batch.slot, JournalMark(done.result().file_id, batch.end))
+        for on_done in batch.callbacks:
+            try:
+                on_done(done)
+            except Exception:  # One answer's failure must not leave the others unanswered.
+                log.exception("add_callback_failed")
+
+    def _journal_entry_alone(
+        self,
+        entry: StoredEntry,
+        journal_index: int,
+        size: int,
+        on_done: Callable[[asyncio.Future[JournalMark]], None] | None,
+    ) -> asyncio.Future[JournalMark]:
+        """`_journal_entry` on a journal without shared group futures (unit-test fakes)."""
+        key = (entry.ledger_id, entry.entry_id)
         marks = self._marks[journal_index]
         slot = marks.begin()
         try:
-            append_entry = self._append_entry[journal_index]
-            if append_entry is not None:  # The real journal: no record object per add.
-                future = append_entry(
-                    ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
+            future = self._journals[journal_index].append(
+                EntryRecord(
+                    entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest,
+                    entry.payload,
                 )
-            else:
-                future = self._journals[journal_index].append(
-                    EntryRecord(
-                        ledger_id,
-                        entry.entry_id,
-                        entry.lac,
-                        entry.length,
-                        entry.digest,
-                        entry.payload,
-                    )
-                )
+            )  # fmt: skip
         except BaseException:
             marks.finish(slot, None)
             raise
@@ -560,6 +628,7 @@ class ShardStorage:
         Records whose effect is applied in memory before they are durable (keys, fences,
         LACs) pass no `apply`: their mark counts as applied once durable."""
         journal_index = self.config.journal_of(ledger_id)
+        self._batches[journal_index] = None  # Later adds go after this record: a new batch.
         marks = self._marks[journal_index]
         slot = marks.begin()
         try:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal, overload
 
 import structlog
 
@@ -128,7 +128,9 @@ class Journal:
         # The group being filled.
         self._data = bytearray()
         self._ends: list[int] = []
-        self._waiters: list[asyncio.Future[JournalMark]] = []
+        # One per record; None for a record that waits on the group's shared future instead.
+        self._waiters: list[asyncio.Future[JournalMark] | None] = []
+        self._shared: asyncio.Future[JournalMark] | None = None
         self._group_file_id = first_file_id
         self._group_start = HEADER_BYTES
         self._group_new_file = False
@@ -260,6 +262,23 @@ class Journal:
         head = encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
         return self._enqueue(head, payload)
 
+    def append_entry_shared(
+        self, ledger_id: int, entry_id: int, lac: int, length: int, digest: int, payload: bytes
+    ) -> tuple[asyncio.Future[JournalMark], int]:
+        """`append_entry` without a future of its own: the group's shared future and the end.
+
+        Every record appended this way to one group shares one future, resolved with the mark
+        after the group's last record (or failed with the group). The int is the offset just
+        after this record, in the file of that mark. The add path uses this: one future and
+        one loop callback per group instead of one per entry.
+        """
+        head = encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
+        self._enqueue(head, payload, shared=True)
+        shared = self._shared
+        if shared is None:
+            shared = self._shared = self._loop.create_future()
+        return shared, self._tail_offset
+
     def append_encoded(self, data: bytes) -> asyncio.Future[JournalMark]:
         """Queue one record already encoded by `encode_record` / `encode_entry`."""
         if len(data) < RECORD_HEADER_BYTES or (
@@ -270,11 +289,23 @@ class Journal:
             )
         return self._enqueue(data, b"")
 
-    def _enqueue(self, head: bytes, tail: bytes) -> asyncio.Future[JournalMark]:
+    @overload
+    def _enqueue(
+        self, head: bytes, tail: bytes, *, shared: Literal[False] = False
+    ) -> asyncio.Future[JournalMark]: ...
+
+    @overload
+    def _enqueue(self, head: bytes, tail: bytes, *, shared: Literal[True]) -> None: ...
+
+    def _enqueue(
+        self, head: bytes, tail: bytes, *, shared: bool = False
+    ) -> asyncio.Future[JournalMark] | None:
         """Add one record (`head + tail`) to the filling group; the hot path of every append.
 
-        Raises JournalFullError when the group is at a bound (await `wait_for_room`), and the
-        journal's failure (BookieIOError) or JournalError once it failed or closed.
+        With `shared` the record gets no future of its own (None is returned): it is durable
+        when the group's shared future is done. Raises JournalFullError when the group is at a
+        bound (await `wait_for_room`), and the journal's failure (BookieIOError) or
+        JournalError once it failed or closed.
         """
         if self._failure is not None or self._closing:
             self._check_usable()
@@ -292,7 +323,9 @@ class Journal:
             data += tail
         self._tail_offset += len(head) + len(tail)
         self._ends.append(self._tail_offset)
-        waiter: asyncio.Future[JournalMark] = self._loop.create_future()
+        waiter: asyncio.Future[JournalMark] | None = None
+        if not shared:
+            waiter = self._loop.create_future()
         self._waiters.append(waiter)
         if not self._writing:
             if not self._handoff_scheduled:
@@ -396,8 +429,9 @@ class Journal:
             ends=self._ends,
             waiters=self._waiters,
             trigger=self._trigger(waited),
+            shared=self._shared,
         )
-        self._data, self._ends, self._waiters = bytearray(), [], []
+        self._data, self._ends, self._waiters, self._shared = bytearray(), [], [], None
         self._writing = True
         self._last_handoff_time = self._loop.time()
         self._executor.post(self._commit_on_writer_thread, group)
@@ -443,8 +477,13 @@ class Journal:
         if self._ends and not self._handoff_scheduled:
             self._hand_off()  # Keep the disk busy before waking anyone.
         file_id = group.file_id
+        # The shared future first: its callbacks (the adds' apply and answer) then run before
+        # those of a later fence or LAC record of the same group, in journal order as before.
+        shared = group.shared
+        if shared is not None and not shared.done():
+            shared.set_result(self._durable)
         for end, waiter in zip(group.ends, group.waiters, strict=True):
-            if not waiter.done():  # The appender may have been cancelled meanwhile.
+            if waiter is not None and not waiter.done():  # Its appender may have been cancelled.
                 waiter.set_result(JournalMark(file_id, end))
         if self._force_waiters:
             self._resolve_force_waiters()
@@ -478,11 +517,12 @@ class Journal:
         )
         self._failure = failure
         self._log.error("journal_failed", error=repr(error), group_records=len(group.ends))
-        waiters: list[asyncio.Future[JournalMark]] = [*group.waiters, *self._waiters]
+        waiters = [*group.waiters, group.shared, *self._waiters, self._shared]
         waiters += [waiter for _target, waiter in self._force_waiters]
         self._data, self._ends, self._waiters, self._force_waiters = bytearray(), [], [], []
+        self._shared = None
         for waiter in waiters:
-            if not waiter.done():
+            if waiter is not None and not waiter.done():
                 waiter.set_exception(_copy_error(failure))
         for room in self._room_waiters:
             if not room.done():

@@ -34,8 +34,11 @@ class Group:
     start_offset: int
     new_file: bool  # Roll to `file_id` (a new file) before writing.
     ends: list[int]  # Offset just after each record: its JournalMark.
-    waiters: list[asyncio.Future[JournalMark]]  # Touched only on the loop thread.
+    # Touched only on the loop thread. One per record; None for a record on `shared` instead.
+    waiters: list[asyncio.Future[JournalMark] | None]
     trigger: str
+    # Resolved with the mark after the group's last record (`Journal.append_entry_shared`).
+    shared: asyncio.Future[JournalMark] | None = None
 
 
 class Preallocator:

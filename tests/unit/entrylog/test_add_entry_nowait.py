@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,52 @@ async def test_a_full_write_cache_is_left_to_the_async_path(
     await storage.add_entry(make_entry(10, 0), KEY)
     big = make_entry(10, 1, payload=b"x" * 8192)
     assert storage.add_entry_nowait(big, KEY) is None
+
+
+async def test_adds_of_one_group_are_applied_before_any_of_them_is_answered(
+    open_storage: OpenStorage,
+) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(11, 0), KEY)
+    seen: list[int] = []
+
+    def answered(_done: object) -> None:
+        state = storage.ledger_state(11)
+        assert state is not None
+        seen.append(state.last_entry_id)
+
+    futures = [
+        storage.add_entry_nowait(make_entry(11, i), KEY, on_done=answered) for i in (1, 2, 3)
+    ]
+    assert futures[0] is not None and all(future is futures[0] for future in futures)
+    await futures[0]
+    assert seen == [3, 3, 3]  # All three applied before the first answer.
+    for entry_id in (1, 2, 3):
+        assert await storage.read_entry(11, entry_id) == make_entry(11, entry_id)
+
+
+async def test_a_fence_between_adds_of_one_group_waits_for_the_earlier_ones_only(
+    open_storage: OpenStorage,
+) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(12, 0), KEY)
+    before = [storage.add_entry_nowait(make_entry(12, i), KEY) for i in (1, 2)]
+    fence = asyncio.ensure_future(storage.fence(12, KEY))
+    await asyncio.sleep(0)  # The fence record is appended now, behind entries 1 and 2.
+    with pytest.raises(LedgerFencedError):
+        storage.add_entry_nowait(make_entry(12, 3), KEY)
+    after = storage.add_entry_nowait(make_entry(12, 3), KEY, recovery=True)
+    assert after is not None
+    await fence
+    assert all(future is not None and future.done() for future in before)
+    state = storage.ledger_state(12)
+    assert state is not None and state.fenced and state.last_entry_id >= 2
+    await after
+    assert await storage.read_entry(12, 3) == make_entry(12, 3)
+    await storage.checkpoint()  # Its mark covers every batch: nothing is replayed on reopen.
+    await storage.close()
+    reopened = await open_storage()
+    assert reopened.stats.replayed_records == 0
+    assert await reopened.read_entry(12, 3) == make_entry(12, 3)
+    state = reopened.ledger_state(12)
+    assert state is not None and state.fenced and state.last_entry_id == 3

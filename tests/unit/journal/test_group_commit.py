@@ -302,3 +302,40 @@ async def test_a_directory_has_one_journal_at_a_time(config: JournalConfig) -> N
         await journal.close()
     again = await Journal.open(config)  # The lock went with close().
     await again.close()
+
+
+async def test_shared_appends_of_one_group_wait_on_one_future_resolved_at_its_end(
+    config: JournalConfig,
+) -> None:
+    sync = FakeGatedSync()
+    journal = await Journal.open(config, sync_function=sync)
+    try:
+        first = await hold_first_sync(journal, sync)
+        shared = [journal.append_entry_shared(1, i, i - 1, i, 0, bytes(10)) for i in range(5)]
+        alone = journal.append(FenceRecord(ledger_id=1))  # Its own future, same group.
+        futures = {id(future) for future, _end in shared}
+        assert len(futures) == 1
+        ends = [end for _future, end in shared]
+        assert ends == sorted(ends) and len(set(ends)) == 5
+        sync.release()
+        await first
+        group_mark = await shared[0][0]
+        assert group_mark == journal.durable_mark == await alone
+        assert group_mark.offset > ends[-1]  # The group ends after the fence record.
+        later, _end = journal.append_entry_shared(1, 5, 4, 5, 0, bytes(10))
+        assert later is not shared[0][0]  # A new group, a new future.
+        assert (await later) == journal.durable_mark
+    finally:
+        await journal.close()
+
+
+async def test_a_failed_group_fails_its_shared_future(config: JournalConfig) -> None:
+    journal = await Journal.open(config, sync_function=FailingSync(fail_on_call=1))
+    try:
+        future, _end = journal.append_entry_shared(1, 0, -1, 10, 0, bytes(10))
+        with pytest.raises(BookieIOError):
+            await future
+        with pytest.raises(BookieIOError):
+            journal.append_entry_shared(1, 1, 0, 20, 0, bytes(10))
+    finally:
+        await journal.close()
