@@ -48,6 +48,7 @@ from bkaio.protocol import (
     Op,
     ReadEntryResponse,
     ReadLacResponse,
+    ReadRangeResponse,
     Response,
     Status,
     decode_response,
@@ -547,6 +548,36 @@ class BookiePool:
         if entry is None:
             raise ProtocolError(f"bookie {bookie_id}: OK read of entry {entry_id} with no entry")
         return StoredCopy(entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload)
+
+    async def read_range(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        max_count: int,
+        max_bytes: int,
+    ) -> list[StoredCopy]:
+        """READ_RANGE from one bookie: its consecutive copies from `first_entry_id` (at most
+        `max_count`, about `max_bytes`), possibly fewer; raises the error its status maps to
+        (NoSuchEntryError when it lacks `first_entry_id` itself). Digests are not checked here.
+        """
+        response = await self._call(
+            bookie_id,
+            ledger_id,
+            Op.READ_RANGE,
+            (ledger_id, first_entry_id, max_count, max_bytes, 0, None),
+            self._config.read_timeout,
+        )
+        assert isinstance(response, ReadRangeResponse)
+        if response.status is not Status.OK:
+            raise error_for_status(
+                response.status,
+                f"bookie {bookie_id}: range read of ledger {ledger_id} from entry "
+                f"{first_entry_id}: {response.status.name}",
+            )
+        return [
+            StoredCopy(e.entry_id, e.lac, e.length, e.digest, e.payload) for e in response.entries
+        ]
 
     async def read_lac(
         self,

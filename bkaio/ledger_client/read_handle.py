@@ -20,7 +20,7 @@ from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError
 from bkaio.ledger_client.quorum import bookies_for_entry
-from bkaio.ledger_client.reads import EntryReader
+from bkaio.ledger_client.reads import EntryReader, gather_ordered
 from bkaio.ledger_client.types import Entry
 from bkaio.meta.ledger_metadata import LedgerMetadata
 
@@ -132,17 +132,31 @@ class ReadHandle:
         return [entry async for entry in self.read_iter(first_entry_id, last_entry_id)]
 
     async def read_iter(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[Entry]:
-        """Like `read`, one entry at a time, with a window of concurrent reads ahead."""
+        """Like `read`, one entry at a time, with a window of concurrent reads ahead.
+
+        The window holds batches: a run of entries in one segment whose bookies each hold all
+        of it (ensemble == write quorum) is one READ_RANGE (`read_batch_entries`); elsewhere a
+        batch is one entry. At least two batches are in flight, so the next is on its way
+        while one is consumed.
+        """
         await self._check_range(first_entry_id, last_entry_id)
-        window = self._ctx.config.read_window
-        tasks: deque[asyncio.Task[Entry]] = deque()
+        config = self._ctx.config
+        tasks: deque[asyncio.Task[list[Entry]]] = deque()
+        in_flight = 0  # Entries asked for by the tasks.
         next_id = first_entry_id
         try:
             while next_id <= last_entry_id or tasks:
-                while next_id <= last_entry_id and len(tasks) < window:
-                    tasks.append(asyncio.ensure_future(self._read_one(next_id)))
-                    next_id += 1
-                yield await tasks.popleft()
+                while next_id <= last_entry_id and (
+                    len(tasks) < 2 or in_flight < config.read_window
+                ):
+                    last = self._batch_end(next_id, last_entry_id)
+                    tasks.append(asyncio.ensure_future(self._read_batch(next_id, last)))
+                    in_flight += last - next_id + 1
+                    next_id = last + 1
+                batch = await tasks.popleft()
+                in_flight -= len(batch)
+                for entry in batch:
+                    yield entry
         finally:
             for task in tasks:
                 task.cancel()
@@ -168,6 +182,31 @@ class ReadHandle:
             raise NoSuchEntryError(
                 f"ledger {self.ledger_id}: entry {last_entry_id} is beyond its {bound} {self._lac}"
             )
+
+    def _batch_end(self, first_entry_id: int, last_entry_id: int) -> int:
+        """The last entry of the batch starting at `first_entry_id` (see `read_iter`)."""
+        md = self._md
+        batch = self._ctx.config.read_batch_entries
+        if batch == 1 or md.ensemble_size != md.write_quorum:
+            return first_entry_id
+        last = min(last_entry_id, first_entry_id + batch - 1)
+        for segment_start, _bookies in md.ensembles:  # A batch stays in one segment.
+            if first_entry_id < segment_start <= last:
+                last = segment_start - 1
+                break
+        return last
+
+    async def _read_batch(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
+        if first_entry_id == last_entry_id:
+            return [await self._read_one(first_entry_id)]
+        md = self._md
+        bookies = bookies_for_entry(md.ensembles, first_entry_id, md.write_quorum)
+        copies = await self._reader.read_range_prefix(bookies, first_entry_id, last_entry_id)
+        entries = [Entry(self.ledger_id, copy.entry_id, copy.payload) for copy in copies]
+        rest = range(first_entry_id + len(entries), last_entry_id + 1)
+        if rest:  # What no range answer covered: entry by entry, with fail-over and quorums.
+            entries += await gather_ordered([self._read_one(entry_id) for entry_id in rest])
+        return entries
 
     async def _read_one(self, entry_id: int) -> Entry:
         md = self._md

@@ -81,6 +81,49 @@ class EntryReader:
             return await self._read_in_order(bookies, entry_id)
         return await self._read_speculative(bookies, entry_id, speculative)
 
+    async def read_range_prefix(
+        self, bookies: Sequence[str], first_entry_id: int, last_entry_id: int
+    ) -> list[StoredCopy]:
+        """Digest-valid copies of first..last, in order, as far as READ_RANGEs reach.
+
+        For a segment whose every bookie holds every entry (ensemble == write quorum): asks
+        `bookies` in order, each from where the previous answer stopped (a bookie that missed
+        entries, or is down, hands over to the next). The result may be shorter than asked,
+        even empty; the caller reads the rest entry by entry, which decides absence and
+        failure by the quorum rules. A corrupt copy ends that bookie's answer.
+        """
+        read_range = getattr(self._ctx.ops, "read_range", None)
+        if read_range is None:  # Bookie ops without range reads (test fakes).
+            return []
+        max_bytes = self._ctx.config.read_batch_bytes
+        copies: list[StoredCopy] = []
+        next_id = first_entry_id
+        for bookie_id in bookies:
+            if next_id > last_entry_id:
+                break
+            try:
+                answer = await read_range(
+                    bookie_id, self.ledger_id, next_id, last_entry_id - next_id + 1, max_bytes
+                )
+            except BKError as error:
+                log.debug(
+                    "range_read_failed",
+                    ledger_id=self.ledger_id,
+                    bookie_id=bookie_id,
+                    first_entry_id=next_id,
+                    error=str(error),
+                )
+                continue
+            for copy in answer:
+                if next_id > last_entry_id or copy.entry_id != next_id:
+                    break
+                if not self._valid(copy, next_id):
+                    self._corrupt(bookie_id, next_id)
+                    break
+                copies.append(copy)
+                next_id += 1
+        return copies
+
     async def _read_in_order(self, bookies: Sequence[str], entry_id: int) -> StoredCopy:
         ops = self._ctx.ops
         negatives = 0

@@ -114,6 +114,10 @@ class ClientConfig:
     # does; `await handle.wait_for_capacity()` is the cooperative way to stay below it.
     max_queued_adds: int = 100_000
     read_window: int = 64  # Entries read concurrently by `read`/`read_iter`.
+    # `read`/`read_iter` of a segment whose every bookie holds every entry (ensemble == write
+    # quorum) ask for this many entries per READ_RANGE request (1 = one READ_ENTRY each) ...
+    read_batch_entries: int = 128
+    read_batch_bytes: int = 4 * 1024 * 1024  # ... and at most about this many payload bytes.
     connect_timeout: float = 5.0
     reconnect_backoff_min: float = 0.05
     reconnect_backoff_max: float = 2.0
@@ -136,6 +140,10 @@ class ClientConfig:
             raise ConfigError(f"max_outstanding_adds={self.max_outstanding_adds} must be >= 1")
         if self.read_window < 1:
             raise ConfigError(f"read_window={self.read_window} must be >= 1")
+        if self.read_batch_entries < 1:
+            raise ConfigError(f"read_batch_entries={self.read_batch_entries} must be >= 1")
+        if self.read_batch_bytes < 1:
+            raise ConfigError(f"read_batch_bytes={self.read_batch_bytes} must be >= 1")
         if not 0 < self.reconnect_backoff_min <= self.reconnect_backoff_max:
             raise ConfigError(
                 f"reconnect_backoff_min={self.reconnect_backoff_min} must be in "

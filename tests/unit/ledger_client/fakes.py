@@ -108,6 +108,8 @@ class FakeBookieOps:
         self.fence_lost: set[str] = set()  # Fencing READ_LAC requests to these are dropped.
         self.slow_reads: set[str] = set()  # READ_ENTRY to these times out.
         self.add_count: dict[str, int] = {}
+        self.range_reads: list[tuple[str, int, int]] = []  # (bookie, first entry, entries got).
+        self.entry_reads = 0
 
     def hold(self, bookie_id: str) -> None:
         self.held.setdefault(bookie_id, [])
@@ -179,10 +181,32 @@ class FakeBookieOps:
         master_key: bytes | None = None,
     ) -> StoredCopy:
         await self._gate(bookie_id)
+        self.entry_reads += 1
         if bookie_id in self.slow_reads:
             await asyncio.sleep(self.timeout)
             raise BKTimeoutError(f"{bookie_id}: read timed out")
         return self.bookies[bookie_id].read(ledger_id, entry_id, fence, master_key)
+
+    async def read_range(
+        self, bookie_id: str, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredCopy]:
+        """Like a bookie's READ_RANGE: consecutive copies, stopping at the first missing one."""
+        await self._gate(bookie_id)
+        if bookie_id in self.slow_reads:
+            await asyncio.sleep(self.timeout)
+            raise BKTimeoutError(f"{bookie_id}: read timed out")
+        bookie = self.bookies[bookie_id]
+        copies = [bookie.read(ledger_id, first_entry_id, False, None)]  # Raises when absent.
+        size = len(copies[0].payload)
+        ledger = bookie.ledgers[ledger_id]
+        while len(copies) < max_count:
+            copy = ledger.entries.get(first_entry_id + len(copies))
+            if copy is None or size + len(copy.payload) > max_bytes:
+                break
+            copies.append(copy)
+            size += len(copy.payload)
+        self.range_reads.append((bookie_id, first_entry_id, len(copies)))
+        return copies
 
     async def read_lac(
         self,
