@@ -24,6 +24,10 @@ class StorageConfig:
     write_cache_bytes: int = 64 * 1024 * 1024
     write_cache_max_wait_seconds: float = 10.0  # Adders wait this long for a flush, then 429.
     flush_interval_seconds: float = 1.0
+    # A flush writes and fsyncs the entry logs this many bytes at a time (0: all at once). A
+    # journal on the same device waits for whatever is in the device's queue at its fdatasync;
+    # small chunks keep that short instead of one burst of the whole write cache.
+    flush_sync_bytes: int = 256 * 1024
     entry_log_max_bytes: int = 256 * 1024 * 1024
     compaction_threshold: float = 0.5  # Entry logs with a live fraction below this are rewritten.
     disk_warn_fraction: float = 0.90
@@ -58,6 +62,10 @@ class StorageConfig:
         if self.flush_interval_seconds <= 0:
             raise ConfigError(
                 f"storage.flush_interval_seconds={self.flush_interval_seconds} must be > 0"
+            )
+        if self.flush_sync_bytes < 0:
+            raise ConfigError(
+                f"storage.flush_sync_bytes={self.flush_sync_bytes} must be >= 0 (0 = one sync)"
             )
         if not 1024 <= self.entry_log_max_bytes <= MAX_ENTRY_LOG_BYTES:
             raise ConfigError(

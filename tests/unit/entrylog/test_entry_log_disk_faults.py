@@ -227,6 +227,35 @@ async def test_entry_log_fsync_eio_fails_the_checkpoint_and_loses_nothing(
     await _assert_read_back(reopened, entries)
 
 
+@pytest.mark.parametrize("failing_sync", [None, 3])  # 3: a middle chunk's sync fails.
+async def test_a_flush_syncs_the_entry_logs_in_chunks(
+    open_storage: OpenStorage, tmp_path: Path, failing_sync: int | None
+) -> None:
+    # 80 entries of ~150 bytes on 2 disks: about 6 KB per disk, 1 KB per chunk.
+    config = make_config(tmp_path, flush_sync_bytes=1024)
+    disk = FakeDisk(lazy=True, eio_after_syncs=failing_sync, eio_file_suffix=".log")
+    storage = await open_storage(config, entry_log_disk=disk)
+    mark_before = _marks(config)
+    entries = await _add(storage, range(20))
+    syncs_before = disk.stats.syncs
+    if failing_sync is None:
+        await storage.checkpoint()
+        assert disk.stats.syncs - syncs_before >= 10  # At least 5 chunks per disk.
+        assert disk.unsynced_bytes == 0
+    else:
+        with pytest.raises(BookieIOError, match="injected fsync failure"):
+            await storage.checkpoint()
+        assert _marks(config) == mark_before  # Synced chunks are not indexed: replay them.
+        await _assert_read_back(storage, entries)
+        disk.heal()
+        await storage.checkpoint()  # Appends the entries again; the first copies are garbage.
+        assert _marks(config) != mark_before
+    await _assert_read_back(storage, entries)
+    await storage.close()
+    reopened = await open_storage(config, entry_log_disk=OS_DISK)
+    await _assert_read_back(reopened, entries)
+
+
 async def test_a_failing_periodic_flush_is_logged_and_retried(
     open_storage: OpenStorage, tmp_path: Path
 ) -> None:
