@@ -11,6 +11,8 @@ from bkaio.errors import ConfigError
 MIN_FILE_BYTES = 4096
 # Adaptive wait beyond 10 ms would be a fixed delay, not a coalescing window.
 MAX_ADAPTIVE_WAIT_US = 10_000
+# Zero-filling ahead writes and syncs this much at a time (`bkaio.journal.zero_fill`).
+ZERO_FILL_CHUNK_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,7 +30,11 @@ class JournalConfig:
     `sync`: False skips fdatasync. UNSAFE: an acknowledged record can be lost on power failure
     or kill -9 of the host. For tests only.
     `preallocate_next_file`: zero-fill and sync the *next* file in a background thread, so that
-    commits overwrite allocated blocks. The current file is never touched by another thread.
+    commits overwrite allocated blocks.
+    `preallocate_ahead_bytes`: keep the *current* file zero-filled and synced this far past the
+    last commit, from a background thread (`bkaio.journal.zero_fill`), so that commits change no
+    file size and their fdatasync commits no filesystem metadata. 0 turns it off; it is off
+    anyway with `sync` off or a fault-injection disk.
     """
 
     directories: tuple[Path, ...]
@@ -38,6 +44,7 @@ class JournalConfig:
     adaptive_wait_us: int = 0
     sync: bool = True
     preallocate_next_file: bool = False
+    preallocate_ahead_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.directories, tuple) or not self.directories:
@@ -55,6 +62,14 @@ class JournalConfig:
             raise ConfigError(
                 f"journal.max_group_bytes={self.max_group_bytes} must be in "
                 f"(0, journal.max_file_bytes={self.max_file_bytes}]"
+            )
+        if (
+            self.preallocate_ahead_bytes != 0
+            and self.preallocate_ahead_bytes < ZERO_FILL_CHUNK_BYTES
+        ):
+            raise ConfigError(
+                f"journal.preallocate_ahead_bytes={self.preallocate_ahead_bytes} must be 0 (off) "
+                f"or at least {ZERO_FILL_CHUNK_BYTES}"
             )
         if self.max_group_entries <= 0:
             raise ConfigError(

@@ -29,7 +29,7 @@ import structlog
 
 from bkaio.errors import BKError, BookieIOError, ConfigError
 from bkaio.journal.config import JournalConfig
-from bkaio.journal.disk import Disk, default_disk
+from bkaio.journal.disk import OS_DISK, Disk, default_disk
 from bkaio.journal.errors import JournalError, JournalFullError, RecordError
 from bkaio.journal.files import (
     HEADER_BYTES,
@@ -51,6 +51,7 @@ from bkaio.journal.records import (
 from bkaio.journal.replay import JournalReader, ReplayResult
 from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
 from bkaio.journal.writer_thread import WriterThread
+from bkaio.journal.zero_fill import ZeroFiller
 
 log = structlog.get_logger(__name__)
 
@@ -179,12 +180,22 @@ class Journal:
             else None
         )
         disk = disk if disk is not None else default_disk()  # Fakes: bkaio.journal.disk.
+        # Zero-filling ahead only where commits really sync to a real disk.
+        zero_filler = (
+            ZeroFiller(config.preallocate_ahead_bytes, config.max_file_bytes)
+            if config.preallocate_ahead_bytes
+            and config.sync
+            and sync_function is None
+            and disk is OS_DISK
+            else None
+        )
         writer = JournalFileWriter(
             directory,
             sync=config.sync,
             sync_function=sync_function if sync_function is not None else disk.fdatasync,
             preallocator=preallocator,
             disk=disk,
+            zero_filler=zero_filler,
         )
 
         def set_up() -> tuple[int, list[int], int]:
@@ -203,6 +214,8 @@ class Journal:
             lock_fd, file_ids, first_file_id = await asyncio.wrap_future(executor.submit(set_up))
         except BaseException as error:
             executor.shutdown(wait=False)
+            if zero_filler is not None:
+                await loop.run_in_executor(None, zero_filler.shutdown)
             if preallocator is not None:
                 await loop.run_in_executor(None, preallocator.shutdown)
             if isinstance(error, OSError):

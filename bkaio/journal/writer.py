@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ from pathlib import Path
 
 from bkaio.journal.disk import OS_DISK, Disk, crash_point, mutation
 from bkaio.journal.files import (
+    HEADER_BYTES,
     create_file,
     install_preallocated,
     preallocate_file,
 )
 from bkaio.journal.records import JournalMark
+from bkaio.journal.zero_fill import ZeroFiller
 
 
 @dataclass(slots=True)
@@ -96,14 +99,17 @@ class JournalFileWriter:
         sync_function: Callable[[int], None],
         preallocator: Preallocator | None,
         disk: Disk = OS_DISK,
+        zero_filler: ZeroFiller | None = None,
     ) -> None:
         self._directory = directory
         self._sync = sync
         self._sync_function = sync_function
         self._preallocator = preallocator
         self._disk = disk
+        self._zero_filler = zero_filler
         self._fd: int | None = None
         self._file_id = 0
+        self._end = 0  # Offset after the last group written to the current file.
         # Fault-suite mutation check only (bkaio.journal.disk): sync a group after its ack.
         self._ack_before_fsync = mutation("ack_before_fsync")
         self._sync_owed = False
@@ -118,6 +124,11 @@ class JournalFileWriter:
         else:
             self._fd = create_file(self._directory, file_id, sync=self._sync)
         self._file_id = file_id
+        self._end = HEADER_BYTES
+        if self._zero_filler is not None:
+            self._zero_filler.start_file(
+                self._fd, HEADER_BYTES, already_zeroed=prepared is not None
+            )
         if self._preallocator is not None:
             self._preallocator.prepare(file_id + 1)
 
@@ -129,7 +140,11 @@ class JournalFileWriter:
         if group.new_file:
             self.open_new(group.file_id)
         assert self._fd is not None and group.file_id == self._file_id, (group, self._file_id)
+        end = group.start_offset + len(group.data)
+        if self._zero_filler is not None:
+            self._zero_filler.before_write(group.start_offset, end)
         self._disk.write(self._fd, group.data, group.start_offset)
+        self._end = max(self._end, end)
         crash_point("journal.after_write_before_sync")
         if not self._sync:
             return 0.0  # UNSAFE mode (tests only): the page cache is not flushed.
@@ -144,8 +159,16 @@ class JournalFileWriter:
     def close_current(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            if self._zero_filler is not None:
+                # The zeros past the last record go: a clean end instead of a zero tail that
+                # replay would report (they are harmless if this does not reach the disk).
+                self._zero_filler.stop_current()
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, self._end)
             self._disk.close(fd)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.close_current()
+        if self._zero_filler is not None:
+            self._zero_filler.shutdown()
