@@ -467,6 +467,23 @@ class BookiePool:
         connection.send(op, fields, done, timeout)
         return future
 
+    async def _call_ok(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        op: Op,
+        fields: tuple[Any, ...],
+        deadline_seconds: float,
+        what: str,
+    ) -> Response:
+        """`_call`, raising the error a status other than OK maps to (`what` names the call)."""
+        response = await self._call(bookie_id, ledger_id, op, fields, deadline_seconds)
+        if response.status is not Status.OK:
+            raise error_for_status(
+                response.status, f"bookie {bookie_id}: {what}: {response.status.name}"
+            )
+        return response
+
     def add_entry(
         self,
         bookie_id: str,
@@ -530,20 +547,15 @@ class BookiePool:
     ) -> StoredCopy:
         """READ_ENTRY from one bookie; raises the error its status maps to."""
         flags = int(Flag.FENCE) if fence else 0
-        response = await self._call(
+        response = await self._call_ok(
             bookie_id,
             ledger_id,
             Op.READ_ENTRY,
             (ledger_id, entry_id, flags, master_key),
             self._config.read_timeout,
+            f"read of ledger {ledger_id} entry {entry_id}",
         )
         assert isinstance(response, ReadEntryResponse)
-        if response.status is not Status.OK:
-            raise error_for_status(
-                response.status,
-                f"bookie {bookie_id}: read of ledger {ledger_id} entry {entry_id}: "
-                f"{response.status.name}",
-            )
         entry = response.entry
         if entry is None:
             raise ProtocolError(f"bookie {bookie_id}: OK read of entry {entry_id} with no entry")
@@ -561,20 +573,15 @@ class BookiePool:
         `max_count`, about `max_bytes`), possibly fewer; raises the error its status maps to
         (NoSuchEntryError when it lacks `first_entry_id` itself). Digests are not checked here.
         """
-        response = await self._call(
+        response = await self._call_ok(
             bookie_id,
             ledger_id,
             Op.READ_RANGE,
             (ledger_id, first_entry_id, max_count, max_bytes, 0, None),
             self._config.read_timeout,
+            f"range read of ledger {ledger_id} from entry {first_entry_id}",
         )
         assert isinstance(response, ReadRangeResponse)
-        if response.status is not Status.OK:
-            raise error_for_status(
-                response.status,
-                f"bookie {bookie_id}: range read of ledger {ledger_id} from entry "
-                f"{first_entry_id}: {response.status.name}",
-            )
         return [
             StoredCopy(e.entry_id, e.lac, e.length, e.digest, e.payload) for e in response.entries
         ]
@@ -595,7 +602,7 @@ class BookiePool:
         if previous_lac is not None:
             flags |= Flag.LONG_POLL
             timeout_ms = max(1, int(long_poll_seconds * 1000))
-        response = await self._call(
+        response = await self._call_ok(
             bookie_id,
             ledger_id,
             Op.READ_LAC,
@@ -607,13 +614,9 @@ class BookiePool:
                 timeout_ms,
             ),
             self._config.read_timeout + timeout_ms / 1000,
+            f"READ_LAC of ledger {ledger_id}",
         )
         assert isinstance(response, ReadLacResponse)
-        if response.status is not Status.OK:
-            raise error_for_status(
-                response.status,
-                f"bookie {bookie_id}: READ_LAC of ledger {ledger_id}: {response.status.name}",
-            )
         return LacAnswer(response.lac, response.last_entry_id)
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:

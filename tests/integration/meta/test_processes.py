@@ -29,6 +29,16 @@ async def reap(process: asyncio.subprocess.Process) -> None:
     await process.communicate()
 
 
+async def run_all(processes: list[asyncio.subprocess.Process]) -> list[tuple[bytes, bytes]]:
+    """Every child's (stdout, stderr) once all have exited; kills them all on a timeout."""
+    try:
+        async with asyncio.timeout(120):
+            return [await process.communicate() for process in processes]
+    finally:
+        for process in processes:
+            await reap(process)
+
+
 async def test_eight_processes_allocate_unique_ledger_ids(metadata_uri: str) -> None:
     count, block_size = 60, 7  # Small blocks: many counter races between the processes.
     async with await open_metadata(metadata_uri):
@@ -36,12 +46,7 @@ async def test_eight_processes_allocate_unique_ledger_ids(metadata_uri: str) -> 
     processes = [
         await spawn("allocate", metadata_uri, str(count), str(block_size)) for _ in range(8)
     ]
-    try:
-        async with asyncio.timeout(120):
-            outputs = [await process.communicate() for process in processes]
-    finally:
-        for process in processes:
-            await reap(process)
+    outputs = await run_all(processes)
     assert [process.returncode for process in processes] == [0] * 8, [err for _, err in outputs]
     per_process = [json.loads(out) for out, _ in outputs]
     for ids in per_process:
@@ -62,12 +67,7 @@ async def test_processes_opening_a_new_sqlite_store_together_all_succeed(tmp_pat
         await spawn("open-fresh", str(tmp_path), str(files), str(start_at))
         for _ in range(processes_count)
     ]
-    try:
-        async with asyncio.timeout(120):
-            outputs = [await process.communicate() for process in processes]
-    finally:
-        for process in processes:
-            await reap(process)
+    outputs = await run_all(processes)
     failed = zip(processes, outputs, strict=True)
     errors = [err.decode() for process, (_, err) in failed if process.returncode]
     assert not errors, errors
