@@ -23,7 +23,13 @@ import structlog
 from bkaio.errors import ProtocolError
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
-from bkaio.protocol.messages import ErrorResponse, HelloRequest, decode_request, request_id_of
+from bkaio.protocol.messages import (
+    ErrorResponse,
+    HelloRequest,
+    Op,
+    decode_request,
+    request_id_of,
+)
 from bkaio.protocol.status import Status
 
 if TYPE_CHECKING:
@@ -32,6 +38,8 @@ if TYPE_CHECKING:
     from .server import ShardServer
 
 log = structlog.get_logger(__name__)
+
+_OP_ADD_ENTRY = int(Op.ADD_ENTRY)
 
 
 class BookieServerProtocol(asyncio.Protocol):
@@ -131,12 +139,21 @@ class BookieServerProtocol(asyncio.Protocol):
             self._backlog.extend(bodies)
             return
         server = self._server
+        take_add = server.take_add if self._hello_done else None
         for index, body in enumerate(bodies):
             if self._closing or self._close_after_flush or self._refused:
                 return
             if self._reading_paused:
                 self._backlog.extend(bodies[index:])
                 return
+            # Most requests are plain adds: journaled from the body's fields when possible.
+            if (
+                take_add is not None
+                and len(body) == 10
+                and body[0] == _OP_ADD_ENTRY
+                and take_add(self, body)
+            ):
+                continue
             self._handle_body(server, body)
 
     def _drain_backlog(self) -> None:
@@ -261,7 +278,11 @@ class BookieServerProtocol(asyncio.Protocol):
             self._update_reading()
 
     def request_finished(self, size: int) -> None:
-        self._inflight -= 1
+        self.requests_finished(1)
+
+    def requests_finished(self, count: int) -> None:
+        """`count` requests were answered (or dropped): reading may resume, closing proceed."""
+        self._inflight -= count
         if self._reading_paused:
             self._update_reading()
         if self._inflight == 0 and self._close_after_flush_when_idle and not self._backlog:

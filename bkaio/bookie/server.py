@@ -34,7 +34,10 @@ from bkaio.errors import (
 )
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import (
+    I64_MAX,
     PROTOCOL_VERSION,
+    U32_MAX,
+    U64_MAX,
     AddEntryRequest,
     AddEntryResponse,
     Flag,
@@ -143,6 +146,11 @@ class ShardServer:
             storage, "add_entry_nowait", None
         )
         self._fast_adds: set[asyncio.Future[Any]] = set()  # Journaled, not yet answered.
+        self._on_adds_durable = self._adds_durable  # One bound method: batches compare by `is`.
+        # The add loop (`take_add`) when the storage offers the field-wise add (ShardStorage).
+        self._add_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
+            storage, "add_entry_fields", None
+        )
         self.auth_throttle = AuthFailureThrottle(
             config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
         )
@@ -324,6 +332,9 @@ class ShardServer:
         self.inflight_requests -= 1
         self.inflight_bytes -= size
         connection.request_finished(size)
+        self._resume_after_memory()
+
+    def _resume_after_memory(self) -> None:
         if self.memory_paused and self.inflight_bytes <= self.limits.max_memory_bytes * 3 // 4:
             paused, self.memory_paused = self.memory_paused, set()
             for waiting in paused:
@@ -375,6 +386,116 @@ class ShardServer:
             self.lac_waiters.wake_ledger(ledger_id, self._lac_of(ledger_id))
 
     # --- operations --------------------------------------------------------------------------
+
+    def take_add(self, connection: BookieServerProtocol, body: list[Any]) -> bool:
+        """Journal a plain ADD_ENTRY body straight from its fields; False to take the full path.
+
+        The common add costs no request object, no entry checks spread over calls and no
+        callback of its own: it is decoded, checked and journaled here, and answered with the
+        rest of its journal group by `_adds_durable`. Anything unusual (a field of the wrong
+        type or range, a recovery add, a read-only shard, the wrong shard, an oversized or
+        corrupt payload, a duplicate request id, memory or cache pressure, a ledger storage
+        cannot take at once) returns False having changed nothing; `dispatch` then decodes the
+        body the usual way and answers with the precise error. The caller checked that `body`
+        has 10 items and is an ADD_ENTRY after HELLO.
+        """
+        add_fields = self._add_fields
+        if add_fields is None:
+            return False
+        op, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest, payload = body
+        # The decoder's checks (`decode_request`) for these fields, in one expression; flags
+        # other than 0 (a recovery add) take the full path.
+        if not (
+            type(op) is int
+            and type(flags) is int
+            and flags == 0
+            and type(request_id) is int
+            and type(ledger_id) is int
+            and type(entry_id) is int
+            and type(lac) is int
+            and type(length) is int
+            and type(digest) is int
+            and type(master_key) is bytes
+            and type(payload) is bytes
+            and 0 <= request_id <= U64_MAX
+            and 0 <= ledger_id <= I64_MAX
+            and 0 <= entry_id <= I64_MAX
+            and -1 <= lac <= I64_MAX
+            and 0 <= length <= I64_MAX
+            and 0 <= digest <= U32_MAX
+        ):
+            return False
+        size = REQUEST_OVERHEAD_BYTES + len(payload)
+        if (
+            ledger_id % self.shard_count != self.shard_index
+            or self.forced_read_only
+            or self.disk_full
+            or len(payload) > self.limits.max_entry_bytes
+            or request_id in connection.inflight_ids
+            or self.inflight_bytes + size > self.limits.max_memory_bytes
+            or entry_digest(ledger_id, entry_id, lac, length, payload) != digest
+        ):
+            return False
+        started = time.perf_counter()
+        answer = (connection, request_id, ledger_id, entry_id, size, started, len(payload))
+        future = add_fields(
+            ledger_id, entry_id, lac, length, digest, payload, master_key,
+            self._on_adds_durable, answer,
+        )  # fmt: skip
+        if future is None:
+            return False
+        self._fast_adds.add(future)
+        connection.inflight_ids.add(request_id)
+        self.inflight_requests += 1
+        self.inflight_bytes += size
+        connection.request_started(size)  # Last: it may pause reading.
+        return True
+
+    def _adds_durable(self, future: asyncio.Future[Any], answers: list[Any]) -> None:
+        """Answer the adds `take_add` journaled in one group, now durable (or failed)."""
+        self._fast_adds.discard(future)
+        if future.cancelled():  # The journal closed under them: nobody answers (as tasks).
+            for connection, request_id, _, _, size, _, _ in answers:
+                connection.inflight_ids.discard(request_id)
+                self._finish(connection, size)
+            return
+        error = future.exception()
+        if error is not None:
+            if isinstance(error, BKError):
+                self.log.debug("request_failed", op="ADD_ENTRY", error=str(error))
+                status = error.status
+            else:
+                self.log.error("request_crashed", op="ADD_ENTRY", error=repr(error))
+                status = Status.INTERNAL_ERROR
+            for connection, request_id, ledger_id, entry_id, size, started, _ in answers:
+                response = AddEntryResponse(request_id, status, ledger_id, entry_id)
+                connection.inflight_ids.discard(request_id)
+                self._finish(connection, size)
+                connection.respond(response)
+                self.metrics.observe_request("add_entry", time.perf_counter() - started, False)
+            return
+        lac_waiters = self.lac_waiters
+        observe_add = self.metrics.observe_add
+        now = time.perf_counter()
+        added_bytes = 0
+        freed_bytes = 0
+        finished: dict[BookieServerProtocol, int] = {}  # Adds answered per connection.
+        for connection, request_id, ledger_id, entry_id, size, started, payload_bytes in answers:
+            added_bytes += payload_bytes
+            freed_bytes += size
+            if lac_waiters:
+                lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+            connection.inflight_ids.discard(request_id)
+            finished[connection] = finished.get(connection, 0) + 1
+            connection.respond_body([_OP_ADD_ENTRY, request_id, _STATUS_OK, ledger_id, entry_id])
+            observe_add(now - started)
+        self.metrics.add_entry_bytes.inc(added_bytes)
+        # `_finish` for the whole batch: one update per connection, not one per add.
+        self.inflight_requests -= len(answers)
+        self.inflight_bytes -= freed_bytes
+        for connection, count in finished.items():
+            connection.requests_finished(count)
+        self._resume_after_memory()
 
     def _add_fast(
         self, connection: BookieServerProtocol, request: AddEntryRequest, size: int, started: float

@@ -25,8 +25,8 @@ import os
 import re
 import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import crc32c
 
@@ -44,8 +44,10 @@ _LOG_NAME = re.compile(r"^([0-9a-f]{8})\.log$")
 _MAX_LOG_ID = (1 << 32) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class EntryLocation:
+class EntryLocation(NamedTuple):
+    """Where an entry's record is. A NamedTuple: a flush builds one per entry, and a tuple is
+    built about 4x faster than a frozen dataclass."""
+
     log_id: int
     offset: int  # Start of the record (its length prefix).
     size: int  # Whole record, prefix included.
@@ -55,8 +57,7 @@ class EntryLocation:
 
     @classmethod
     def unpack(cls, data: bytes) -> EntryLocation:
-        log_id, offset, size = LOCATION.unpack(data)
-        return cls(log_id, offset, size)
+        return cls._make(LOCATION.unpack(data))
 
 
 def log_file_name(log_id: int) -> str:
@@ -65,11 +66,11 @@ def log_file_name(log_id: int) -> str:
 
 
 def encode_record(entry: StoredEntry) -> bytes:
-    body = (
-        RECORD_BODY.pack(entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest)
-        + entry.payload
-    )
-    return RECORD_PREFIX.pack(len(body), crc32c.crc32c(body)) + body
+    payload = entry.payload
+    head = RECORD_BODY.pack(entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest)
+    # The CRC of head + payload, chained: the payload is copied once, into the record.
+    checksum = crc32c.crc32c(payload, crc32c.crc32c(head))
+    return b"".join((RECORD_PREFIX.pack(len(head) + len(payload), checksum), head, payload))
 
 
 def decode_record(record: bytes, *, where: str) -> StoredEntry:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -96,6 +96,11 @@ async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
     return await Journal.open(config, directory=directory)  # Disk: bkaio.journal.disk.
 
 
+# `add_entry_fields`' callback: the batch's shared journal future and the answers of its adds
+# (whatever the caller passed with each), in add order.
+AnswersCallback = Callable[[asyncio.Future[JournalMark], list[Any]], None]
+
+
 class _AddBatch:
     """Adds appended back to back to one journal group, applied and answered together.
 
@@ -105,7 +110,17 @@ class _AddBatch:
     contiguous in the journal and one applied-marks slot covers them all.
     """
 
-    __slots__ = ("callbacks", "end", "entries", "future", "journal_index", "size", "slot")
+    __slots__ = (
+        "answers",
+        "callbacks",
+        "end",
+        "entries",
+        "future",
+        "journal_index",
+        "on_answers",
+        "size",
+        "slot",
+    )
 
     def __init__(
         self, future: asyncio.Future[JournalMark], journal_index: int, slot: MarkSlot
@@ -115,6 +130,9 @@ class _AddBatch:
         self.slot = slot
         self.entries: list[StoredEntry] = []
         self.callbacks: list[Callable[[asyncio.Future[JournalMark]], None]] = []
+        # `add_entry_fields`: one callback for the whole batch, given every add's answer.
+        self.on_answers: AnswersCallback | None = None
+        self.answers: list[Any] = []
         self.end = 0  # Offset after the batch's last add, in the file of the group's mark.
         self.size = 0  # Write-cache room reserved for its adds.
 
@@ -483,6 +501,78 @@ class ShardStorage:
             self._cache_freed.set()
             raise
 
+    def add_entry_fields(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        master_key: bytes,
+        on_answers: AnswersCallback,
+        answer: Any,
+    ) -> asyncio.Future[JournalMark] | None:
+        """`add_entry_nowait` for the server's add loop: the entry as fields, never raising.
+
+        Journals a plain add (not recovery) to a ledger whose key storage holds, equal to
+        `master_key`, not fenced, above its last entry and not in flight, with room in the write
+        cache and the journal's group. Returns None, having changed nothing, for anything else:
+        the caller then takes the full path, which raises the precise error or waits for room.
+        Once the journal group is durable (or failed) and the batch's adds are applied,
+        `on_answers(future, answers)` runs once for the batch with every add's `answer`.
+        """
+        ledger = self._ledgers.get(ledger_id)
+        if (
+            ledger is None
+            or self._closed
+            or entry_id <= ledger.last_entry_id
+            or ledger.fenced
+            or not ledger.master_key
+            or ledger.master_key != master_key
+        ):
+            return None
+        key = (ledger_id, entry_id)
+        if key in self._pending or self._cached(ledger_id, entry_id) is not None:
+            return None
+        size = len(payload) + ENTRY_OVERHEAD_BYTES  # cached_bytes(entry)
+        if (
+            self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
+            > self.config.write_cache_bytes
+        ):
+            return None
+        journal_index = self.config.journal_of(ledger_id)
+        append_shared = self._append_entry_shared[journal_index]
+        if append_shared is None:
+            return None
+        try:
+            # Checks everything before it changes anything (full group, failed journal, a
+            # field out of the record's range): on an error nothing was appended.
+            future, end = append_shared(ledger_id, entry_id, lac, length, digest, payload)
+        except BKError:
+            return None
+        self._reserved_bytes += size
+        entry = StoredEntry(ledger_id, entry_id, lac, length, digest, payload)
+        batch = self._batches[journal_index]
+        if batch is None or batch.future is not future:
+            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
+            self._batches[journal_index] = batch
+            future.add_done_callback(partial(self._batch_durable, batch))
+        batch.entries.append(entry)
+        batch.end = end
+        batch.size += size
+        if batch.on_answers is on_answers:
+            batch.answers.append(answer)
+        elif batch.on_answers is None:
+            batch.on_answers = on_answers
+            batch.answers.append(answer)
+        elif batch.on_answers == on_answers:  # The same bound method, fetched again.
+            batch.answers.append(answer)
+        else:  # A second caller in one batch (never in a bookie): answered on its own.
+            batch.callbacks.append(lambda done: on_answers(done, [answer]))
+        self._pending[key] = (entry, future)
+        return future
+
     def _check_add(
         self, entry: StoredEntry, master_key: bytes, recovery: bool
     ) -> StoredEntry | None:
@@ -560,10 +650,13 @@ class ShardStorage:
             self._cache_freed.set()
             marks.finish(batch.slot, None)
         else:
-            apply_entry = self._apply_entry
-            for entry in entries:
-                apply_entry(entry)
+            self._apply_entries(entries)
             marks.finish(batch.slot, JournalMark(done.result().file_id, batch.end))
+        if batch.on_answers is not None:
+            try:
+                batch.on_answers(done, batch.answers)
+            except Exception:
+                log.exception("add_callback_failed")
         for on_done in batch.callbacks:
             try:
                 on_done(done)
@@ -659,6 +752,25 @@ class ShardStorage:
             ledger.last_entry_id = entry.entry_id
         self._raise_lac(ledger, entry.lac)
         if self._active.bytes >= self.config.write_cache_bytes // 2:
+            self._flush_requested.set()
+
+    def _apply_entries(self, entries: list[StoredEntry]) -> None:
+        """`_apply_entry` for each of a batch's entries, in order, with the lookups hoisted."""
+        ledgers = self._ledgers
+        cache = self._active
+        dirty = self._dirty
+        for entry in entries:
+            ledger_id = entry.ledger_id
+            ledger = ledgers.get(ledger_id)
+            if ledger is None:  # Deleted while the add was in the journal.
+                continue
+            cache.put(entry)
+            dirty.add(ledger_id)
+            if entry.entry_id > ledger.last_entry_id:
+                ledger.last_entry_id = entry.entry_id
+            if entry.lac > ledger.lac:
+                self._raise_lac(ledger, entry.lac)
+        if cache.bytes >= self.config.write_cache_bytes // 2:
             self._flush_requested.set()
 
     def _apply_lac(self, ledger_id: int, lac: int) -> None:

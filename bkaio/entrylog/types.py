@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once built: a frozen dataclass's __init__ sets each field
+# through object.__setattr__, 0.78 µs against 0.20 µs, and every add builds one.
+@dataclass(slots=True)
 class StoredEntry:
     ledger_id: int
     entry_id: int

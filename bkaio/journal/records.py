@@ -124,7 +124,8 @@ def encode_entry_head(
     The journal appends both parts to its group buffer, so the payload is copied only there.
     """
     body_bytes = _ENTRY.size + len(payload)
-    _check_body_size(body_bytes, f"ledger {ledger_id}: entry {entry_id}")
+    if body_bytes > MAX_RECORD_BODY_BYTES:  # Checked first: the message is built only then.
+        _check_body_size(body_bytes, f"ledger {ledger_id}: entry {entry_id}")
     try:
         covered = _ENTRY_COVERED.pack(
             body_bytes, RecordKind.ENTRY, ledger_id, entry_id, lac, length, digest

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bkaio.entrylog.shard_storage import StoredEntry
 from bkaio.errors import LedgerFencedError, UnauthorizedError
 from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
 
@@ -104,3 +107,56 @@ async def test_a_fence_between_adds_of_one_group_waits_for_the_earlier_ones_only
     assert await reopened.read_entry(12, 3) == make_entry(12, 3)
     state = reopened.ledger_state(12)
     assert state is not None and state.fenced and state.last_entry_id == 3
+
+
+def _fields(entry: StoredEntry) -> tuple[int, int, int, int, int, bytes]:
+    return (entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload)
+
+
+async def test_add_entry_fields_answers_a_group_with_one_call_after_applying_it(
+    open_storage: OpenStorage,
+) -> None:
+    storage = await open_storage()
+    await storage.add_entry(make_entry(13, 0), KEY)
+    calls: list[tuple[list[Any], int]] = []
+
+    def on_answers(_done: object, answers: list[Any]) -> None:
+        state = storage.ledger_state(13)
+        assert state is not None
+        calls.append((list(answers), state.last_entry_id))
+
+    futures = [
+        storage.add_entry_fields(*_fields(make_entry(13, i)), KEY, on_answers, f"answer {i}")
+        for i in (1, 2, 3)
+    ]
+    assert futures[0] is not None and all(future is futures[0] for future in futures)
+    await futures[0]
+    await asyncio.sleep(0)
+    assert calls == [(["answer 1", "answer 2", "answer 3"], 3)]
+    for entry_id in (1, 2, 3):
+        assert await storage.read_entry(13, entry_id) == make_entry(13, entry_id)
+
+
+async def test_add_entry_fields_never_raises_and_changes_nothing_when_it_declines(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    storage = await open_storage(make_config(tmp_path, write_cache_bytes=4096))
+    await storage.add_entry(make_entry(14, 0), KEY)
+
+    def declined(entry: StoredEntry, key: bytes = KEY) -> bool:
+        before = storage.ledger_state(entry.ledger_id)
+        result = storage.add_entry_fields(*_fields(entry), key, lambda *_: None, None)
+        return result is None and storage.ledger_state(entry.ledger_id) == before
+
+    assert declined(make_entry(15, 0))  # Unknown ledger.
+    assert declined(make_entry(14, 0))  # At the last entry.
+    assert declined(make_entry(14, 1), OTHER_KEY)  # Wrong key: the full path raises.
+    assert declined(make_entry(14, 1, payload=b"x" * 8192))  # No room in the write cache.
+    too_wide = dataclasses.replace(make_entry(14, 1), digest=1 << 40)
+    assert declined(too_wide)  # A field out of the journal record's range.
+    first = storage.add_entry_fields(*_fields(make_entry(14, 1)), KEY, lambda *_: None, None)
+    assert first is not None
+    assert declined(make_entry(14, 1))  # The same entry in flight.
+    await first
+    await storage.fence(14, KEY)
+    assert declined(make_entry(14, 2))  # Fenced: only recovery adds, on the full path.
