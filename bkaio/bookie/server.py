@@ -487,7 +487,7 @@ class ShardServer:
                 lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
             connection.inflight_ids.discard(request_id)
             finished[connection] = finished.get(connection, 0) + 1
-            connection.respond_body([_OP_ADD_ENTRY, request_id, _STATUS_OK, ledger_id, entry_id])
+            connection.respond_add_ok(request_id, ledger_id, entry_id)
             observe_add(now - started)
         self.metrics.add_entry_bytes.inc(added_bytes)
         # `_finish` for the whole batch: one update per connection, not one per add.
@@ -569,9 +569,7 @@ class ShardServer:
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
         connection.inflight_ids.discard(request_id)
         self._finish(connection, size)
-        connection.respond_body(
-            [_OP_ADD_ENTRY, request_id, _STATUS_OK, ledger_id, request.entry_id]
-        )
+        connection.respond_add_ok(request_id, ledger_id, request.entry_id)
         self.metrics.observe_add(time.perf_counter() - started)
 
     def _answer(
