@@ -7,7 +7,9 @@ the first frame on every connection is HELLO. A lost connection fails every requ
 with BookieUnavailableError; the next request after a backoff (doubling up to a cap, reset by
 a successful HELLO) reconnects. Each request has a deadline, checked by one periodic timer per
 connection (no timer per request); an expired request fails with BKTimeoutError and the
-connection stays up.
+connection stays up. Requests with the same timeout sent in one loop iteration share one
+deadline record (their ids are consecutive), stamped when the batch is flushed: no clock read
+and no record per request, and no request expires before its own timeout.
 
 Ledger L of a bookie with S shards lives on shard L % S, port = bookie port + shard.
 Imports the codec (`bkaio.protocol`) and errors; never the metadata store.
@@ -22,8 +24,9 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Sequence
+from types import MethodType
+from typing import Any, Protocol, TypeVar, cast
 
 import structlog
 
@@ -38,7 +41,6 @@ from bkaio.ledger_client.types import AddCallback, ClientConfig, LacAnswer, Stor
 from bkaio.protocol import (
     I64_MAX,
     PROTOCOL_VERSION,
-    U64_MAX,
     AddEntryResponse,
     ErrorResponse,
     Flag,
@@ -60,18 +62,22 @@ ResponseCallback = Callable[[Response | BKError], None]
 # A waiter gets the response (or the error) itself, except an ADD_ENTRY's: its `AddCallback`
 # gets None for OK or the error the status maps to (no wrapper closure per add and bookie).
 Waiter = Callable[[Any], None]
+_T = TypeVar("_T")
 
 # Deadline checks run this often while requests are in flight: a timeout fires at most this
 # late. Requests with the same timeout expire in the order they were sent, so each timeout
-# value has a deque of (deadline, request id) popped from the front: a tick costs the number of
-# expired requests, not a pass over everything in flight.
+# value has a deque of [deadline, first request id, last request id] records popped from the
+# front: a tick costs the number of expired requests, not a pass over everything in flight.
 _DEADLINE_TICK_SECONDS = 0.05
+_DEADLINE, _FIRST_ID, _LAST_ID = 0, 1, 2  # The fields of one deadline record (a list).
 _ADD_FLAGS = int(Flag.NONE)
 _RECOVERY_ADD_FLAGS = int(Flag.RECOVERY_ADD)
 _OP_ADD_ENTRY = int(Op.ADD_ENTRY)
 _ADD_ENTRY_FIELDS = 8  # ledger, entry, flags, master key, LAC, length, digest, payload.
 _STATUS_OK = Status.OK
 _STATUS_OK_INT = int(Status.OK)
+# For ints, `(a | b) >> _I64_BITS == 0` means 0 <= a <= I64_MAX and 0 <= b <= I64_MAX.
+_I64_BITS = I64_MAX.bit_length()
 
 
 class BookieAddress(Protocol):
@@ -113,7 +119,11 @@ class BookieConnection(asyncio.Protocol):
         self._label = f"{bookie_id} shard {shard_index} ({host}:{port})"
         self._request_ids = itertools.count(1)
         self._waiters: dict[int, Waiter] = {}
-        self._deadlines: dict[float, deque[tuple[float, int]]] = {}  # timeout -> in send order
+        self._deadlines: dict[float, deque[list[Any]]] = {}  # timeout -> records in send order
+        # The record that requests with `_batch_timeout` join until the next flush; None when
+        # there is none (while not connected every request gets a record of its own).
+        self._batch: list[Any] | None = None
+        self._batch_timeout: float | None = None
         self._encoder = FrameEncoder(config.max_frame_bytes)
         self._decoder = FrameDecoder(config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
@@ -156,8 +166,12 @@ class BookieConnection(asyncio.Protocol):
         self, op: int, field_count: int, packed: bytes, callback: Waiter, timeout: float
     ) -> None:
         """`send_body` for a request whose fields after the request id are already packed
-        (`FrameEncoder.pack_fields`): an add goes to several bookies, packed once."""
-        if not self._ready_to_send(callback):
+        (`FrameEncoder.pack_fields`): an add goes to several bookies, packed once.
+
+        The hot path of every add, so `_queued` is written out inline here.
+        """
+        # Connected and open: `_ready_to_send` would say yes without side effects.
+        if (self._closed or not self._connected) and not self._ready_to_send(callback):
             return
         request_id = next(self._request_ids)
         try:
@@ -165,7 +179,14 @@ class BookieConnection(asyncio.Protocol):
         except BKError as error:
             self._loop.call_soon(callback, error)
             return
-        self._queued(request_id, callback, timeout)
+        self._waiters[request_id] = callback
+        if timeout == self._batch_timeout:
+            self._batch[_LAST_ID] = request_id  # type: ignore[index]  # Set with the timeout.
+        else:
+            self._add_deadline(request_id, timeout)
+        if not self._flush_scheduled and self._connected:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
     def _ready_to_send(self, callback: Waiter) -> bool:
         """False (with `callback` failed soon) when no request can be queued now."""
@@ -187,25 +208,47 @@ class BookieConnection(asyncio.Protocol):
 
     def _queued(self, request_id: int, callback: Waiter, timeout: float) -> None:
         self._waiters[request_id] = callback
-        self._add_deadline(request_id, timeout)
+        if timeout == self._batch_timeout:
+            self._batch[_LAST_ID] = request_id  # type: ignore[index]  # Set with the timeout.
+        else:
+            self._add_deadline(request_id, timeout)
         if self._connected and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def _add_deadline(self, request_id: int, timeout: float) -> None:
+    def _add_deadline(self, request_id: int, timeout: float, *, batch: bool = True) -> None:
+        """A deadline record for `request_id`; later requests with the same timeout join it
+        until the next flush when `batch` and connected (the flush is then scheduled)."""
+        self._close_batch()
+        record = [time.monotonic() + timeout, request_id, request_id]
         queue = self._deadlines.get(timeout)
         if queue is None:
             queue = self._deadlines[timeout] = deque()
-        queue.append((time.monotonic() + timeout, request_id))
+        queue.append(record)
+        if batch and self._connected:
+            self._batch = record
+            self._batch_timeout = timeout
         if self._tick is None:
             self._tick = self._loop.call_later(_DEADLINE_TICK_SECONDS, self._expire)
 
+    def _close_batch(self) -> None:
+        """Stop adding requests to the open deadline record, stamping it now + timeout: its
+        requests were queued since the record opened, so none expires early."""
+        record = self._batch
+        if record is not None:
+            record[_DEADLINE] = time.monotonic() + cast(float, self._batch_timeout)
+            self._batch = None
+            self._batch_timeout = None
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._batch is not None:
+            self._close_batch()
         transport = self._transport
         if transport is None or not self._connected or self._paused or not len(self._encoder):
             return
-        transport.write(self._encoder.take())
+        # One vectored write of the frames' buffers: joining them first would copy the batch.
+        transport.writelines(self._encoder.take_parts())
 
     def pause_writing(self) -> None:
         self._paused = True  # Frames wait in the encoder; adds are bounded per ledger handle.
@@ -256,7 +299,8 @@ class BookieConnection(asyncio.Protocol):
         queued = self._encoder.take()
         self._hello_request_id = next(self._request_ids)
         self._waiters[self._hello_request_id] = self._hello_done
-        self._add_deadline(self._hello_request_id, self._config.connect_timeout)
+        # A record of its own: the requests queued while connecting keep theirs.
+        self._add_deadline(self._hello_request_id, self._config.connect_timeout, batch=False)
         self._encoder.add(
             [
                 Op.HELLO,
@@ -289,25 +333,22 @@ class BookieConnection(asyncio.Protocol):
             bodies = self._decoder.feed(data)
             waiters = self._waiters
             for body in bodies:
-                # Most answers are ADD_ENTRY OKs: checked field by field like the decoder
-                # does, but without building a response object (three per append).
+                # Most answers are ADD_ENTRY OKs (three per append): checked like the decoder
+                # does, but without building a response object: five ints (no bools, no
+                # floats), ledger and entry id in 0..I64_MAX; a request id found in `waiters`
+                # is one this connection assigned, so it is in range. Any other body, an
+                # unknown request id included, takes the decoder's path.
                 if len(body) == 5:
                     op, request_id, status, ledger_id, entry_id = body
                     if (
-                        op == _OP_ADD_ENTRY
-                        and status == _STATUS_OK_INT
-                        and type(op) is int
-                        and type(status) is int
-                        and type(request_id) is int
-                        and type(ledger_id) is int
-                        and type(entry_id) is int
-                        and 0 <= request_id <= U64_MAX
-                        and 0 <= ledger_id <= I64_MAX
-                        and 0 <= entry_id <= I64_MAX
+                        status == _STATUS_OK_INT
+                        and op == _OP_ADD_ENTRY
+                        and type(op) is type(status) is type(request_id) is int
+                        and type(ledger_id) is type(entry_id) is int
+                        and not (ledger_id | entry_id) >> _I64_BITS
+                        and (waiter := waiters.pop(request_id, None)) is not None
                     ):
-                        waiter = waiters.pop(request_id, None)
-                        if waiter is not None:  # Else it timed out already.
-                            waiter(None)
+                        waiter(None)
                         continue
                 self._deliver(decode_response(body))
         except ProtocolError as error:
@@ -345,7 +386,7 @@ class BookieConnection(asyncio.Protocol):
         self._backoff = min(self._backoff * 2, self._config.reconnect_backoff_max)
         self._encoder.take()
         waiters, self._waiters = self._waiters, {}
-        self._deadlines.clear()
+        self._clear_deadlines()
         if waiters:
             log.info("bookie_connection_failed", bookie=self._label, error=str(error))
         for callback in waiters.values():
@@ -363,18 +404,19 @@ class BookieConnection(asyncio.Protocol):
 
     def _expire(self) -> None:
         self._tick = None
+        self._close_batch()  # Its requests' deadlines are not before the stamp it gets now.
         waiters = self._waiters
         if not waiters:
-            self._deadlines.clear()
+            self._clear_deadlines()
             return
         now = time.monotonic()
         expired: list[int] = []
+        contains = waiters.__contains__
         for timeout, queue in list(self._deadlines.items()):
-            # Answered requests stay queued until their deadline: they are skipped here.
-            while queue and queue[0][0] <= now:
-                request_id = queue.popleft()[1]
-                if request_id in waiters:
-                    expired.append(request_id)
+            # Answered requests stay in their records until the deadline: skipped here.
+            while queue and queue[0][_DEADLINE] <= now:
+                _, first_id, last_id = queue.popleft()
+                expired.extend(filter(contains, range(first_id, last_id + 1)))
             if not queue:
                 del self._deadlines[timeout]
         expired.sort()
@@ -389,7 +431,12 @@ class BookieConnection(asyncio.Protocol):
         if self._waiters:
             self._tick = self._loop.call_later(_DEADLINE_TICK_SECONDS, self._expire)
         else:
-            self._deadlines.clear()
+            self._clear_deadlines()
+
+    def _clear_deadlines(self) -> None:
+        self._deadlines.clear()
+        self._batch = None
+        self._batch_timeout = None
 
     async def close(self) -> None:
         """Close the connection; requests in flight fail with BookieUnavailableError."""
@@ -511,29 +558,44 @@ class BookiePool:
 
     def add_entry_many(
         self,
-        targets: list[tuple[str, AddCallback]],
+        targets: Sequence[tuple[str, Callable[[_T, BKError | None], None]]],
+        add: _T,
         ledger_id: int,
         entry_id: int,
-        *,
-        recovery: bool,
+        recovery: bool,  # Positional on purpose: called once per append.
         master_key: bytes,
         lac: int,
         length: int,
         digest: int,
         payload: bytes,
     ) -> None:
-        """`add_entry` to each (bookie, callback) of `targets`, the fields packed only once."""
+        """`add_entry` to each (bookie, handler) of `targets`, the fields packed only once.
+
+        A bookie's answer calls `handler(add, None)` for OK, else `handler(add, error)`: the
+        caller keeps one handler per bookie instead of making a callback per add and bookie.
+        """
         flags = _RECOVERY_ADD_FLAGS if recovery else _ADD_FLAGS
         packed = self._packer.pack_fields(
             [ledger_id, entry_id, flags, master_key, lac, length, digest, payload]
         )
         timeout = self._config.add_timeout
-        for bookie_id, callback in targets:
-            try:
-                connection = self._connection(bookie_id, ledger_id)
-            except BKError as error:
-                self._loop.call_soon(callback, error)
-                continue
+        resolve = self._resolve
+        connections = self._connections
+        for bookie_id, handler in targets:
+            callback = MethodType(handler, add)
+            # `_connection` written out: the shard's connection is found without a call.
+            address = resolve(bookie_id)
+            connection = (
+                None
+                if address is None
+                else connections.get((bookie_id, ledger_id % address.shard_count))
+            )
+            if connection is None:
+                try:
+                    connection = self._connection(bookie_id, ledger_id)
+                except BKError as error:
+                    self._loop.call_soon(callback, error)
+                    continue
             connection.send_prepacked(_OP_ADD_ENTRY, _ADD_ENTRY_FIELDS, packed, callback, timeout)
 
     async def read_entry(

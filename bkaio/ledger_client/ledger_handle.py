@@ -19,9 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Sequence
-from functools import partial
-from types import TracebackType
+from collections.abc import Callable, Sequence
+from types import MethodType, TracebackType
 
 import structlog
 
@@ -76,6 +75,10 @@ class _PendingAdd:
         self.completed = False  # Qa distinct confirmations (may still wait for earlier entries).
 
 
+# Handles one bookie's answer to one add: None for OK, else the error (see `_answer_handler`).
+_AnswerHandler = Callable[[_PendingAdd, BKError | None], None]
+
+
 class LedgerHandle:
     """A ledger open for writing by its one writer (returned by `BookKeeper.create_ledger`)."""
 
@@ -93,7 +96,10 @@ class LedgerHandle:
             for start in range(self._ensemble_size)
         ]
         self._write_set_masks = [sum(1 << i for i in ws) for ws in self._write_sets]
-        self._ensemble: list[str] = list(metadata.ensembles[-1][1])
+        self._ensemble: list[str] = []
+        self._answer_handlers: list[_AnswerHandler] = []
+        self._write_set_targets: list[list[tuple[str, _AnswerHandler]]] = []
+        self._set_ensemble(list(metadata.ensembles[-1][1]))
         self._lac = -1
         self._acked_length = 0
         self._last_pushed = -1
@@ -102,6 +108,7 @@ class LedgerHandle:
         self._waiting: deque[_PendingAdd] = deque()  # Assigned, held back (backpressure/change).
         self._idle = asyncio.Event()
         self._idle.set()
+        self._is_idle = True  # Mirrors `_idle`, so that `append` calls no Event method.
         self._failed: dict[int, str] = {}  # Ensemble index -> bookie to replace.
         self._failed_at: dict[str, float] = {}  # Bookie -> loop time of its last failed add.
         self._down_mask = 0  # Indexes that failed with no replacement; adds skip them.
@@ -116,6 +123,9 @@ class LedgerHandle:
         self._log = log.bind(ledger_id=self.ledger_id)
         # `BookiePool.add_entry_many` when the context has it (test fakes may not).
         self._add_entry_many = getattr(context.ops, "add_entry_many", None)
+        # Read on every append; the config is frozen.
+        self._max_outstanding_adds = context.config.max_outstanding_adds
+        self._max_queued_adds = context.config.max_queued_adds
 
     # ----------------------------------------------------------------- public surface
 
@@ -156,16 +166,17 @@ class LedgerHandle:
             raise LedgerClosedError(f"ledger {self.ledger_id}: append after close")
         if self._error is not None:
             raise copy_error(self._error)
-        if not isinstance(payload, bytes | bytearray | memoryview):
-            raise InvalidArgumentError(
-                f"ledger {self.ledger_id}: payload must be bytes, got {type(payload).__name__}"
-            )
-        if len(self._waiting) >= self._ctx.config.max_queued_adds:
+        if type(payload) is not bytes:  # Checked and copied: the caller may reuse its buffer.
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise InvalidArgumentError(
+                    f"ledger {self.ledger_id}: payload must be bytes, got {type(payload).__name__}"
+                )
+            payload = bytes(payload)
+        if len(self._waiting) >= self._max_queued_adds:
             raise TooManyRequestsError(
                 f"ledger {self.ledger_id}: {len(self._waiting)} appends already queued behind "
                 f"{len(self._pending)} in flight; await earlier appends or wait_for_capacity()"
             )
-        payload = bytes(payload)
         entry_id = self._last_pushed + 1
         self._last_pushed = entry_id
         self._pushed_length += len(payload)
@@ -173,12 +184,10 @@ class LedgerHandle:
         digest = entry_digest(self.ledger_id, entry_id, lac, self._pushed_length, payload)
         future: asyncio.Future[int] = self._loop.create_future()
         add = _PendingAdd(entry_id, lac, self._pushed_length, digest, payload, future)
-        self._idle.clear()
-        if (
-            self._changing
-            or self._waiting
-            or len(self._pending) >= self._ctx.config.max_outstanding_adds
-        ):
+        if self._is_idle:
+            self._is_idle = False
+            self._idle.clear()
+        if self._changing or self._waiting or len(self._pending) >= self._max_outstanding_adds:
             self._waiting.append(add)
         else:
             self._pending.append(add)
@@ -187,7 +196,7 @@ class LedgerHandle:
 
     async def wait_for_capacity(self) -> None:
         """Return once an append would be sent at once rather than queued (backpressure)."""
-        limit = self._ctx.config.max_outstanding_adds
+        limit = self._max_outstanding_adds
         while self._error is None and (self._waiting or len(self._pending) >= limit):
             if self._pending:  # The oldest in-flight add completes first: wait for it.
                 await asyncio.wait((self._pending[0].future,))
@@ -232,46 +241,53 @@ class LedgerHandle:
 
     def _send(self, add: _PendingAdd, mask: int) -> None:
         """Send `add` to the ensemble indexes in `mask` (skipping bookies known down)."""
-        live = self._write_set_masks[add.entry_id % self._ensemble_size] & ~self._down_mask
-        if (live | add.acked).bit_count() < self._ack_quorum:
-            self._fail(
-                NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: entry {add.entry_id} can reach only "
-                    f"{(live | add.acked).bit_count()} of ack quorum {self._ack_quorum}: "
-                    f"bookies {self._down_bookies()} failed and no writable bookie replaces them"
+        down_mask = self._down_mask
+        if down_mask:  # With every slot up the write set (Qw >= Qa bookies) is reachable.
+            live = self._write_set_masks[add.entry_id % self._ensemble_size] & ~down_mask
+            if (live | add.acked).bit_count() < self._ack_quorum:
+                self._fail(
+                    NotEnoughBookiesError(
+                        f"ledger {self.ledger_id}: entry {add.entry_id} can reach only "
+                        f"{(live | add.acked).bit_count()} of ack quorum {self._ack_quorum}: "
+                        f"bookies {self._down_bookies()} failed and no writable bookie "
+                        f"replaces them"
+                    )
                 )
-            )
-            return
+                return
+            mask &= ~down_mask
         if add.lac > self._max_piggybacked_lac:
             self._max_piggybacked_lac = add.lac
-        mask &= ~self._down_mask
-        ops = self._ctx.ops
         ensemble = self._ensemble
         add_entry_many = self._add_entry_many
+        start = add.entry_id % self._ensemble_size
         if add_entry_many is not None:  # The wire pool: the entry is packed once for all.
-            add_done = self._add_done
-            add_entry_many(
-                [
-                    (ensemble[index], partial(add_done, add, index, ensemble[index]))
-                    for index in self._write_sets[add.entry_id % self._ensemble_size]
+            if mask == self._write_set_masks[start]:  # The whole write set: every new add.
+                targets = self._write_set_targets[start]
+            else:
+                handlers = self._answer_handlers
+                targets = [
+                    (ensemble[index], handlers[index])
+                    for index in self._write_sets[start]
                     if mask >> index & 1
-                ],
+                ]
+            add_entry_many(  # Positional: cheaper than matching keywords, once per append.
+                targets,
+                add,
                 self.ledger_id,
                 add.entry_id,
-                recovery=False,
-                master_key=self._master_key,
-                lac=add.lac,
-                length=add.length,
-                digest=add.digest,
-                payload=add.payload,
+                False,  # recovery
+                self._master_key,
+                add.lac,
+                add.length,
+                add.digest,
+                add.payload,
             )
             return
-        for index in self._write_sets[add.entry_id % self._ensemble_size]:
+        for index in self._write_sets[start]:
             if not mask >> index & 1:
                 continue
-            bookie_id = ensemble[index]
-            ops.add_entry(
-                bookie_id,
+            self._ctx.ops.add_entry(
+                ensemble[index],
                 self.ledger_id,
                 add.entry_id,
                 recovery=False,
@@ -280,8 +296,44 @@ class LedgerHandle:
                 length=add.length,
                 digest=add.digest,
                 payload=add.payload,
-                callback=partial(self._add_done, add, index, bookie_id),
+                callback=MethodType(self._answer_handlers[index], add),
             )
+
+    def _set_ensemble(self, ensemble: list[str]) -> None:
+        """Adopt `ensemble` (the newest segment's), with an answer handler per slot."""
+        self._ensemble = ensemble
+        handlers = [self._answer_handler(index, bookie) for index, bookie in enumerate(ensemble)]
+        self._answer_handlers = handlers
+        self._write_set_targets = [
+            [(ensemble[i], handlers[i]) for i in write_set] for write_set in self._write_sets
+        ]
+
+    def _answer_handler(self, index: int, bookie_id: str) -> _AnswerHandler:
+        """What handles the answers of `bookie_id` in ensemble slot `index` to adds.
+
+        Called with the add and the answer (None for OK, else the error): the pool binds the
+        add to it (`BookiePool.add_entry_many`), the other ops get it bound with MethodType;
+        either costs less than a partial (with its empty kwargs dict) per add and bookie. The
+        OK answer of a bookie still in its slot, the one that comes three times per append, is
+        handled here; anything else by `_add_done`.
+        """
+        bit = 1 << index
+
+        def answered(add: _PendingAdd, error: BKError | None) -> None:
+            if error is not None or self._closed or self._ensemble[index] != bookie_id:
+                self._add_done(add, index, bookie_id, error)
+                return
+            if add.completed or (add.future.done() and add.entry_id <= self._lac):
+                return
+            acked = add.acked | bit
+            add.acked = acked
+            if acked.bit_count() >= self._ack_quorum:
+                add.completed = True
+                pending = self._pending
+                if pending and pending[0] is add:
+                    self._drain()
+
+        return answered
 
     def _add_done(
         self, add: _PendingAdd, index: int, bookie_id: str, error: BKError | None
@@ -300,7 +352,7 @@ class LedgerHandle:
         if isinstance(error, _FATAL_ADD_ERRORS):
             self._fail(error)
             return
-        if self._error is None and not (self._closing and self._idle.is_set()):
+        if self._error is None and not (self._closing and self._is_idle):
             # Also for an entry that already completed: a slow or dead bookie is swapped
             # out before later entries depend on it (BookKeeper's delayed write failure).
             self._bookie_failed(index, bookie_id, error)
@@ -319,14 +371,19 @@ class LedgerHandle:
             if not add.future.done():
                 add.future.set_result(add.entry_id)
             add.payload = b""
-        if advanced:
+        if advanced and self._lac_timer is None:
             self._schedule_explicit_lac()
-        self._send_waiting()
+        if self._waiting:
+            self._send_waiting()
         if not pending and not self._waiting:
-            self._idle.set()
+            self._set_idle()
+
+    def _set_idle(self) -> None:
+        self._is_idle = True
+        self._idle.set()
 
     def _send_waiting(self) -> None:
-        limit = self._ctx.config.max_outstanding_adds
+        limit = self._max_outstanding_adds
         while (
             self._waiting
             and not self._changing
@@ -354,7 +411,7 @@ class LedgerHandle:
                 add.future.set_exception(copy_error(error))
         self._pending.clear()
         self._waiting.clear()
-        self._idle.set()
+        self._set_idle()
 
     def _down_bookies(self) -> list[str]:
         return [b for i, b in enumerate(self._ensemble) if self._down_mask >> i & 1]
@@ -476,7 +533,7 @@ class LedgerHandle:
                 else:
                     continue
             self._md = updated
-            self._ensemble = new_ensemble
+            self._set_ensemble(new_ensemble)
             return
 
     # ----------------------------------------------------------------- explicit LAC

@@ -133,3 +133,40 @@ async def test_open_loop_gives_up_when_the_system_falls_too_far_behind() -> None
     assert outcome.overloaded
     assert system.sent == 20
     assert outcome.appends == 20
+
+
+async def test_each_append_is_timed_from_its_own_start() -> None:
+    """Appends in flight together finish together: each latency still starts at its own issue
+    (one shared callback finds the start time by the append's future)."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[int]] = []
+
+    def send(payload: bytes) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = loop.create_future()
+        futures.append(future)
+        return future
+
+    async def finish_all_after(delay: float) -> None:
+        await asyncio.sleep(delay)
+        for future in futures:
+            if not future.done():
+                future.set_result(0)
+
+    loop.call_later(0.05, lambda: futures[0].set_result(0))  # The first alone, after 50 ms.
+    finisher = asyncio.create_task(finish_all_after(0.1))
+    outcome = await run_closed(send, b"x", outstanding=3, duration_seconds=0.06)
+    await finisher
+    first, *rest = outcome.latencies
+    assert 0.045 <= first < 0.09  # Issued at 0, done at 50 ms.
+    # The two others issued at 0 as well, done at 100 ms; the one the first completion issued
+    # (at 50 ms) is done at 100 ms too, so its latency is about 50 ms, not 100.
+    assert sorted(round(latency, 2) >= 0.09 for latency in rest) == [False, True, True]
+
+
+async def test_a_future_returned_for_two_appends_times_both() -> None:
+    loop = asyncio.get_running_loop()
+    shared: asyncio.Future[int] = loop.create_future()
+    loop.call_later(0.02, shared.set_result, 1)
+    outcome = await run_closed(lambda payload: shared, b"x", outstanding=2, duration_seconds=0.01)
+    assert outcome.appends == 2 and outcome.errors == 0
+    assert all(0.015 <= latency < 0.5 for latency in outcome.latencies)

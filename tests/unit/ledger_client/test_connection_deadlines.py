@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-from bkaio.errors import BKError, BKTimeoutError, LedgerFencedError
+from bkaio.errors import BKError, BKTimeoutError, BookieUnavailableError, LedgerFencedError
 from bkaio.ledger_client.connections import BookieConnection
 from bkaio.ledger_client.types import ClientConfig
-from bkaio.protocol import AddEntryResponse, FrameEncoder, Op, Status
+from bkaio.protocol import (
+    PROTOCOL_VERSION,
+    AddEntryResponse,
+    FrameEncoder,
+    HelloResponse,
+    Op,
+    Status,
+    encode_frame,
+)
 
 
 class FakeTransport:
@@ -23,6 +32,9 @@ class FakeTransport:
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.writes.append(b"".join(parts))
 
     def is_closing(self) -> bool:
         return self.closed
@@ -84,4 +96,118 @@ async def test_frames_of_one_iteration_go_out_in_one_write() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert len(transport.writes) == 1
+    await connection.close()
+
+
+def _connected_with(config: ClientConfig) -> tuple[BookieConnection, FakeTransport]:
+    connection = BookieConnection(
+        bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=config
+    )
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.data_received(  # HELLO (request id 1) answered: only the adds are left.
+        encode_frame(HelloResponse(1, Status.OK, PROTOCOL_VERSION, "b0", 0, 1, ()).to_body())
+    )
+    return connection, transport
+
+
+class Results:
+    """Records each request's result and the loop time it arrived."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, BKError | None] = {}
+        self.at: dict[str, float] = {}
+        self.order: list[str] = []
+        self.changed = asyncio.Event()
+
+    def callback(self, name: str) -> Any:
+        def record(result: BKError | None) -> None:
+            self.results[name] = result
+            self.at[name] = time.monotonic()
+            self.order.append(name)
+            self.changed.set()
+
+        return record
+
+    async def wait_for(self, *names: str) -> None:
+        while not all(name in self.results for name in names):
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), 5.0)
+
+
+async def test_adds_of_one_iteration_share_one_deadline_record_and_expire_in_order() -> None:
+    connection, _transport = _connected_with(ClientConfig())
+    seen = Results()
+    for entry_id in range(20):
+        connection.send_body(_add_body(entry_id), seen.callback(f"add{entry_id}"), 0.05)
+    assert len(connection._deadlines[0.05]) == 1  # One record for the 20 requests.
+    encoder = FrameEncoder()
+    for request_id in (3, 10, 21):  # Entries 0, 7 and 18 answered in time.
+        encoder.add(AddEntryResponse(request_id, Status.OK, 5, request_id - 3))
+    connection.data_received(encoder.take())
+    await seen.wait_for(*(f"add{i}" for i in range(20)))
+    answered = {"add1", "add8", "add19"}
+    assert {name for name, result in seen.results.items() if result is None} == answered
+    expired = [name for name in seen.order if name not in answered]
+    assert expired == [f"add{i}" for i in range(20) if f"add{i}" not in answered]
+    assert all(isinstance(seen.results[name], BKTimeoutError) for name in expired)
+    await connection.close()
+
+
+async def test_other_timeouts_in_the_same_iteration_keep_their_own_deadlines() -> None:
+    connection, _transport = _connected_with(ClientConfig())
+    seen = Results()
+    connection.send_body(_add_body(0), seen.callback("add0"), 0.05)
+    connection.send_body(_add_body(1), seen.callback("add1"), 0.05)
+    connection.send(Op.READ_LAC, (5, 0, None, -1, 0), seen.callback("read"), 30.0)
+    connection.send_body(_add_body(2), seen.callback("add2"), 0.05)
+    await seen.wait_for("add0", "add1", "add2")
+    assert seen.order == ["add0", "add1", "add2"]
+    assert "read" not in seen.results  # Between the adds' request ids, with its own 30 s.
+    await connection.close()
+    assert isinstance(seen.results["read"], BookieUnavailableError)
+
+
+async def test_no_request_of_a_batch_expires_before_its_own_timeout() -> None:
+    connection, _transport = _connected_with(ClientConfig())
+    seen = Results()
+    connection.send_body(_add_body(0), seen.callback("first"), 0.2)
+    # Blocking on purpose: still the same loop iteration, so the second add joins the record.
+    time.sleep(0.15)  # noqa: ASYNC251
+    sent_second = time.monotonic()
+    connection.send_body(_add_body(1), seen.callback("second"), 0.2)
+    await seen.wait_for("first", "second")
+    assert seen.at["second"] - sent_second >= 0.2
+    assert isinstance(seen.results["second"], BKTimeoutError)
+    await connection.close()
+
+
+async def test_a_later_iteration_gets_a_later_deadline() -> None:
+    connection, _transport = _connected_with(ClientConfig())
+    seen = Results()
+    connection.send_body(_add_body(0), seen.callback("early"), 0.3)
+    await asyncio.sleep(0.25)
+    connection.send_body(_add_body(1), seen.callback("late"), 0.3)
+    await seen.wait_for("early")
+    assert "late" not in seen.results
+    await seen.wait_for("late")
+    assert seen.at["late"] - seen.at["early"] >= 0.15
+    await connection.close()
+
+
+async def test_no_hello_reply_aborts_the_connection_and_fails_the_queued_adds() -> None:
+    config = ClientConfig(connect_timeout=0.1, add_timeout=30.0)
+    connection = BookieConnection(
+        bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=config
+    )
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    seen = Results()
+    for entry_id in range(3):  # Batched after HELLO, with a deadline far beyond its own.
+        connection.send_body(_add_body(entry_id), seen.callback(f"add{entry_id}"), 30.0)
+    await seen.wait_for("add0", "add1", "add2")
+    assert transport.closed
+    for name in ("add0", "add1", "add2"):
+        error = seen.results[name]
+        assert isinstance(error, BKTimeoutError) and "no HELLO reply" in str(error)
     await connection.close()

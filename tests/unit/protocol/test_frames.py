@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgpack
@@ -160,3 +161,50 @@ def test_max_frame_bytes_must_be_positive() -> None:
 
     with pytest.raises(ConfigError):
         FrameDecoder(max_frame_bytes=0)
+
+
+def _fixed_answer(op: int, request_id: int, status: int, ledger_id: int, entry_id: int) -> bytes:
+    body = struct.pack(
+        ">BBBQBBQBQ", 0x95, op, 0xCF, request_id, status, 0xCF, ledger_id, 0xCF, entry_id
+    )
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        (1, 0, 0, 0, 0),
+        (1, 2**64 - 1, 0, 2**63 - 1, 2**63 - 1),
+        (1, 7, 13, 42, 9),
+        (127, 1, 127, 1, 1),
+    ],
+)
+def test_fixed_width_answers_decode_like_msgpack(fields: tuple[int, ...]) -> None:
+    frame = _fixed_answer(*fields)
+    assert FrameDecoder().feed(frame) == [list(fields)]
+    assert msgpack.unpackb(frame[4:]) == list(fields)  # The same as the general decoder's.
+
+
+def test_fixed_width_answers_mixed_with_other_frames_and_split_anywhere() -> None:
+    stream = b"".join(
+        [
+            _fixed_answer(1, 5, 0, 9, 1),
+            encode_frame([1, 6, 0, 9, 2]),
+            _fixed_answer(1, 7, 0, 9, 3),
+            encode_frame(["x" * 27]),  # Another 30-byte body: a fixarray of one str.
+        ]
+    )
+    expected = [[1, 5, 0, 9, 1], [1, 6, 0, 9, 2], [1, 7, 0, 9, 3], ["x" * 27]]
+    for split in range(len(stream) + 1):
+        decoder = FrameDecoder()
+        assert decoder.feed(stream[:split]) + decoder.feed(stream[split:]) == expected
+
+
+def test_thirty_byte_bodies_of_another_shape_take_the_general_decoder() -> None:
+    frame = bytearray(_fixed_answer(1, 5, 0, 9, 1))
+    frame[4 + 2] = 0xCE  # A uint32 tag where the fixed shape has uint64: no longer that shape.
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(bytes(frame))  # Bytes left after the array: refused as before.
+    negative = bytearray(_fixed_answer(1, 5, 0, 9, 1))
+    negative[4 + 1] = 0xFF  # Negative fixint -1 as the op: still decoded, by msgpack.
+    assert FrameDecoder().feed(bytes(negative)) == [[-1, 5, 0, 9, 1]]
