@@ -152,6 +152,17 @@ def _failure(stage: str, error: BaseException) -> str:
     return f"{stage}: {type(error).__name__}: {error}"
 
 
+# Between runs: what the previous run left to the disk (NATS deletes the files of the stream it
+# purged; on a file system with online discard the device then trims them for tens of ms) is
+# written and settled before the next run starts, whichever system that is.
+SETTLE_SECONDS = 0.3
+
+
+async def _settle_disk() -> None:
+    await asyncio.get_running_loop().run_in_executor(None, os.sync)
+    await asyncio.sleep(SETTLE_SECONDS)
+
+
 async def _measure(
     system: System, workload: Workload, profiler: _Profiler, appender: Appender
 ) -> _Measured:
@@ -312,6 +323,7 @@ async def _run_all(
             for system in systems:
                 if system.name != "bkaio" and not workload.peer:
                     continue
+                await _settle_disk()
                 result = await _one_run(system, workload, repeat, bench_id, profiler, metadata_uri)
                 writer.write(result.to_json())
                 report.runs.append(result)

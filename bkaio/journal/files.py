@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Final
 
@@ -175,6 +176,47 @@ def preallocate_file(
         path.unlink(missing_ok=True)
         return None
     return path
+
+
+# Deleting a released journal file frees its blocks a step at a time: on a file system mounted
+# with online discard (ext4 -o discard, common on cloud disks) an unlink of 256 MiB makes the
+# device discard it all at once, and every journal sync behind that discard waits for it
+# (measured: 60-70 ms stalls unlinking 600 MB, at most 4 ms in 8 MiB steps).
+DELETE_STEP_BYTES: Final = 8 * 1024 * 1024
+DELETE_STEP_PAUSE_SECONDS: Final = 0.01
+
+
+def delete_gradually(
+    path: Path,
+    *,
+    sync: bool,
+    step_bytes: int = DELETE_STEP_BYTES,
+    pause_seconds: float = DELETE_STEP_PAUSE_SECONDS,
+) -> None:
+    """Unlink a journal file nobody needs any more, its blocks freed `step_bytes` at a time.
+
+    Blocking (an executor thread). Each step truncates the file from the end and, with `sync`,
+    fsyncs it, so the blocks it freed are committed (and discarded) on their own. The header is
+    kept to the end: a crash midway leaves a valid, shorter file of records that replay no
+    longer needs, and the next checkpoint deletes it again.
+    """
+    assert step_bytes > 0, step_bytes
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        while size - step_bytes > HEADER_BYTES:
+            size -= step_bytes
+            os.ftruncate(fd, size)
+            if sync:
+                os.fsync(fd)
+            if pause_seconds > 0:
+                time.sleep(pause_seconds)
+    finally:
+        os.close(fd)
+    path.unlink(missing_ok=True)
 
 
 def install_preallocated(directory: Path, prepared: Path, file_id: int, *, sync: bool) -> int:

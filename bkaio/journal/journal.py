@@ -33,6 +33,7 @@ from bkaio.journal.disk import OS_DISK, Disk, default_disk
 from bkaio.journal.errors import JournalError, JournalFullError, RecordError
 from bkaio.journal.files import (
     HEADER_BYTES,
+    delete_gradually,
     file_name,
     list_file_ids,
     lock_directory,
@@ -196,6 +197,10 @@ class Journal:
             preallocator=preallocator,
             disk=disk,
             zero_filler=zero_filler,
+            # One call per group where the disk is the real one with its own sync.
+            write_synced=(
+                OS_DISK.write_synced if sync_function is None and disk is OS_DISK else None
+            ),
         )
 
         def set_up() -> tuple[int, list[int], int]:
@@ -564,7 +569,7 @@ class Journal:
             for file_id in list_file_ids(directory):
                 if file_id < keep_from:
                     path = directory / file_name(file_id)
-                    path.unlink(missing_ok=True)
+                    delete_gradually(path, sync=sync)  # A discard storm would stall syncs.
                     deleted.append(path)
             if deleted and sync:
                 sync_directory(directory)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bkaio.journal.disk import OS_DISK, Disk, crash_point, mutation
+from bkaio.journal.disk import OS_DISK, Disk, crash_point, crash_points_armed, mutation
 from bkaio.journal.files import (
     HEADER_BYTES,
     create_file,
@@ -100,6 +100,7 @@ class JournalFileWriter:
         preallocator: Preallocator | None,
         disk: Disk = OS_DISK,
         zero_filler: ZeroFiller | None = None,
+        write_synced: Callable[[int, bytes | bytearray | memoryview, int], None] | None = None,
     ) -> None:
         self._directory = directory
         self._sync = sync
@@ -113,6 +114,13 @@ class JournalFileWriter:
         # Fault-suite mutation check only (bkaio.journal.disk): sync a group after its ack.
         self._ack_before_fsync = mutation("ack_before_fsync")
         self._sync_owed = False
+        # Write and sync in one call (`OsDisk.write_synced`): only for the real disk with its
+        # own fdatasync, and never with a crash point or the mutation that splits the two.
+        self._write_synced = (
+            write_synced
+            if sync and not self._ack_before_fsync and not crash_points_armed()
+            else None
+        )
 
     def open_new(self, file_id: int) -> None:
         """Start writing `file_id`: a prepared file if one is ready, else a fresh one."""
@@ -143,6 +151,11 @@ class JournalFileWriter:
         end = group.start_offset + len(group.data)
         if self._zero_filler is not None:
             self._zero_filler.before_write(group.start_offset, end)
+        if self._write_synced is not None:
+            started = time.perf_counter()
+            self._write_synced(self._fd, group.data, group.start_offset)
+            self._end = max(self._end, end)
+            return time.perf_counter() - started  # Write and sync together.
         self._disk.write(self._fd, group.data, group.start_offset)
         self._end = max(self._end, end)
         crash_point("journal.after_write_before_sync")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from bkaio.journal import (
     RecordError,
     record_ledger_id,
 )
-from bkaio.journal.files import HEADER_BYTES, file_name, list_file_ids
+from bkaio.journal.files import HEADER_BYTES, delete_gradually, file_name, list_file_ids
 from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
 
 
@@ -163,3 +164,31 @@ async def test_journal_open_needs_a_directory_when_there_are_several(tmp_path: P
         await Journal.open(config)
     journal = await Journal.open(config, directory=tmp_path / "b")
     await journal.close()
+
+
+def test_delete_gradually_frees_the_file_from_the_end_in_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "00000001.jnl"
+    path.write_bytes(b"h" * HEADER_BYTES + b"r" * 100_000)
+    sizes: list[int] = []
+    real_ftruncate = os.ftruncate
+
+    def recording_ftruncate(fd: int, length: int) -> None:
+        sizes.append(length)
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", recording_ftruncate)
+    delete_gradually(path, sync=True, step_bytes=16_384, pause_seconds=0)
+    assert not path.exists()
+    total = HEADER_BYTES + 100_000
+    assert sizes == [total - 16_384 * n for n in range(1, len(sizes) + 1)]
+    assert len(sizes) == 6 and sizes[-1] > HEADER_BYTES  # The header stays until the unlink.
+
+
+def test_delete_gradually_of_a_missing_or_small_file(tmp_path: Path) -> None:
+    delete_gradually(tmp_path / "gone.jnl", sync=False)  # Nothing to do, no error.
+    small = tmp_path / "00000002.jnl"
+    small.write_bytes(b"h" * HEADER_BYTES)
+    delete_gradually(small, sync=False, pause_seconds=0)
+    assert not small.exists()
