@@ -759,17 +759,24 @@ class ShardStorage:
         ledgers = self._ledgers
         cache = self._active
         dirty = self._dirty
+        raised: dict[int, int] = {}  # Ledger -> highest LAC of its entries in the batch.
+        kept: list[StoredEntry] = []
         for entry in entries:
             ledger_id = entry.ledger_id
             ledger = ledgers.get(ledger_id)
             if ledger is None:  # Deleted while the add was in the journal.
                 continue
-            cache.put(entry)
+            kept.append(entry)
             dirty.add(ledger_id)
             if entry.entry_id > ledger.last_entry_id:
                 ledger.last_entry_id = entry.entry_id
-            if entry.lac > ledger.lac:
-                self._raise_lac(ledger, entry.lac)
+            if entry.lac > ledger.lac and entry.lac > raised.get(ledger_id, -1):
+                raised[ledger_id] = entry.lac
+        cache.put_many(kept)
+        # Long polls woken once per ledger and batch, with the batch's LAC: a waiter's answer
+        # is the ledger's LAC when it is woken, which is this one either way.
+        for ledger_id, lac in raised.items():
+            self._raise_lac(ledgers[ledger_id], lac)
         if cache.bytes >= self.config.write_cache_bytes // 2:
             self._flush_requested.set()
 

@@ -38,6 +38,25 @@ class WriteCache:
         self.bytes += cached_bytes(entry)
         self.entries += 1
 
+    def put_many(self, entries: list[StoredEntry]) -> None:
+        """`put` of each entry, in order (the add path's batches)."""
+        by_ledger = self._by_ledger
+        added_bytes = 0
+        added = 0
+        for entry in entries:
+            ledger = by_ledger.get(entry.ledger_id)
+            if ledger is None:
+                ledger = by_ledger[entry.ledger_id] = {}
+            previous = ledger.get(entry.entry_id)
+            if previous is not None:
+                added_bytes -= cached_bytes(previous)
+                added -= 1
+            ledger[entry.entry_id] = entry
+            added_bytes += len(entry.payload) + ENTRY_OVERHEAD_BYTES
+            added += 1
+        self.bytes += added_bytes
+        self.entries += added
+
     def get(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
         ledger = self._by_ledger.get(ledger_id)
         return None if ledger is None else ledger.get(entry_id)
