@@ -23,6 +23,8 @@ from functools import partial
 from time import perf_counter
 from typing import Any
 
+from bkaio.bench.pacer import PunctualSleeper
+
 Send = Callable[[bytes], Awaitable[Any]]
 
 # Open loop: the shortest sleep between bursts. uvloop rounds a timer's delay to whole
@@ -65,6 +67,7 @@ class _Tracker:
         self.idle = asyncio.Event()
         self.idle.set()
         self.on_success: Callable[[], None] | None = None
+        self.began = 0.0  # When the open loop's schedule starts (perf_counter).
         # Each outstanding append's own start (or intended send) time, by its future: one
         # bound callback serves every append instead of a closure per append.
         self._started: dict[asyncio.Future[Any], float] = {}
@@ -167,8 +170,27 @@ async def run_open(
     tracker = _Tracker(send, payload)
     tracker.outcome.offered_per_second = rate_per_second
     total = max(1, round(rate_per_second * duration_seconds))
+    sleeper = PunctualSleeper.open()  # None off Linux: asyncio.sleep's coarse timers then.
+    try:
+        await _pace(tracker, sleeper, rate_per_second, total, max_outstanding)
+    finally:
+        if sleeper is not None:
+            sleeper.close()
+    await tracker.idle.wait()
+    tracker.outcome.elapsed_seconds = perf_counter() - tracker.began
+    return tracker.outcome
+
+
+async def _pace(
+    tracker: _Tracker,
+    sleeper: PunctualSleeper | None,
+    rate_per_second: float,
+    total: int,
+    max_outstanding: int,
+) -> None:
     interval = 1.0 / rate_per_second
-    began = perf_counter()
+    began = tracker.began = perf_counter()
+    woke = began  # The last wake-up's target time.
     sent = 0
     while sent < total and not tracker.stopped:
         due = min(total, int((perf_counter() - began) * rate_per_second) + 1)
@@ -179,9 +201,13 @@ async def run_open(
                 break
             tracker.issue(began + sent * interval)  # The intended time, not now.
             sent += 1
-        # Timers are coarse (libuv: 1 ms); what is due meanwhile goes out in the next burst,
-        # still measured from its own intended time.
-        await asyncio.sleep(max(PACER_TICK_SECONDS, began + sent * interval - perf_counter()))
-    await tracker.idle.wait()
-    tracker.outcome.elapsed_seconds = perf_counter() - began
-    return tracker.outcome
+        if sent >= total:
+            break
+        # Wake-ups at least a tick apart (no busy loop at high rates: what falls due meanwhile
+        # goes out in the next burst, each append still timed from its own intended time),
+        # counted from the previous target so they do not drift; on time at low rates.
+        woke = max(began + sent * interval, woke + PACER_TICK_SECONDS)
+        if sleeper is not None:
+            await sleeper.sleep_until(woke)
+        else:  # libuv's timers count whole milliseconds: up to a tick late.
+            await asyncio.sleep(max(PACER_TICK_SECONDS, woke - perf_counter()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from bkaio.bench.loads import PACER_TICK_SECONDS, run_closed, run_open, run_serial
+from bkaio.bench.pacer import PunctualSleeper
 
 
 class FakeSystem:
@@ -90,9 +92,50 @@ async def test_open_loop_sends_the_scheduled_count() -> None:
     assert outcome.offered_per_second == 2000
 
 
-async def test_open_loop_sleeps_whole_ticks_between_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 5k/s the next append is always due in under 0.5 ms; sleeping that little is
-    `call_soon` under uvloop, a busy loop that would steal CPU from the measured servers."""
+async def test_open_loop_wakes_at_most_once_a_tick_between_bursts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 5k/s the next append is always due in under a tick: waking for each would be a busy
+    loop stealing CPU from the measured servers. Wake-up targets are a tick apart, no drift."""
+    targets: list[float] = []
+    real_sleep_until = PunctualSleeper.sleep_until
+
+    async def recording_sleep_until(self: PunctualSleeper, when: float) -> None:
+        targets.append(when)
+        await real_sleep_until(self, when)
+
+    monkeypatch.setattr(PunctualSleeper, "sleep_until", recording_sleep_until)
+    system = FakeSystem(delay_seconds=0.001)
+    outcome = await run_open(system.send, b"x", rate_per_second=5000, duration_seconds=0.05)
+    assert outcome.appends == 250  # Every append still goes out, in bursts.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(targets)]
+    assert gaps and min(gaps) >= PACER_TICK_SECONDS * 0.999
+    assert len(targets) <= 60  # About one wake-up per tick, not one per append.
+
+
+async def test_open_loop_at_one_append_per_tick_wakes_for_each_on_its_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    targets: list[float] = []
+    real_sleep_until = PunctualSleeper.sleep_until
+
+    async def recording_sleep_until(self: PunctualSleeper, when: float) -> None:
+        targets.append(when)
+        await real_sleep_until(self, when)
+
+    monkeypatch.setattr(PunctualSleeper, "sleep_until", recording_sleep_until)
+    system = FakeSystem()
+    outcome = await run_open(system.send, b"x", rate_per_second=500, duration_seconds=0.04)
+    assert outcome.appends == 20
+    gaps = [later - earlier for earlier, later in itertools.pairwise(targets)]
+    assert all(abs(gap - 0.002) < 1e-9 for gap in gaps)  # The schedule itself: no drift.
+
+
+async def test_without_timerfd_the_open_loop_sleeps_whole_ticks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off Linux: asyncio.sleep, never below a tick (under uvloop shorter is `call_soon`)."""
+    monkeypatch.setattr(PunctualSleeper, "open", classmethod(lambda cls: None))
     delays: list[float] = []
     real_sleep = asyncio.sleep
 
@@ -103,9 +146,21 @@ async def test_open_loop_sleeps_whole_ticks_between_bursts(monkeypatch: pytest.M
     monkeypatch.setattr(asyncio, "sleep", recording_sleep)  # The module loads.py uses.
     system = FakeSystem(delay_seconds=0.001)
     outcome = await run_open(system.send, b"x", rate_per_second=5000, duration_seconds=0.05)
-    assert outcome.appends == 250  # Every append still goes out, in bursts.
+    assert outcome.appends == 250
     assert delays and min(delays) >= PACER_TICK_SECONDS
-    assert len(delays) <= 60  # About one sleep per tick, not one per append.
+    assert len(delays) <= 60
+
+
+async def test_punctual_sleeper_never_wakes_early() -> None:
+    sleeper = PunctualSleeper.open()
+    assert sleeper is not None  # Linux: timerfd is there.
+    try:
+        for delay in (0.0, 0.0003, 0.0017, 0.004):
+            when = time.perf_counter() + delay
+            await sleeper.sleep_until(when)
+            assert time.perf_counter() >= when
+    finally:
+        sleeper.close()
 
 
 async def test_open_loop_latency_counts_from_the_intended_send_time() -> None:
