@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
@@ -37,45 +36,10 @@ from bkaio.protocol.digest import entry_digest, master_key
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.messages import AddEntryRequest, Flag, HelloRequest
 from bkaio.runtime_tuning import tune_gc_for_throughput
+from tests.fixtures.transports import FakeServerTransport
 
 KEY = master_key(b"bench", 0)
 LEDGER_ID = 7
-
-
-class CountingTransport:
-    """Stands in for the socket: counts what the server writes, reads nothing."""
-
-    def __init__(self) -> None:
-        self.writes = 0
-        self.bytes_written = 0
-        self.closing = False
-        self.wrote = asyncio.Event()
-
-    def write(self, data: bytes) -> None:
-        self.writes += 1
-        self.bytes_written += len(data)
-        self.wrote.set()
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
 
 
 class AddFrames:
@@ -129,7 +93,7 @@ async def bench(batch: int, adds: int, payload_bytes: int, profile: bool) -> Non
         try:
             server = ShardServer(config, 0, storage, ShardMetrics())
             connection = BookieServerProtocol(server)
-            transport = CountingTransport()
+            transport = FakeServerTransport()
             connection.connection_made(transport)  # type: ignore[arg-type]
             hello = FrameEncoder()
             hello.add(HelloRequest(1, 1, "bench", None))

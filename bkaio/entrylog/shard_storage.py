@@ -553,14 +553,7 @@ class ShardStorage:
             return None
         self._reserved_bytes += size
         entry = StoredEntry(ledger_id, entry_id, lac, length, digest, payload)
-        batch = self._batches[journal_index]
-        if batch is None or batch.future is not future:
-            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
-            self._batches[journal_index] = batch
-            future.add_done_callback(partial(self._batch_durable, batch))
-        batch.entries.append(entry)
-        batch.end = end
-        batch.size += size
+        batch = self._join_batch(journal_index, future, entry, end, size)
         if batch.on_answers is on_answers:
             batch.answers.append(answer)
         elif batch.on_answers is None:
@@ -623,6 +616,21 @@ class ShardStorage:
         future, end = append_shared(
             ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
         )
+        batch = self._join_batch(journal_index, future, entry, end, size)
+        if on_done is not None:
+            batch.callbacks.append(on_done)
+        self._pending[key] = (entry, future)
+        return future
+
+    def _join_batch(
+        self,
+        journal_index: int,
+        future: asyncio.Future[JournalMark],
+        entry: StoredEntry,
+        end: int,
+        size: int,
+    ) -> _AddBatch:
+        """Add a just-journaled entry to its group's batch (opened on the group's first add)."""
         batch = self._batches[journal_index]
         if batch is None or batch.future is not future:
             batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
@@ -631,10 +639,7 @@ class ShardStorage:
         batch.entries.append(entry)
         batch.end = end
         batch.size += size
-        if on_done is not None:
-            batch.callbacks.append(on_done)
-        self._pending[key] = (entry, future)
-        return future
+        return batch
 
     def _batch_durable(self, batch: _AddBatch, done: asyncio.Future[JournalMark]) -> None:
         """A batch's group is durable (or failed): apply its adds in order, then answer them."""

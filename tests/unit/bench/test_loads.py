@@ -92,11 +92,8 @@ async def test_open_loop_sends_the_scheduled_count() -> None:
     assert outcome.offered_per_second == 2000
 
 
-async def test_open_loop_wakes_at_most_once_a_tick_between_bursts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """At 5k/s the next append is always due in under a tick: waking for each would be a busy
-    loop stealing CPU from the measured servers. Wake-up targets are a tick apart, no drift."""
+def _record_wake_targets(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times the open loop asks its punctual sleeper to wake at, in order."""
     targets: list[float] = []
     real_sleep_until = PunctualSleeper.sleep_until
 
@@ -105,6 +102,15 @@ async def test_open_loop_wakes_at_most_once_a_tick_between_bursts(
         await real_sleep_until(self, when)
 
     monkeypatch.setattr(PunctualSleeper, "sleep_until", recording_sleep_until)
+    return targets
+
+
+async def test_open_loop_wakes_at_most_once_a_tick_between_bursts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 5k/s the next append is always due in under a tick: waking for each would be a busy
+    loop stealing CPU from the measured servers. Wake-up targets are a tick apart, no drift."""
+    targets = _record_wake_targets(monkeypatch)
     system = FakeSystem(delay_seconds=0.001)
     outcome = await run_open(system.send, b"x", rate_per_second=5000, duration_seconds=0.05)
     assert outcome.appends == 250  # Every append still goes out, in bursts.
@@ -116,14 +122,7 @@ async def test_open_loop_wakes_at_most_once_a_tick_between_bursts(
 async def test_open_loop_at_one_append_per_tick_wakes_for_each_on_its_schedule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    targets: list[float] = []
-    real_sleep_until = PunctualSleeper.sleep_until
-
-    async def recording_sleep_until(self: PunctualSleeper, when: float) -> None:
-        targets.append(when)
-        await real_sleep_until(self, when)
-
-    monkeypatch.setattr(PunctualSleeper, "sleep_until", recording_sleep_until)
+    targets = _record_wake_targets(monkeypatch)
     system = FakeSystem()
     outcome = await run_open(system.send, b"x", rate_per_second=500, duration_seconds=0.04)
     assert outcome.appends == 20

@@ -20,9 +20,10 @@ from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ShardServer
 from bkaio.config import load_bookie_config
 from bkaio.entrylog.shard_storage import ShardStorage
-from bkaio.protocol import FrameDecoder, FrameEncoder, Op, Status
+from bkaio.protocol import FrameEncoder, Op, Status
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import HelloRequest
+from tests.fixtures.transports import FakeServerTransport
 
 KEY = b"k" * 32
 OTHER_KEY = b"o" * 32
@@ -30,47 +31,12 @@ LEDGER = 4  # Any ledger: one shard.
 PAYLOAD = b"p" * 200
 
 
-class FakeTransport:
-    """Records written bytes; the server's answers are decoded from them."""
-
-    def __init__(self) -> None:
-        self.decoder = FrameDecoder()
-        self.bodies: list[list[Any]] = []
-        self.wrote = asyncio.Event()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.bodies.extend(self.decoder.feed(data))
-        self.wrote.set()
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 50000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-
 @dataclass
 class Shard:
     server: ShardServer
     storage: ShardStorage
     connection: BookieServerProtocol
-    transport: FakeTransport
+    transport: FakeServerTransport
     next_request_id: int = 100
     length: int = 0
     sent: list[int] = field(default_factory=list)
@@ -134,7 +100,7 @@ async def shard(tmp_path: Path) -> AsyncIterator[Shard]:
     try:
         server = ShardServer(config, 0, storage, ShardMetrics())
         connection = BookieServerProtocol(server)
-        transport = FakeTransport()
+        transport = FakeServerTransport(decode=True)
         connection.connection_made(transport)  # type: ignore[arg-type]
         hello = FrameEncoder()
         hello.add(HelloRequest(1, 1, "test", None))
