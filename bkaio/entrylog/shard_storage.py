@@ -233,6 +233,10 @@ class ShardStorage:
         self._pending: dict[tuple[int, int], tuple[StoredEntry, asyncio.Future[JournalMark]]] = {}
         self._lac_waiters: dict[int, list[asyncio.Future[int]]] = {}
         self._flusher: asyncio.Task[None] | None = None
+        # Journal files a checkpoint released are deleted by this task, off the flush path
+        # (`_release_journal_files`); the marks of the newest checkpoint it has yet to act on.
+        self._releaser: asyncio.Task[None] | None = None
+        self._release_marks: list[JournalMark | None] | None = None
         self._closed = False
         self.stats = StorageStats()
 
@@ -397,6 +401,8 @@ class ShardStorage:
                 with contextlib.suppress(BKError, OSError):
                     await self.checkpoint()
         finally:
+            if self._releaser is not None:  # Deletions in progress finish before the close.
+                await asyncio.wait([self._releaser])
             self._closed = True
             for waiters in self._lac_waiters.values():
                 for waiter in waiters:
@@ -1056,15 +1062,22 @@ class ShardStorage:
                     await self._flush_requested.wait()
             self._flush_requested.clear()
             try:
-                await self.checkpoint()
+                self._check_open()
+                async with self._flush_lock:
+                    await self._checkpoint_locked()  # Not waiting for journal deletions.
             except BKError as error:
                 log.error("storage_flush_failed", error=str(error))
 
     async def checkpoint(self) -> None:
-        """Flush the write cache to entry logs and indexes, then record the journal mark."""
+        """Flush the write cache to entry logs and indexes, then record the journal mark.
+
+        Returns once the journal files the checkpoint released are deleted too (the periodic
+        flush does not wait for that)."""
         self._check_open()
         async with self._flush_lock:
             await self._checkpoint_locked()
+        while self._releaser is not None:
+            await asyncio.wait([self._releaser])
 
     async def _checkpoint_locked(self) -> None:
         assert self._flush_lock.locked()
@@ -1096,9 +1109,32 @@ class ShardStorage:
         self._count_flush(flushing, self._loop.time() - started, write_mark)
         if write_mark:
             self._written_marks = marks
-            for journal, mark in zip(self._journals, marks, strict=True):
-                if mark is not None:
-                    await journal.delete_files_before(mark)
+            self._release_journal_files(marks)
+
+    def _release_journal_files(self, marks: list[JournalMark | None]) -> None:
+        """Delete the journal files before `marks` (durable in every ledger directory now).
+
+        In a task of its own: freeing a 256 MiB file takes a few hundred ms on purpose (see
+        `bkaio.journal.files.delete_gradually`), and flushes must not wait behind it, or adds
+        wait for room in the write cache. A newer checkpoint's marks replace older ones.
+        """
+        self._release_marks = marks
+        if self._releaser is None:
+            self._releaser = self._loop.create_task(self._release_loop(), name="journal-release")
+
+    async def _release_loop(self) -> None:
+        try:
+            while self._release_marks is not None:
+                marks, self._release_marks = self._release_marks, None
+                for journal, mark in zip(self._journals, marks, strict=True):
+                    if mark is None:
+                        continue
+                    try:
+                        await journal.delete_files_before(mark)
+                    except BKError as error:  # The next checkpoint tries again.
+                        log.error("journal_release_failed", error=str(error))
+        finally:
+            self._releaser = None
 
     def _count_flush(self, flushing: WriteCache, seconds: float, wrote_mark: bool) -> None:
         stats = self.stats

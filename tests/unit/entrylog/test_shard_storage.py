@@ -18,6 +18,7 @@ from bkaio.errors import (
     UnauthorizedError,
 )
 from bkaio.journal.files import SUFFIX
+from bkaio.journal.records import JournalMark
 from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
 
 LEDGERS = (3, 4, 5, 10)  # Spread over disks by ledger_id % disks.
@@ -311,3 +312,35 @@ async def test_a_torn_journal_tail_is_a_warning_and_loses_nothing_acknowledged(
         reopened = await open_storage()
     assert any(event["event"] == "journal_torn_tail" for event in logs), logs
     await _check_all(reopened, LEDGERS, 3)
+
+
+async def test_flushes_do_not_wait_for_journal_files_being_deleted(
+    open_storage: OpenStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting a released journal file is slow on purpose (delete_gradually): meanwhile the
+    flush lock is free, and an explicit checkpoint returns only once the deletion is done."""
+    storage = await open_storage()
+    journal = storage._journals[0]
+    real_delete = journal.delete_files_before
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow_delete(mark: JournalMark) -> object:
+        started.set()
+        await gate.wait()
+        return await real_delete(mark)
+
+    monkeypatch.setattr(journal, "delete_files_before", slow_delete)
+    await storage.add_entry(make_entry(21, 0), KEY)
+    first = asyncio.ensure_future(storage.checkpoint())
+    async with asyncio.timeout(5):
+        await started.wait()
+    assert not first.done()  # Waiting for the deletion...
+    await storage.add_entry(make_entry(21, 1), KEY)
+    async with asyncio.timeout(5), storage._flush_lock:  # ...but not holding the flush lock.
+        await storage._checkpoint_locked()
+    assert not first.done()
+    gate.set()
+    async with asyncio.timeout(5):
+        await first
+    assert storage._releaser is None
