@@ -1,6 +1,7 @@
 """The bookie's add path in one process: event-loop CPU per add, without sockets or a client.
 
     .venv/bin/python benchmarks/bookie_path_bench.py [--batch 100] [--adds 20000] [--profile]
+                                                     [--add-entries]
 
 Opens a real `ShardStorage` (journal with fdatasync on, entry logs, index) in a temporary
 directory, serves it with a `ShardServer` through one `BookieServerProtocol` whose transport is a
@@ -8,7 +9,9 @@ stand-in that only counts bytes, and feeds it ADD_ENTRY frames `--batch` at a ti
 `data_received` each, waiting for every answer before the next batch. Reports the CPU time of the
 event-loop thread per add (`time.thread_time`): the Python cost of decode, checks, journal
 hand-off, apply and answer, which the socket benches mix with kernel time and other processes.
-`--profile` prints the cProfile of the measured phase (cProfile itself slows it about 3x).
+`--add-entries` sends each batch as ADD_ENTRIES frames, as a client does with a bookie that
+offers them. `--profile` prints the cProfile of the measured phase (cProfile itself slows it
+about 3x).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ LEDGER_ID = 7
 class AddFrames:
     """Consecutive ADD_ENTRY frames of one ledger, as a client would send them."""
 
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes, *, add_entries: bool) -> None:
         self._payload = payload
+        self._add_entries = add_entries
         self._encoder = FrameEncoder(64 << 20)
         self._request_id = 10
         self._entry_id = 0
@@ -54,11 +58,20 @@ class AddFrames:
 
     def batch(self, count: int) -> bytes:
         payload = self._payload
+        encoder = self._encoder
         for _ in range(count):
             entry_id = self._entry_id
             self._length += len(payload)
             digest = entry_digest(LEDGER_ID, entry_id, entry_id - 1, self._length, payload)
-            self._encoder.add(
+            if self._add_entries:
+                fields = [entry_id, entry_id - 1, self._length, digest, payload]
+                encoder.add_to_entries(
+                    self._request_id, LEDGER_ID, 0, KEY, encoder.pack_fields(fields)
+                )
+                self._request_id += 1
+                self._entry_id += 1
+                continue
+            encoder.add(
                 AddEntryRequest(
                     self._request_id,
                     LEDGER_ID,
@@ -76,7 +89,9 @@ class AddFrames:
         return self._encoder.take()
 
 
-async def bench(batch: int, adds: int, payload_bytes: int, profile: bool) -> None:
+async def bench(
+    batch: int, adds: int, payload_bytes: int, profile: bool, add_entries: bool
+) -> None:
     with tempfile.TemporaryDirectory(prefix="bkaio-path-bench-") as tmp:
         config_path = Path(tmp) / "bookie.toml"
         config_path.write_text(
@@ -98,7 +113,7 @@ async def bench(batch: int, adds: int, payload_bytes: int, profile: bool) -> Non
             hello = FrameEncoder()
             hello.add(HelloRequest(1, 1, "bench", None))
             connection.data_received(hello.take())
-            frames = AddFrames(os.urandom(payload_bytes))
+            frames = AddFrames(os.urandom(payload_bytes), add_entries=add_entries)
 
             async def answered() -> None:
                 while server.inflight_requests:  # Woken by answer writes, never by polling.
@@ -123,7 +138,8 @@ async def bench(batch: int, adds: int, payload_bytes: int, profile: bool) -> Non
             cpu, wall = time.thread_time() - cpu_before, time.perf_counter() - wall_before
             count = len(batches) * batch
             print(
-                f"batch {batch}: {count} adds, event-loop CPU {cpu * 1e6 / count:.2f} µs/add, "
+                f"batch {batch}{' (ADD_ENTRIES)' if add_entries else ''}: {count} adds, "
+                f"event-loop CPU {cpu * 1e6 / count:.2f} µs/add, "
                 f"wall {wall * 1e6 / count:.1f} µs/add, "
                 f"{transport.writes - writes_before} answer writes"
             )
@@ -139,8 +155,9 @@ def main() -> None:
     parser.add_argument("--adds", type=int, default=20_000)
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--add-entries", action="store_true", help="send ADD_ENTRIES frames")
     args = parser.parse_args()
-    uvloop.run(bench(args.batch, args.adds, args.payload_bytes, args.profile))
+    uvloop.run(bench(args.batch, args.adds, args.payload_bytes, args.profile, args.add_entries))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ from bkaio.errors import ProtocolError
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
 from bkaio.protocol.messages import (
+    ADD_ENTRIES_ENTRY_FIELDS,
+    ADD_ENTRIES_HEAD_FIELDS,
+    U64_MAX,
+    AddEntriesRequest,
     ErrorResponse,
     HelloRequest,
     Op,
@@ -47,7 +51,24 @@ _STATUS_OK = int(Status.OK)
 # Fixed widths are valid msgpack; any decoder reads them like the shortest encoding.
 _ADD_OK_FRAME = struct.Struct(">IBBBQBBQBQ")
 _ADD_OK_BODY_BYTES = _ADD_OK_FRAME.size - 4
-assert _OP_ADD_ENTRY < 0x80 and _STATUS_OK < 0x80  # Both fit a positive fixint.
+# The coalesced OK answer, [op, request_id, status, ledger_id, entry_id, count], the same way.
+_ADDS_OK_FRAME = struct.Struct(">IBBBQBBQBQBQ")
+_ADDS_OK_BODY_BYTES = _ADDS_OK_FRAME.size - 4
+_OP_ADD_ENTRIES = int(Op.ADD_ENTRIES)
+assert _OP_ADD_ENTRY < 0x80 and _OP_ADD_ENTRIES < 0x80 and _STATUS_OK < 0x80  # Fixints.
+_ENTRY_FIELDS = ADD_ENTRIES_ENTRY_FIELDS
+_HEAD_FIELDS = ADD_ENTRIES_HEAD_FIELDS
+
+
+def _add_entry_body(body: list[Any], index: int) -> list[Any]:
+    """The ADD_ENTRY body that add `index` of the ADD_ENTRIES `body` stands for."""
+    _, request_id, ledger_id, flags, master_key = body[:_HEAD_FIELDS]
+    start = _HEAD_FIELDS + index * _ENTRY_FIELDS
+    entry_id, lac, length, digest, payload = body[start : start + _ENTRY_FIELDS]
+    return [
+        _OP_ADD_ENTRY, request_id + index, ledger_id, entry_id, flags, master_key, lac, length,
+        digest, payload,
+    ]  # fmt: skip
 
 
 class BookieServerProtocol(asyncio.Protocol):
@@ -156,14 +177,53 @@ class BookieServerProtocol(asyncio.Protocol):
                 self._backlog.extend(bodies[index:])
                 return
             # Most requests are plain adds: journaled from the body's fields when possible.
-            if (
-                take_add is not None
-                and len(body) == 10
-                and body[0] == _OP_ADD_ENTRY
-                and take_add(self, body)
-            ):
-                continue
+            if take_add is not None:
+                size = len(body)
+                if size == 10 and body[0] == _OP_ADD_ENTRY and take_add(self, body):
+                    continue
+                if size > 10 and body[0] == _OP_ADD_ENTRIES:
+                    held = self._take_adds(server, body)
+                    if held:  # Reading paused within the frame: its other adds wait too.
+                        self._backlog.extend(held)
+                        self._backlog.extend(bodies[index + 1 :])
+                        return
+                    continue
             self._handle_body(server, body)
+
+    def _take_adds(self, server: ShardServer, body: list[Any]) -> list[list[Any]]:
+        """Take the adds of an ADD_ENTRIES body one by one, each as if it had come alone.
+
+        Each add is journaled from its fields when `take_add_fields` can, else it takes the
+        full path as an ADD_ENTRY body. Returns the adds not taken because reading paused
+        meanwhile, as ADD_ENTRY bodies for the backlog. A body whose head is not plainly well
+        formed goes to `_handle_body` whole, which names the problem.
+        """
+        count, extra = divmod(len(body) - _HEAD_FIELDS, _ENTRY_FIELDS)
+        op, request_id, ledger_id, flags, master_key = body[:_HEAD_FIELDS]
+        if (
+            extra
+            or type(op) is not int
+            or type(request_id) is not int
+            or not 0 <= request_id <= U64_MAX - count
+        ):
+            self._handle_body(server, body)
+            return []
+        if server.take_add_batch(self, body, count):
+            return []
+        take_add_fields = server.take_add_fields
+        for index in range(count):
+            if self._closing or self._close_after_flush or self._refused:
+                return []
+            if self._reading_paused:
+                return [_add_entry_body(body, later) for later in range(index, count)]
+            start = _HEAD_FIELDS + index * _ENTRY_FIELDS
+            entry_id, lac, length, digest, payload = body[start : start + _ENTRY_FIELDS]
+            if not take_add_fields(
+                self, request_id + index, ledger_id, entry_id, flags, master_key, lac, length,
+                digest, payload, True,
+            ):  # fmt: skip
+                self._handle_body(server, _add_entry_body(body, index))
+        return []
 
     def _drain_backlog(self) -> None:
         """Handle held-back bodies until none are left or reading pauses again."""
@@ -195,6 +255,12 @@ class BookieServerProtocol(asyncio.Protocol):
             self._fail(request_id_of(body), str(error))
             return
         if self._hello_done:
+            if type(request) is AddEntriesRequest:
+                for add in request.split():  # Each add on its own, answered on its own.
+                    if self._closing or self._close_after_flush:
+                        return
+                    server.dispatch(self, add)
+                return
             server.dispatch(self, request)
             return
         if not isinstance(request, HelloRequest):
@@ -266,6 +332,22 @@ class BookieServerProtocol(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def respond_adds_ok(self, request_id: int, ledger_id: int, entry_id: int, count: int) -> None:
+        """Queue one OK answer for `count` adds of ADD_ENTRIES frames: request ids and entry ids
+        from the given ones, consecutive. One add alone gets the ADD_ENTRY answer."""
+        if count == 1:
+            self.respond_add_ok(request_id, ledger_id, entry_id)
+            return
+        if self._transport is None or self._closing:
+            return
+        self._add_oks += _ADDS_OK_FRAME.pack(
+            _ADDS_OK_BODY_BYTES, 0x96, _OP_ADD_ENTRIES, 0xCF, request_id, _STATUS_OK,
+            0xCF, ledger_id, 0xCF, entry_id, 0xCF, count,
+        )  # fmt: skip
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self._transport
@@ -284,7 +366,16 @@ class BookieServerProtocol(asyncio.Protocol):
     # --- flow control ------------------------------------------------------------------------
 
     def request_started(self, size: int) -> None:
-        self._inflight += 1
+        self.requests_started(1)
+
+    @property
+    def inflight(self) -> int:
+        """Requests of this connection being executed."""
+        return self._inflight
+
+    def requests_started(self, count: int) -> None:
+        """`request_started` for `count` requests taken at once (`ShardServer.take_add_batch`)."""
+        self._inflight += count
         if self._inflight >= self._server.limits.max_inflight_per_connection:
             if not self._reading_paused:
                 self._server.metrics.limit_hit("max_inflight_per_connection")

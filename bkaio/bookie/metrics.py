@@ -195,7 +195,9 @@ class ShardMetrics:
         self._success: dict[str, Any] = {}
         self._failure: dict[str, Any] = {}
         # The add path's own child, so `observe_add` skips the lookups.
-        self.observe_add = self.request_seconds.labels(op="add_entry", success="true").observe
+        add_child = self.request_seconds.labels(op="add_entry", success="true")
+        self.observe_add = add_child.observe
+        self.observe_adds = add_child.observe_many
         for op in OPS:
             self._success[op] = self.request_seconds.labels(op=op, success="true")
             self._failure[op] = self.request_seconds.labels(op=op, success="false")

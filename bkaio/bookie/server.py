@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +33,10 @@ from bkaio.errors import (
     WrongShardError,
 )
 from bkaio.protocol.digest import entry_digest
+from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
 from bkaio.protocol.messages import (
+    ADD_ENTRIES_ENTRY_FIELDS,
+    ADD_ENTRIES_HEAD_FIELDS,
     I64_MAX,
     PROTOCOL_VERSION,
     U32_MAX,
@@ -76,10 +79,33 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries")
+FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries", "add_entries")
+# Clients fill ADD_ENTRIES frames up to `ADD_ENTRIES_BATCH_BYTES` of entries without knowing
+# this bookie's frame limit: a bookie with a smaller limit than this does not offer them.
+ADD_ENTRIES_MIN_FRAME_BYTES = 4 * ADD_ENTRIES_BATCH_BYTES
+_FEATURES_WITHOUT_ADD_ENTRIES = tuple(f for f in FEATURES if f != "add_entries")
 # Memory charged for a request beyond its payload: the decoded message and its bookkeeping.
 REQUEST_OVERHEAD_BYTES = 256
 _OP_NAMES = {op: op.name.lower() for op in Op}
+_ADD_ENTRIES_HEAD_FIELDS = ADD_ENTRIES_HEAD_FIELDS
+_ADD_ENTRIES_ENTRY_FIELDS = ADD_ENTRIES_ENTRY_FIELDS
+_BATCH_ANSWER_FIELDS = 7  # `take_add_batch`'s answer record; a single add's has 8 fields.
+
+
+def _each_add(answers: list[Any]) -> Iterator[tuple[Any, ...]]:
+    """The answers of a journal group, one 8-field record per add (batches listed add by add)."""
+    for answer in answers:
+        if len(answer) != _BATCH_ANSWER_FIELDS:
+            yield answer
+            continue
+        connection, request_id, ledger_id, entry_id, _, started, sizes = answer
+        for index, payload_bytes in enumerate(sizes):
+            yield (
+                connection, request_id + index, ledger_id, entry_id + index,
+                REQUEST_OVERHEAD_BYTES + payload_bytes, started, payload_bytes, True,
+            )  # fmt: skip
+
+
 # Plain ints for the add path: `IntFlag.__and__` is Python code (~1 µs), `int & int` is not.
 _RECOVERY_ADD_BIT = int(Flag.RECOVERY_ADD)
 _OP_ADD_ENTRY = int(Op.ADD_ENTRY)
@@ -150,6 +176,10 @@ class ShardServer:
         # The add loop (`take_add`) when the storage offers the field-wise add (ShardStorage).
         self._add_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
             storage, "add_entry_fields", None
+        )
+        # ... and `take_add_batch`, when it offers the batched one.
+        self._add_entries_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
+            storage, "add_entries_fields", None
         )
         self.auth_throttle = AuthFailureThrottle(
             config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
@@ -230,7 +260,9 @@ class ShardServer:
             self.config.bookie_id,
             self.shard_index,
             self.shard_count,
-            FEATURES,
+            FEATURES
+            if self.limits.max_frame_bytes >= ADD_ENTRIES_MIN_FRAME_BYTES
+            else _FEATURES_WITHOUT_ADD_ENTRIES,
         )
         return response, True
 
@@ -399,15 +431,41 @@ class ShardServer:
         body the usual way and answers with the precise error. The caller checked that `body`
         has 10 items and is an ADD_ENTRY after HELLO.
         """
+        op, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest, payload = body
+        if type(op) is not int:
+            return False
+        return self.take_add_fields(
+            connection, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest,
+            payload, False,
+        )  # fmt: skip
+
+    def take_add_fields(
+        self,
+        connection: BookieServerProtocol,
+        request_id: Any,
+        ledger_id: Any,
+        entry_id: Any,
+        flags: Any,
+        master_key: Any,
+        lac: Any,
+        length: Any,
+        digest: Any,
+        payload: Any,
+        coalesce: bool,  # Positional on purpose: called once per add.
+    ) -> bool:
+        """`take_add` given the fields, unchecked: one add of an ADD_ENTRY or ADD_ENTRIES body.
+
+        With `coalesce` (the add came in an ADD_ENTRIES frame, so the client reads
+        ADD_ENTRIES answers), its OK answer may be one `AddEntriesResponse` with the adds of
+        the same frame or connection journaled next to it.
+        """
         add_fields = self._add_fields
         if add_fields is None:
             return False
-        op, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest, payload = body
         # The decoder's checks (`decode_request`) for these fields, in one expression; flags
         # other than 0 (a recovery add) take the full path.
         if not (
-            type(op) is int
-            and type(flags) is int
+            type(flags) is int
             and flags == 0
             and type(request_id) is int
             and type(ledger_id) is int
@@ -437,7 +495,9 @@ class ShardServer:
         ):
             return False
         started = time.perf_counter()
-        answer = (connection, request_id, ledger_id, entry_id, size, started, len(payload))
+        answer = (
+            connection, request_id, ledger_id, entry_id, size, started, len(payload), coalesce
+        )  # fmt: skip
         future = add_fields(
             ledger_id, entry_id, lac, length, digest, payload, master_key,
             self._on_adds_durable, answer,
@@ -451,11 +511,91 @@ class ShardServer:
         connection.request_started(size)  # Last: it may pause reading.
         return True
 
+    def take_add_batch(self, connection: BookieServerProtocol, body: list[Any], count: int) -> bool:
+        """Journal every add of an ADD_ENTRIES body at once, or none (False).
+
+        The same checks as `take_add_fields` for each add, with the ledger's done once; the
+        adds are journaled by one storage call and answered like the loop's. Anything that
+        would make one of them leave the fast path (or make reading pause within the frame)
+        returns False having changed nothing: the caller then takes them one by one. The
+        caller checked the frame's shape (`count` entries) and its request ids.
+        """
+        add_entries = self._add_entries_fields
+        if add_entries is None:
+            return False
+        request_id = body[1]
+        ledger_id = body[2]
+        flags = body[3]
+        master_key = body[4]
+        if not (
+            type(ledger_id) is int
+            and type(flags) is int
+            and flags == 0
+            and type(master_key) is bytes
+            and 0 <= ledger_id <= I64_MAX
+        ):
+            return False
+        end_id = request_id + count
+        if (
+            ledger_id % self.shard_count != self.shard_index
+            or self.forced_read_only
+            or self.disk_full
+            or connection.inflight + count >= self.limits.max_inflight_per_connection
+            or not connection.inflight_ids.isdisjoint(range(request_id, end_id))
+        ):
+            return False
+        max_entry_bytes = self.limits.max_entry_bytes
+        entries: list[list[Any]] = []
+        payload_sizes: list[int] = []
+        first_entry_id = body[_ADD_ENTRIES_HEAD_FIELDS]
+        expected_id = first_entry_id
+        for start in range(_ADD_ENTRIES_HEAD_FIELDS, len(body), _ADD_ENTRIES_ENTRY_FIELDS):
+            entry = body[start : start + _ADD_ENTRIES_ENTRY_FIELDS]
+            entry_id, lac, length, digest, payload = entry
+            # `take_add_fields`'s checks of one add, in one expression; and consecutive ids,
+            # so that one record answers the batch.
+            if not (
+                type(entry_id) is int
+                and type(lac) is int
+                and type(length) is int
+                and type(digest) is int
+                and type(payload) is bytes
+                and entry_id == expected_id
+                and 0 <= entry_id <= I64_MAX
+                and -1 <= lac <= I64_MAX
+                and 0 <= length <= I64_MAX
+                and 0 <= digest <= U32_MAX
+                and len(payload) <= max_entry_bytes
+                and entry_digest(ledger_id, entry_id, lac, length, payload) == digest
+            ):
+                return False
+            expected_id += 1
+            payload_sizes.append(len(payload))
+            entries.append(entry)
+        size = sum(payload_sizes) + count * REQUEST_OVERHEAD_BYTES
+        if self.inflight_bytes + size > self.limits.max_memory_bytes:
+            return False
+        # One answer record for the batch (7 fields; a single add's has 8): `_adds_durable`
+        # answers it as a whole, `_each_add` lists its adds where they are answered one by one.
+        answers = [
+            (connection, request_id, ledger_id, first_entry_id, count, time.perf_counter(),
+             payload_sizes)
+        ]  # fmt: skip
+        future = add_entries(ledger_id, master_key, entries, self._on_adds_durable, answers)
+        if future is None:
+            return False
+        self._fast_adds.add(future)
+        connection.inflight_ids.update(range(request_id, end_id))
+        self.inflight_requests += count
+        self.inflight_bytes += size
+        connection.requests_started(count)
+        return True
+
     def _adds_durable(self, future: asyncio.Future[Any], answers: list[Any]) -> None:
         """Answer the adds `take_add` journaled in one group, now durable (or failed)."""
         self._fast_adds.discard(future)
         if future.cancelled():  # The journal closed under them: nobody answers (as tasks).
-            for connection, request_id, _, _, size, _, _ in answers:
+            for connection, request_id, _, _, size, _, _, _ in _each_add(answers):
                 connection.inflight_ids.discard(request_id)
                 self._finish(connection, size)
             return
@@ -467,7 +607,9 @@ class ShardServer:
             else:
                 self.log.error("request_crashed", op="ADD_ENTRY", error=repr(error))
                 status = Status.INTERNAL_ERROR
-            for connection, request_id, ledger_id, entry_id, size, started, _ in answers:
+            for connection, request_id, ledger_id, entry_id, size, started, _, _ in _each_add(
+                answers
+            ):
                 response = AddEntryResponse(request_id, status, ledger_id, entry_id)
                 connection.inflight_ids.discard(request_id)
                 self._finish(connection, size)
@@ -480,18 +622,50 @@ class ShardServer:
         added_bytes = 0
         freed_bytes = 0
         finished: dict[BookieServerProtocol, int] = {}  # Adds answered per connection.
-        for connection, request_id, ledger_id, entry_id, size, started, payload_bytes in answers:
-            added_bytes += payload_bytes
-            freed_bytes += size
-            if lac_waiters:
-                lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
-            connection.inflight_ids.discard(request_id)
-            finished[connection] = finished.get(connection, 0) + 1
-            connection.respond_add_ok(request_id, ledger_id, entry_id)
-            observe_add(now - started)
+        # Per connection, the OK answers being coalesced: [first request id, ledger id, first
+        # entry id, count], extended while the next add continues both id sequences.
+        runs: dict[BookieServerProtocol, list[int]] = {}
+        observe_adds = self.metrics.observe_adds
+        for answer in answers:
+            if len(answer) == _BATCH_ANSWER_FIELDS:  # All the adds of an ADD_ENTRIES frame.
+                connection, request_id, ledger_id, entry_id, count, started, sizes = answer
+                payload_bytes = sum(sizes)
+                added_bytes += payload_bytes
+                freed_bytes += payload_bytes + count * REQUEST_OVERHEAD_BYTES
+                if lac_waiters:
+                    lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+                connection.inflight_ids.difference_update(range(request_id, request_id + count))
+                finished[connection] = finished.get(connection, 0) + count
+                observe_adds(now - started, count)
+            else:
+                (
+                    connection, request_id, ledger_id, entry_id, size, started, payload_bytes,
+                    coalesce,
+                ) = answer  # fmt: skip
+                added_bytes += payload_bytes
+                freed_bytes += size
+                if lac_waiters:
+                    lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
+                connection.inflight_ids.discard(request_id)
+                finished[connection] = finished.get(connection, 0) + 1
+                observe_add(now - started)
+                if not coalesce:
+                    connection.respond_add_ok(request_id, ledger_id, entry_id)
+                    continue
+                count = 1
+            run = runs.get(connection)
+            if run is not None:
+                ran = run[3]
+                if run[0] + ran == request_id and run[2] + ran == entry_id and run[1] == ledger_id:
+                    run[3] = ran + count
+                    continue
+                connection.respond_adds_ok(run[0], run[1], run[2], ran)
+            runs[connection] = [request_id, ledger_id, entry_id, count]
+        for connection, (request_id, ledger_id, entry_id, count) in runs.items():
+            connection.respond_adds_ok(request_id, ledger_id, entry_id, count)
         self.metrics.add_entry_bytes.inc(added_bytes)
         # `_finish` for the whole batch: one update per connection, not one per add.
-        self.inflight_requests -= len(answers)
+        self.inflight_requests -= sum(finished.values())
         self.inflight_bytes -= freed_bytes
         for connection, count in finished.items():
             connection.requests_finished(count)

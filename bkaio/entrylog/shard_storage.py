@@ -213,6 +213,9 @@ class ShardStorage:
         self._append_entry_shared: list[
             Callable[..., tuple[asyncio.Future[JournalMark], int]] | None
         ] = [getattr(journal, "append_entry_shared", None) for journal in journals]
+        self._append_entries_shared: list[
+            Callable[..., tuple[asyncio.Future[JournalMark], int] | None] | None
+        ] = [getattr(journal, "append_entries_shared", None) for journal in journals]
         self._batches: list[_AddBatch | None] = [None] * len(journals)  # The open one each.
         self._logs = logs
         self._indexes = indexes
@@ -570,6 +573,79 @@ class ShardStorage:
         else:  # A second caller in one batch (never in a bookie): answered on its own.
             batch.callbacks.append(lambda done: on_answers(done, [answer]))
         self._pending[key] = (entry, future)
+        return future
+
+    def add_entries_fields(
+        self,
+        ledger_id: int,
+        master_key: bytes,
+        entries: list[list[Any]],
+        on_answers: AnswersCallback,
+        answers: list[Any],
+    ) -> asyncio.Future[JournalMark] | None:
+        """`add_entry_fields` for several entries of one ledger at once, all or none.
+
+        `entries` are `[entry_id, lac, length, digest, payload]` each, checked by the caller,
+        their ids ascending; `answers` join the batch's (the bookie passes one record for all
+        of them), for `on_answers` once the group is durable. Journals them together when
+        `add_entry_fields` would take every one of them (same rules) and the journal's filling
+        group has room for all; else returns None having changed nothing, and the caller
+        takes them one by one.
+        """
+        ledger = self._ledgers.get(ledger_id)
+        if (
+            ledger is None
+            or self._closed
+            or ledger.fenced
+            or not ledger.master_key
+            or ledger.master_key != master_key
+        ):
+            return None
+        # Every entry above the ledger's last applied entry (so none is in the write cache:
+        # applying raises `last_entry_id`), ascending, and none in the journal already.
+        previous = ledger.last_entry_id
+        pending = self._pending
+        keys: list[tuple[int, int]] = []
+        size = 0
+        for entry in entries:
+            entry_id = entry[0]
+            key = (ledger_id, entry_id)
+            if entry_id <= previous or key in pending:
+                return None
+            previous = entry_id
+            keys.append(key)
+            size += len(entry[4])
+        size += len(entries) * ENTRY_OVERHEAD_BYTES  # cached_bytes of each
+        if (
+            self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
+            > self.config.write_cache_bytes
+        ):
+            return None
+        journal_index = self.config.journal_of(ledger_id)
+        append_many = self._append_entries_shared[journal_index]
+        if append_many is None:
+            return None
+        appended = append_many(ledger_id, entries)
+        if appended is None:
+            return None
+        future, end = appended
+        self._reserved_bytes += size
+        stored = [StoredEntry(ledger_id, *entry) for entry in entries]
+        batch = self._batches[journal_index]
+        if batch is None or batch.future is not future:
+            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
+            self._batches[journal_index] = batch
+            future.add_done_callback(partial(self._batch_durable, batch))
+        batch.entries += stored
+        batch.end = end
+        batch.size += size
+        if batch.on_answers is None:
+            batch.on_answers = on_answers
+        if batch.on_answers == on_answers:
+            batch.answers += answers
+        else:  # A second caller in one batch (never in a bookie): answered on its own.
+            batch.callbacks.append(lambda done: on_answers(done, answers))
+        pending.update(zip(keys, [(entry, future) for entry in stored], strict=True))
         return future
 
     def _check_add(

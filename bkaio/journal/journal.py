@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
-from typing import Final, Literal, overload
+from typing import Any, Final, Literal, overload
 
 import structlog
 
@@ -296,6 +297,56 @@ class Journal:
         if shared is None:
             shared = self._shared = self._loop.create_future()
         return shared, self._tail_offset
+
+    def append_entries_shared(
+        self, ledger_id: int, entries: Sequence[Sequence[Any]]
+    ) -> tuple[asyncio.Future[JournalMark], int] | None:
+        """`append_entry_shared` for several entries of one ledger, all in the filling group.
+
+        `entries` are `[entry_id, lac, length, digest, payload]` each. Returns the group's
+        shared future and the offset after the last record, or None having appended nothing:
+        the group has no room for them all, the journal is not usable, or a field does not fit
+        a record. The bookie's batched add path; the caller then appends them one by one.
+        """
+        if self._failure is not None or self._closing or self._closed:
+            return None
+        ends = self._ends
+        data = self._data
+        config = self._config
+        if len(data) >= config.max_group_bytes or len(ends) + len(entries) > (
+            config.max_group_entries
+        ):
+            return None
+        try:
+            heads = [
+                encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
+                for entry_id, lac, length, digest, payload in entries
+            ]
+        except BKError:
+            return None
+        if not ends:
+            self._start_group()
+        offset = self._tail_offset
+        for head, entry in zip(heads, entries, strict=True):
+            payload = entry[4]
+            data += head
+            data += payload
+            offset += len(head) + len(payload)
+            ends.append(offset)
+        self._tail_offset = offset
+        self._waiters += repeat(None, len(heads))
+        if not self._writing:
+            if not self._handoff_scheduled:
+                self._handoff_scheduled = True
+                self._loop.call_soon(self._hand_off)
+            elif self._adaptive_timer is not None and not self._has_room():
+                self._adaptive_timer.cancel()
+                self._adaptive_timer = None
+                self._loop.call_soon(self._hand_off)
+        shared = self._shared
+        if shared is None:
+            shared = self._shared = self._loop.create_future()
+        return shared, offset
 
     def append_encoded(self, data: bytes) -> asyncio.Future[JournalMark]:
         """Queue one record already encoded by `encode_record` / `encode_entry`."""

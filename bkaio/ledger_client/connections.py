@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import socket
 import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from types import MethodType
 from typing import Any, Protocol, TypeVar, cast
 
@@ -41,6 +41,7 @@ from bkaio.ledger_client.types import AddCallback, ClientConfig, LacAnswer, Stor
 from bkaio.protocol import (
     I64_MAX,
     PROTOCOL_VERSION,
+    AddEntriesResponse,
     AddEntryResponse,
     ErrorResponse,
     Flag,
@@ -74,6 +75,9 @@ _ADD_FLAGS = int(Flag.NONE)
 _RECOVERY_ADD_FLAGS = int(Flag.RECOVERY_ADD)
 _OP_ADD_ENTRY = int(Op.ADD_ENTRY)
 _ADD_ENTRY_FIELDS = 8  # ledger, entry, flags, master key, LAC, length, digest, payload.
+_OP_ADD_ENTRIES = int(Op.ADD_ENTRIES)
+# The HELLO feature of a bookie that takes ADD_ENTRIES frames and may answer with them.
+ADD_ENTRIES_FEATURE = "add_entries"
 _STATUS_OK = Status.OK
 _STATUS_OK_INT = int(Status.OK)
 # For ints, `(a | b) >> _I64_BITS == 0` means 0 <= a <= I64_MAX and 0 <= b <= I64_MAX.
@@ -117,7 +121,7 @@ class BookieConnection(asyncio.Protocol):
         self._config = config
         self._tls = tls
         self._label = f"{bookie_id} shard {shard_index} ({host}:{port})"
-        self._request_ids = itertools.count(1)
+        self._next_request_id = 1  # Request ids are drawn in order, several at once for a batch.
         self._waiters: dict[int, Waiter] = {}
         self._deadlines: dict[float, deque[list[Any]]] = {}  # timeout -> records in send order
         # The record that requests with `_batch_timeout` join until the next flush; None when
@@ -136,6 +140,9 @@ class BookieConnection(asyncio.Protocol):
         self._backoff = config.reconnect_backoff_min
         self._hello_request_id = 0
         self._closed = False
+        # Adds go out as ADD_ENTRIES frames: the bookie said so in its HELLO answer. False
+        # until then, and again once the connection is gone.
+        self.batches_adds = False
 
     # ----------------------------------------------------------------- sending
 
@@ -153,7 +160,8 @@ class BookieConnection(asyncio.Protocol):
         """
         if not self._ready_to_send(callback):
             return
-        request_id = next(self._request_ids)
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
         body[1] = request_id
         try:
             self._encoder.add(body)
@@ -173,7 +181,8 @@ class BookieConnection(asyncio.Protocol):
         # Connected and open: `_ready_to_send` would say yes without side effects.
         if (self._closed or not self._connected) and not self._ready_to_send(callback):
             return
-        request_id = next(self._request_ids)
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
         try:
             self._encoder.add_prepacked(op, request_id, field_count, packed)
         except BKError as error:
@@ -187,6 +196,97 @@ class BookieConnection(asyncio.Protocol):
         if not self._flush_scheduled and self._connected:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def send_add_to_entries(
+        self,
+        ledger_id: int,
+        flags: int,
+        master_key: bytes,
+        packed_entry: bytes,
+        callback: Waiter,
+        timeout: float,
+    ) -> None:
+        """`send_prepacked` for an add to a bookie that takes ADD_ENTRIES (`batches_adds`,
+        so connected and open): the add joins this loop iteration's frame of its ledger.
+
+        `packed_entry` is `FrameEncoder.pack_fields([entry_id, lac, length, digest, payload])`.
+        The add keeps a request id, a waiter and a deadline of its own, as with ADD_ENTRY.
+        """
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
+        try:
+            self._encoder.add_to_entries(request_id, ledger_id, flags, master_key, packed_entry)
+        except BKError as error:
+            self._loop.call_soon(callback, error)
+            return
+        self._waiters[request_id] = callback
+        if timeout == self._batch_timeout:
+            self._batch[_LAST_ID] = request_id  # type: ignore[index]  # Set with the timeout.
+        else:
+            self._add_deadline(request_id, timeout)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def send_adds(
+        self,
+        ledger_id: int,
+        flags: int,
+        master_key: bytes,
+        handler: Callable[[_T, BKError | None], None],
+        adds: Sequence[_T],
+        frames: Sequence[tuple[int, int, list[bytes], int]],
+        timeout: float,
+    ) -> None:
+        """Send `adds` of one ledger as the ADD_ENTRIES `frames` (connected, `batches_adds`).
+
+        Each frame is (first index, end index, packed entries, their bytes) over `adds`; each
+        add gets a request id of its own, in order, and `handler(add, None | error)` answers
+        it, as with `send_add_to_entries`. The per-add work (waiters, request ids) is done in
+        C loops: this is the path of every append of a ledger whose write set is the whole
+        ensemble.
+        """
+        count = len(adds)
+        first = self._next_request_id
+        self._next_request_id = first + count
+        waiters = self._waiters
+        callbacks = map(MethodType, repeat(handler), adds)
+        waiters.update(zip(range(first, first + count), callbacks, strict=True))
+        if timeout == self._batch_timeout:
+            self._batch[_LAST_ID] = first + count - 1  # type: ignore[index]
+        else:
+            self._add_deadline(first, timeout)
+            self._deadlines[timeout][-1][_LAST_ID] = first + count - 1  # The record just made.
+        encoder = self._encoder
+        room = encoder.entries_room(master_key)
+        for start, end, packed_entries, entry_bytes in frames:
+            if entry_bytes <= room:
+                try:
+                    encoder.add_entries_frame(
+                        first + start, ledger_id, flags, master_key, packed_entries, entry_bytes
+                    )
+                except BKError as error:  # Not expected: the frame fits by its size.
+                    self._fail_adds(range(first + start, first + end), error)
+                continue
+            # A frame above this client's max_frame_bytes: the entries one by one, which cuts
+            # it into frames that fit, and refuses (only) an entry too large for any frame.
+            for request_id, packed_entry in zip(
+                range(first + start, first + end), packed_entries, strict=True
+            ):
+                try:
+                    encoder.add_to_entries(request_id, ledger_id, flags, master_key, packed_entry)
+                except BKError as error:
+                    self._fail_adds(range(request_id, request_id + 1), error)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _fail_adds(self, request_ids: range, error: BKError) -> None:
+        """Fail the queued adds `request_ids` soon with `error` (their frame was refused)."""
+        for request_id in request_ids:
+            callback = self._waiters.pop(request_id, None)
+            if callback is not None:
+                self._loop.call_soon(callback, type(error)(str(error)))
 
     def _ready_to_send(self, callback: Waiter) -> bool:
         """False (with `callback` failed soon) when no request can be queued now."""
@@ -297,7 +397,8 @@ class BookieConnection(asyncio.Protocol):
         self._connected = True
         # HELLO goes first; the requests queued while connecting follow it in the same write.
         queued = self._encoder.take()
-        self._hello_request_id = next(self._request_ids)
+        self._hello_request_id = self._next_request_id
+        self._next_request_id += 1
         self._waiters[self._hello_request_id] = self._hello_done
         # A record of its own: the requests queued while connecting keep theirs.
         self._add_deadline(self._hello_request_id, self._config.connect_timeout, batch=False)
@@ -327,6 +428,7 @@ class BookieConnection(asyncio.Protocol):
             )
         else:
             self._backoff = self._config.reconnect_backoff_min
+            self.batches_adds = ADD_ENTRIES_FEATURE in result.features and self._connected
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -350,11 +452,33 @@ class BookieConnection(asyncio.Protocol):
                     ):
                         waiter(None)
                         continue
+                elif len(body) == 6:
+                    # The OK answer to `count` adds of ADD_ENTRIES frames (request ids and
+                    # entry ids consecutive from the given ones), checked the same way.
+                    op, request_id, status, ledger_id, entry_id, count = body
+                    if (
+                        status == _STATUS_OK_INT
+                        and op == _OP_ADD_ENTRIES
+                        and type(op) is type(status) is type(request_id) is int
+                        and type(ledger_id) is type(entry_id) is type(count) is int
+                        and not (ledger_id | entry_id) >> _I64_BITS
+                        and 0 < count <= len(waiters)
+                        and request_id in waiters
+                    ):
+                        pop = waiters.pop
+                        for answered_id in range(request_id, request_id + count):
+                            waiter = pop(answered_id, None)
+                            if waiter is not None:  # None: it timed out already.
+                                waiter(None)
+                        continue
                 self._deliver(decode_response(body))
         except ProtocolError as error:
             self._abort(ProtocolError(f"{self._label}: {error}"))
 
     def _deliver(self, response: Response) -> None:
+        if type(response) is AddEntriesResponse:
+            self._deliver_adds(response)
+            return
         waiter = self._waiters.pop(response.request_id, None)
         if waiter is None:
             return  # It timed out already.
@@ -374,6 +498,33 @@ class BookieConnection(asyncio.Protocol):
         else:
             waiter(response)
 
+    def _deliver_adds(self, response: AddEntriesResponse) -> None:
+        """One answer for several adds: each waiter gets None for OK, else the error."""
+        waiters = self._waiters
+        first = response.request_id
+        end = first + response.count
+        # A count beyond the waiters (from a broken bookie) must not make a long loop.
+        answered = (
+            range(first, end)
+            if response.count <= len(waiters)
+            else sorted(request_id for request_id in waiters if first <= request_id < end)
+        )
+        status = response.status
+        for request_id in answered:
+            waiter = waiters.pop(request_id, None)
+            if waiter is None:
+                continue  # It timed out already.
+            if status is _STATUS_OK:
+                waiter(None)
+            else:
+                waiter(
+                    error_for_status(
+                        status,
+                        f"bookie {self.bookie_id}: add of ledger {response.ledger_id} entry "
+                        f"{response.entry_id + request_id - first} failed with {status.name}",
+                    )
+                )
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._connected = False
@@ -382,6 +533,7 @@ class BookieConnection(asyncio.Protocol):
         self._connection_failed(BookieUnavailableError(reason))
 
     def _connection_failed(self, error: BKError) -> None:
+        self.batches_adds = False
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._config.reconnect_backoff_max)
         self._encoder.take()
@@ -556,6 +708,35 @@ class BookiePool:
         body.append(payload)
         connection.send_body(body, callback, self._config.add_timeout)
 
+    def add_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        recovery: bool,
+        master_key: bytes,
+        handler: Callable[[_T, BKError | None], None],
+        adds: Sequence[_T],
+        frames: Sequence[tuple[int, int, list[bytes], int]],
+    ) -> bool:
+        """Send `adds` to `bookie_id` as ADD_ENTRIES `frames` (`BookieConnection.send_adds`).
+
+        False, having sent nothing, when that bookie's connection does not take ADD_ENTRIES
+        frames now (not connected yet, an older bookie): the caller sends them one by one.
+        """
+        address = self._resolve(bookie_id)
+        connection = (
+            None
+            if address is None
+            else self._connections.get((bookie_id, ledger_id % address.shard_count))
+        )
+        if connection is None or not connection.batches_adds:
+            return False
+        flags = _RECOVERY_ADD_FLAGS if recovery else _ADD_FLAGS
+        connection.send_adds(
+            ledger_id, flags, master_key, handler, adds, frames, self._config.add_timeout
+        )
+        return True
+
     def add_entry_many(
         self,
         targets: Sequence[tuple[str, Callable[[_T, BKError | None], None]]],
@@ -575,9 +756,7 @@ class BookiePool:
         caller keeps one handler per bookie instead of making a callback per add and bookie.
         """
         flags = _RECOVERY_ADD_FLAGS if recovery else _ADD_FLAGS
-        packed = self._packer.pack_fields(
-            [ledger_id, entry_id, flags, master_key, lac, length, digest, payload]
-        )
+        packed_entry = packed = None  # Packed on first use: ADD_ENTRIES or ADD_ENTRY fields.
         timeout = self._config.add_timeout
         resolve = self._resolve
         connections = self._connections
@@ -596,6 +775,19 @@ class BookiePool:
                 except BKError as error:
                     self._loop.call_soon(callback, error)
                     continue
+            if connection.batches_adds:
+                if packed_entry is None:
+                    packed_entry = self._packer.pack_fields(
+                        [entry_id, lac, length, digest, payload]
+                    )
+                connection.send_add_to_entries(
+                    ledger_id, flags, master_key, packed_entry, callback, timeout
+                )
+                continue
+            if packed is None:
+                packed = self._packer.pack_fields(
+                    [ledger_id, entry_id, flags, master_key, lac, length, digest, payload]
+                )
             connection.send_prepacked(_OP_ADD_ENTRY, _ADD_ENTRY_FIELDS, packed, callback, timeout)
 
     async def read_entry(

@@ -40,6 +40,7 @@ from bkaio.ledger_client.quorum import with_new_segment, write_set
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bkaio.protocol.digest import entry_digest
+from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FrameEncoder
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +78,28 @@ class _PendingAdd:
 
 # Handles one bookie's answer to one add: None for OK, else the error (see `_answer_handler`).
 _AnswerHandler = Callable[[_PendingAdd, BKError | None], None]
+# (first index, end index, packed entries, their bytes): one ADD_ENTRIES frame of a batch.
+_Frame = tuple[int, int, list[bytes], int]
+# The fields of an ADD_ENTRIES entry, packed once per append for every bookie.
+_pack_fields = FrameEncoder().pack_fields
+
+
+def _frames_of(packed: list[bytes]) -> list[_Frame]:
+    """`packed` cut into frames of at most ADD_ENTRIES_BATCH_BYTES (a larger entry alone)."""
+    total = sum(map(len, packed))
+    if total <= ADD_ENTRIES_BATCH_BYTES:
+        return [(0, len(packed), packed, total)]
+    frames: list[_Frame] = []
+    start = 0
+    size = 0
+    for index, entry_bytes in enumerate(map(len, packed)):
+        if size and size + entry_bytes > ADD_ENTRIES_BATCH_BYTES:
+            frames.append((start, index, packed[start:index], size))
+            start = index
+            size = 0
+        size += entry_bytes
+    frames.append((start, len(packed), packed[start:], size))
+    return frames
 
 
 class LedgerHandle:
@@ -123,6 +146,11 @@ class LedgerHandle:
         self._log = log.bind(ledger_id=self.ledger_id)
         # `BookiePool.add_entry_many` when the context has it (test fakes may not).
         self._add_entry_many = getattr(context.ops, "add_entry_many", None)
+        # `BookiePool.add_entries`, for a ledger whose every add goes to every bookie: the
+        # appends of one loop iteration leave as one batch per bookie (`_send_unsent`).
+        add_entries = getattr(context.ops, "add_entries", None)
+        self._add_entries = add_entries if self._ensemble_size == self._write_quorum else None
+        self._unsent: list[_PendingAdd] = []  # Appended this loop iteration, not sent yet.
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
@@ -191,7 +219,13 @@ class LedgerHandle:
             self._waiting.append(add)
         else:
             self._pending.append(add)
-            self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
+            if self._add_entries is not None:
+                unsent = self._unsent
+                unsent.append(add)
+                if len(unsent) == 1:
+                    self._loop.call_soon(self._send_unsent)
+            else:
+                self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
         return future
 
     async def wait_for_capacity(self) -> None:
@@ -298,6 +332,44 @@ class LedgerHandle:
                 payload=add.payload,
                 callback=MethodType(self._answer_handlers[index], add),
             )
+
+    def _send_unsent(self) -> None:
+        """Send this loop iteration's appends: one batch of ADD_ENTRIES frames per bookie.
+
+        Only for a ledger whose write set is the whole ensemble (E = Qw), so every add goes
+        to every bookie. The entries are packed once and each bookie's connection takes the
+        batch in one call; a bookie down, or one whose connection takes no ADD_ENTRIES now,
+        gets the adds one by one through `_send` instead.
+        """
+        adds = self._unsent
+        if not adds:
+            return
+        self._unsent = []
+        if self._error is not None:
+            return  # `_fail` resolved them already.
+        mask = self._write_set_masks[0]  # E = Qw: every write set is every slot.
+        if self._down_mask:
+            for add in adds:
+                self._send(add, mask)
+            return
+        lac = adds[-1].lac  # The LAC only grows: the last add carries the highest.
+        if lac > self._max_piggybacked_lac:
+            self._max_piggybacked_lac = lac
+        pack = _pack_fields
+        frames = _frames_of(
+            [pack([add.entry_id, add.lac, add.length, add.digest, add.payload]) for add in adds]
+        )
+        add_entries = self._add_entries
+        assert add_entries is not None
+        ledger_id = self.ledger_id
+        master_key = self._master_key
+        handlers = self._answer_handlers
+        for index, bookie_id in enumerate(self._ensemble):
+            if not add_entries(
+                bookie_id, ledger_id, False, master_key, handlers[index], adds, frames
+            ):
+                for add in adds:
+                    self._send(add, 1 << index)
 
     def _set_ensemble(self, ensemble: list[str]) -> None:
         """Adopt `ensemble` (the newest segment's), with an answer handler per slot."""
@@ -472,6 +544,9 @@ class LedgerHandle:
             )
 
     async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
+        # Appends not sent yet go to the ensemble they were appended under, like the rest:
+        # the re-send below then covers them as it covers every pending add.
+        self._send_unsent()
         new_ensemble = list(self._ensemble)
         replaced: list[int] = []
         bookies = self._ctx.bookies()

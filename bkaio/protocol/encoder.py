@@ -16,6 +16,7 @@ import msgpack
 
 from bkaio import errors  # Module reference: see the import note in frames.py.
 from bkaio.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER
+from bkaio.protocol.messages import ADD_ENTRIES_ENTRY_FIELDS, ADD_ENTRIES_HEAD_FIELDS, Op
 
 # A msgpack array of up to 15 values starts with one byte, 0x90 | length (fixarray): the
 # prepacked path frames [op, request_id, *fields] with at most 13 fields that way.
@@ -30,6 +31,17 @@ _PREPACKED_HEAD = struct.Struct(">IBBBI")
 _PREPACKED_HEAD_BODY_BYTES = _PREPACKED_HEAD.size - FRAME_HEADER.size  # Counted in the body.
 _MSGPACK_UINT32 = 0xCE
 _FIXARRAY = 0x90
+# An ADD_ENTRIES frame's head up to its first entry: frame length (u32), array32 (0xdd) and
+# its item count, the op as a positive fixint, the request id as a msgpack uint64 (0xcf); the
+# ledger id, flags and master key follow, packed the ordinary way.
+_ADD_ENTRIES_HEAD = struct.Struct(">IBIBBQ")
+_ADD_ENTRIES_HEAD_BODY_BYTES = _ADD_ENTRIES_HEAD.size - FRAME_HEADER.size
+_OP_ADD_ENTRIES = int(Op.ADD_ENTRIES)
+assert _OP_ADD_ENTRIES < 0x80  # A positive fixint.
+# Entry bytes one ADD_ENTRIES frame collects before the next starts: well inside any sane
+# max_frame_bytes of the bookie (which the client does not know), and large enough that a
+# frame carries dozens of 1 KiB adds. One larger entry still travels, alone in its frame.
+ADD_ENTRIES_BATCH_BYTES = 64 * 1024
 
 
 class Encodable(Protocol):
@@ -41,7 +53,7 @@ class Encodable(Protocol):
 class FrameEncoder:
     """Appends frames to one buffer; `take()` returns the batch and starts the next one."""
 
-    __slots__ = ("_buffer", "_frames", "_max_frame_bytes", "_packer", "_parts")
+    __slots__ = ("_adds", "_buffer", "_frames", "_max_frame_bytes", "_packer", "_parts")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         if max_frame_bytes <= 0:
@@ -52,9 +64,13 @@ class FrameEncoder:
         # Frames of `add_prepacked` as buffers; every one of them precedes the `_buffer` frames.
         self._parts: list[bytes] = []
         self._frames = 0
+        # The open ADD_ENTRIES frame (`add_to_entries`): [index of its head in `_parts`, first
+        # request id, entries, entry bytes, ledger id, flags, master key, entry bytes it may
+        # hold]; None when none.
+        self._adds: list[Any] | None = None
 
     def __len__(self) -> int:
-        """Bytes waiting in the current batch."""
+        """Bytes waiting in the current batch (an open ADD_ENTRIES head not counted yet)."""
         parts = self._parts  # Summed here, once per batch, rather than counted per frame.
         return len(self._buffer) + (sum(map(len, parts)) if parts else 0)
 
@@ -91,8 +107,10 @@ class FrameEncoder:
         body_bytes = _PREPACKED_HEAD_BODY_BYTES + len(packed)
         if body_bytes > self._max_frame_bytes:
             self._refuse(op, body_bytes)
+        if self._adds is not None:
+            self._close_adds()  # Keep the frames in the order they were added.
         if self._buffer:
-            self._buffer_to_parts()  # Keep the frames in the order they were added.
+            self._buffer_to_parts()
         parts = self._parts
         parts.append(
             _PREPACKED_HEAD.pack(
@@ -102,6 +120,115 @@ class FrameEncoder:
         parts.append(packed)
         self._frames += 1
         return _FRAME_HEADER_BYTES + body_bytes
+
+    def add_to_entries(
+        self, request_id: int, ledger_id: int, flags: int, master_key: bytes, packed_entry: bytes
+    ) -> None:
+        """Add one add to the open ADD_ENTRIES frame, or open the next one.
+
+        `packed_entry` is `pack_fields([entry_id, lac, length, digest, payload])`, kept, not
+        copied (the same bytes go to every bookie). An add joins the open frame when it is of
+        the same ledger, flags and key, its request id follows the frame's last one and the
+        frame has room (`ADD_ENTRIES_BATCH_BYTES`, less when max_frame_bytes is smaller); each
+        entry then has the request id the bookie derives for it. Raises ProtocolError for an
+        entry above max_frame_bytes.
+        """
+        adds = self._adds
+        entry_bytes = len(packed_entry)
+        if adds is not None:
+            count = adds[2]
+            if (
+                adds[1] + count == request_id
+                and adds[4] == ledger_id
+                and adds[5] == flags
+                and adds[3] + entry_bytes <= adds[7]
+                and adds[6] == master_key
+            ):
+                self._parts.append(packed_entry)
+                adds[2] = count + 1
+                adds[3] += entry_bytes
+                return
+            self._close_adds()
+        room = self.entries_room(master_key)
+        if entry_bytes > room:
+            self._refuse(_OP_ADD_ENTRIES, _ADD_ENTRIES_HEAD_BODY_BYTES + entry_bytes)
+        if self._buffer:
+            self._buffer_to_parts()
+        parts = self._parts
+        self._adds = [
+            len(parts), request_id, 1, entry_bytes, ledger_id, flags, master_key,
+            min(room, ADD_ENTRIES_BATCH_BYTES),
+        ]  # fmt: skip
+        parts.append(b"")  # The frame's head, written when the frame closes.
+        parts.append(packed_entry)
+        self._frames += 1
+
+    def entries_room(self, master_key: bytes) -> int:
+        """Entry bytes an ADD_ENTRIES frame with this key can carry within max_frame_bytes
+        (the head's ids and flags counted at their widest)."""
+        return self._max_frame_bytes - (_ADD_ENTRIES_HEAD_BODY_BYTES + 9 + 9 + 5 + len(master_key))
+
+    def add_entries_frame(
+        self,
+        request_id: int,
+        ledger_id: int,
+        flags: int,
+        master_key: bytes,
+        packed_entries: list[bytes],
+        entry_bytes: int,
+    ) -> None:
+        """Append one whole ADD_ENTRIES frame: the adds `packed_entries` (as `add_to_entries`
+        takes them; `entry_bytes` their total length), request ids from `request_id`.
+
+        The batch path of a ledger handle: the entries are kept, not copied, and the caller
+        keeps each frame within `ADD_ENTRIES_BATCH_BYTES` (or one entry alone). Raises
+        ProtocolError for a frame above max_frame_bytes, adding nothing.
+        """
+        packer = self._packer
+        fields = packer.pack(ledger_id) + packer.pack(flags) + packer.pack(master_key)
+        body_bytes = _ADD_ENTRIES_HEAD_BODY_BYTES + len(fields) + entry_bytes
+        if body_bytes > self._max_frame_bytes:
+            self._refuse(_OP_ADD_ENTRIES, body_bytes)
+        if self._adds is not None:
+            self._close_adds()
+        if self._buffer:
+            self._buffer_to_parts()
+        count = len(packed_entries)
+        parts = self._parts
+        parts.append(
+            _ADD_ENTRIES_HEAD.pack(
+                body_bytes,
+                0xDD,
+                ADD_ENTRIES_HEAD_FIELDS + ADD_ENTRIES_ENTRY_FIELDS * count,
+                _OP_ADD_ENTRIES,
+                0xCF,
+                request_id,
+            )
+            + fields
+        )
+        parts += packed_entries
+        self._frames += 1
+
+    def _close_adds(self) -> None:
+        """Write the head of the open ADD_ENTRIES frame into its place; no frame is open then."""
+        adds = self._adds
+        assert adds is not None
+        self._adds = None
+        index, request_id, count, entry_bytes, ledger_id, flags, master_key, _ = adds
+        packer = self._packer
+        fields = packer.pack(ledger_id) + packer.pack(flags) + packer.pack(master_key)
+        body_bytes = _ADD_ENTRIES_HEAD_BODY_BYTES + len(fields) + entry_bytes
+        self._parts[index] = (
+            _ADD_ENTRIES_HEAD.pack(
+                body_bytes,
+                0xDD,
+                ADD_ENTRIES_HEAD_FIELDS + ADD_ENTRIES_ENTRY_FIELDS * count,
+                _OP_ADD_ENTRIES,
+                0xCF,
+                request_id,
+            )
+            + fields
+        )
 
     def _buffer_to_parts(self) -> None:
         buffer = self._buffer
@@ -127,6 +254,8 @@ class FrameEncoder:
         body_bytes = len(body) + len(tail)
         if body_bytes > self._max_frame_bytes:
             self._refuse(op, body_bytes)
+        if self._adds is not None:
+            self._close_adds()  # Keep the frames in the order they were added.
         buffer = self._buffer
         buffer += FRAME_HEADER.pack(body_bytes)
         buffer += body
@@ -137,7 +266,7 @@ class FrameEncoder:
 
     def take(self) -> bytes:
         """The batched frames, in the order added; the encoder is empty afterwards."""
-        if self._parts:
+        if self._parts or self._adds is not None:
             return b"".join(self.take_parts())
         batch = bytes(self._buffer)
         self._buffer.clear()
@@ -146,6 +275,8 @@ class FrameEncoder:
 
     def take_parts(self) -> list[bytes]:
         """`take` as a list of buffers whose concatenation is the batch, for `writelines`."""
+        if self._adds is not None:
+            self._close_adds()
         if self._buffer:
             self._buffer_to_parts()
         parts = self._parts

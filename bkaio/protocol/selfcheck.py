@@ -17,6 +17,8 @@ from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
 from bkaio.protocol.messages import (
     PROTOCOL_VERSION,
+    AddEntriesRequest,
+    AddEntriesResponse,
     AddEntryRequest,
     AddEntryResponse,
     ErrorResponse,
@@ -78,6 +80,10 @@ def sample_requests() -> list[Request]:
         GetBookieInfoRequest(12),
         ListEntriesRequest(13, _LEDGER_ID),
         PingRequest(2**64 - 1),
+        AddEntriesRequest(
+            20, _LEDGER_ID, Flag.NONE, _KEY, tuple(_entry(i, b"batched %d" % i) for i in range(3))
+        ),
+        AddEntriesRequest(30, _LEDGER_ID, Flag.RECOVERY_ADD, _KEY, (_entry(5, b""),)),
     ]
 
 
@@ -104,6 +110,8 @@ def sample_responses() -> list[Response]:
         PingResponse(17, Status.OK),
         PingResponse(18, Status.TOO_MANY_REQUESTS),
         ErrorResponse(0, Status.BAD_REQUEST, "frame body must be a msgpack array, got int"),
+        AddEntriesResponse(20, Status.OK, _LEDGER_ID, 0, 3),
+        AddEntriesResponse(30, Status.READ_ONLY, _LEDGER_ID, 5, 1),
     ]
 
 

@@ -67,10 +67,31 @@ class FrameRule:
 
 
 def _request_flags(body: list[Any]) -> int | None:
-    position = {2: 4, 3: 4, 4: 6, 5: 3}.get(body[0] if body else -1)  # index in the array
+    position = {2: 4, 3: 4, 4: 6, 5: 3, 11: 3}.get(body[0] if body else -1)  # index in the array
     if position is None or len(body) <= position or not isinstance(body[position], int):
         return None
     return int(body[position])
+
+
+_ADD_ENTRY = 2
+_ADD_ENTRIES = 11
+
+
+def _split_add_entries(body: list[Any]) -> list[list[Any]] | None:
+    """The ADD_ENTRY bodies an ADD_ENTRIES body stands for (docs/protocol.md, "Batched adds"),
+    or None for a body of another shape: the proxy leaves those alone."""
+    count, extra = divmod(len(body) - 5, 5)
+    if body[0] != _ADD_ENTRIES or count < 1 or extra or not isinstance(body[1], int):
+        return None
+    _, request_id, ledger_id, flags, master_key = body[:5]
+    adds = []
+    for index in range(count):
+        entry_id, lac, length, digest, payload = body[5 + 5 * index : 10 + 5 * index]
+        adds.append(
+            [_ADD_ENTRY, request_id + index, ledger_id, entry_id, flags, master_key, lac,
+             length, digest, payload]
+        )  # fmt: skip
+    return adds
 
 
 @dataclass
@@ -199,6 +220,15 @@ class LinkProxy:
             body = msgpack.unpackb(frame[4:], raw=False)
         except Exception:  # Not ours to judge: pass it on.
             body = None
+        if isinstance(body, list) and body and direction is Direction.UP:
+            # Rules act on adds one by one: a batch of adds goes on as the ADD_ENTRY frames it
+            # stands for, which the bookie handles the same way.
+            adds = _split_add_entries(body)
+            if adds is not None:
+                for add in adds:
+                    packed = msgpack.packb(add)
+                    await self._frame(writer, direction, _HEADER.pack(len(packed)) + packed)
+                return
         if isinstance(body, list):
             for rule in self.rules:
                 if rule.matches(direction, body):
