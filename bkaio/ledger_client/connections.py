@@ -350,6 +350,12 @@ class BookieConnection(asyncio.Protocol):
         # One vectored write of the frames' buffers: joining them first would copy the batch.
         transport.writelines(self._encoder.take_parts())
 
+    def flush_now(self) -> None:
+        """Write what is queued now rather than at the scheduled flush (which then finds
+        nothing): the end of `BookiePool.defer_send`'s batch."""
+        if self._flush_scheduled:
+            self._flush()
+
     def pause_writing(self) -> None:
         self._paused = True  # Frames wait in the encoder; adds are bounded per ledger handle.
 
@@ -625,6 +631,33 @@ class BookiePool:
         self._connections: dict[tuple[str, int], BookieConnection] = {}
         self._loop = asyncio.get_running_loop()
         self._packer = FrameEncoder(config.max_frame_bytes)  # Only its pack_fields is used.
+        # `defer_send`: the ledger handles' batches of this loop iteration, sent together at
+        # its end, and the connections they went to, written at once after them.
+        self._deferred: list[Callable[[], None]] = []
+        self._touched: set[BookieConnection] = set()
+
+    def defer_send(self, send: Callable[[], None]) -> None:
+        """Run `send` (a ledger handle's `_send_unsent`) once this loop iteration's callbacks
+        ran, with every other one deferred meanwhile; then write the connections they used.
+
+        Batches of many ledgers to one bookie go out in one write, and none waits for a
+        further loop iteration (which would add a poll and whatever it brings in first).
+        """
+        deferred = self._deferred
+        deferred.append(send)
+        if len(deferred) == 1:
+            self._loop.call_soon(self._send_deferred)
+
+    def _send_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for send in deferred:
+            try:
+                send()
+            except Exception:  # One handle's failure must not keep the others' adds back.
+                log.exception("deferred_send_failed")
+        touched, self._touched = self._touched, set()
+        for connection in touched:
+            connection.flush_now()
 
     def _connection(self, bookie_id: str, ledger_id: int) -> BookieConnection:
         address = self._resolve(bookie_id)
@@ -735,6 +768,7 @@ class BookiePool:
         connection.send_adds(
             ledger_id, flags, master_key, handler, adds, frames, self._config.add_timeout
         )
+        self._touched.add(connection)  # Written by `_send_deferred` (else by its own flush).
         return True
 
     def add_entry_many(

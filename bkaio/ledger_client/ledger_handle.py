@@ -151,6 +151,11 @@ class LedgerHandle:
         add_entries = getattr(context.ops, "add_entries", None)
         self._add_entries = add_entries if self._ensemble_size == self._write_quorum else None
         self._unsent: list[_PendingAdd] = []  # Appended this loop iteration, not sent yet.
+        # When `_send_unsent` runs: the pool's `defer_send` (with the other ledgers' batches,
+        # written at once), else at the loop's next turn.
+        self._defer_send: Callable[[Callable[[], None]], object] = (
+            getattr(context.ops, "defer_send", None) or self._loop.call_soon
+        )
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
@@ -223,7 +228,7 @@ class LedgerHandle:
                 unsent = self._unsent
                 unsent.append(add)
                 if len(unsent) == 1:
-                    self._loop.call_soon(self._send_unsent)
+                    self._defer_send(self._send_unsent)
             else:
                 self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
         return future

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.ledger_handle import _frames_of
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
@@ -159,3 +160,26 @@ def test_frames_of_keeps_every_entry_once_in_order() -> None:
     for start, end, parts, size in frames:
         assert size == sum(map(len, parts))
         assert size <= ADD_ENTRIES_BATCH_BYTES or end - start == 1
+
+
+async def test_the_pool_runs_deferred_sends_once_each_in_order_at_the_iterations_end() -> None:
+    """`BookiePool.defer_send`: every send deferred in one iteration runs once, in order, in
+    one later callback; one that raises does not keep the others from running."""
+    pool = BookiePool(ClientConfig(), lambda bookie_id: None)
+    ran: list[str] = []
+
+    def failing() -> None:
+        ran.append("failing")
+        raise RuntimeError("a handle's bug")
+
+    pool.defer_send(lambda: ran.append("first"))
+    pool.defer_send(failing)
+    pool.defer_send(lambda: ran.append("third"))
+    assert ran == []
+    await asyncio.sleep(0)
+    assert ran == ["first", "failing", "third"]
+    await asyncio.sleep(0)
+    assert ran == ["first", "failing", "third"]
+    pool.defer_send(lambda: ran.append("next"))
+    await asyncio.sleep(0)
+    assert ran[-1] == "next"
