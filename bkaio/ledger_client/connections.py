@@ -219,14 +219,7 @@ class BookieConnection(asyncio.Protocol):
         except BKError as error:
             self._loop.call_soon(callback, error)
             return
-        self._waiters[request_id] = callback
-        if timeout == self._batch_timeout:
-            self._batch[_LAST_ID] = request_id  # type: ignore[index]  # Set with the timeout.
-        else:
-            self._add_deadline(request_id, timeout)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._queued(request_id, callback, timeout)
 
     def send_adds(
         self,

@@ -44,6 +44,14 @@ assert _OP_ADD_ENTRIES < 0x80  # A positive fixint.
 ADD_ENTRIES_BATCH_BYTES = 64 * 1024
 
 
+def _entries_head(body_bytes: int, count: int, request_id: int, fields: bytes) -> bytes:
+    """An ADD_ENTRIES frame up to its first entry; `fields` are its packed ledger id, flags
+    and master key."""
+    items = ADD_ENTRIES_HEAD_FIELDS + ADD_ENTRIES_ENTRY_FIELDS * count
+    head = _ADD_ENTRIES_HEAD.pack(body_bytes, 0xDD, items, _OP_ADD_ENTRIES, 0xCF, request_id)
+    return head + fields
+
+
 class Encodable(Protocol):
     """Any protocol message: every request and response class has `to_body`."""
 
@@ -193,19 +201,8 @@ class FrameEncoder:
             self._close_adds()
         if self._buffer:
             self._buffer_to_parts()
-        count = len(packed_entries)
         parts = self._parts
-        parts.append(
-            _ADD_ENTRIES_HEAD.pack(
-                body_bytes,
-                0xDD,
-                ADD_ENTRIES_HEAD_FIELDS + ADD_ENTRIES_ENTRY_FIELDS * count,
-                _OP_ADD_ENTRIES,
-                0xCF,
-                request_id,
-            )
-            + fields
-        )
+        parts.append(_entries_head(body_bytes, len(packed_entries), request_id, fields))
         parts += packed_entries
         self._frames += 1
 
@@ -218,17 +215,7 @@ class FrameEncoder:
         packer = self._packer
         fields = packer.pack(ledger_id) + packer.pack(flags) + packer.pack(master_key)
         body_bytes = _ADD_ENTRIES_HEAD_BODY_BYTES + len(fields) + entry_bytes
-        self._parts[index] = (
-            _ADD_ENTRIES_HEAD.pack(
-                body_bytes,
-                0xDD,
-                ADD_ENTRIES_HEAD_FIELDS + ADD_ENTRIES_ENTRY_FIELDS * count,
-                _OP_ADD_ENTRIES,
-                0xCF,
-                request_id,
-            )
-            + fields
-        )
+        self._parts[index] = _entries_head(body_bytes, count, request_id, fields)
 
     def _buffer_to_parts(self) -> None:
         buffer = self._buffer

@@ -24,18 +24,16 @@ from bkaio.protocol import (
     AddEntriesResponse,
     AddEntryResponse,
     Flag,
-    FrameDecoder,
     FrameEncoder,
     HelloResponse,
     Op,
     ReadLacRequest,
-    Request,
     Status,
     WireEntry,
-    decode_request,
     encode_frame,
 )
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
+from tests.fixtures.transports import FakeClientTransport
 
 KEY = b"k" * 32
 LEDGER = 5
@@ -43,43 +41,12 @@ FEATURES = ("read_range", "add_entries")
 _PACKER = FrameEncoder()
 
 
-class FakeTransport:
-    """Records writes; enough of asyncio.Transport for BookieConnection."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.writes.append(b"".join(parts))
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def requests(self) -> list[Request]:
-        """Everything written so far, decoded, HELLO included; the writes are cleared."""
-        data, self.writes = b"".join(self.writes), []
-        return [decode_request(body) for body in FrameDecoder().feed(data)]
-
-
-def _connection(config: ClientConfig | None = None) -> tuple[BookieConnection, FakeTransport]:
+def _connection(config: ClientConfig | None = None) -> tuple[BookieConnection, FakeClientTransport]:
     """A connection whose transport is up; HELLO (request id 1) written, not answered."""
     connection = BookieConnection(
         bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=config or ClientConfig()
     )
-    transport = FakeTransport()
+    transport = FakeClientTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     return connection, transport
 
@@ -89,7 +56,7 @@ def _answer_hello(connection: BookieConnection, features: tuple[str, ...]) -> No
     connection.data_received(encode_frame(hello.to_body()))
 
 
-def _batching(config: ClientConfig | None = None) -> tuple[BookieConnection, FakeTransport]:
+def _batching(config: ClientConfig | None = None) -> tuple[BookieConnection, FakeClientTransport]:
     """A connection past a HELLO answer that offers ADD_ENTRIES; nothing written since."""
     connection, transport = _connection(config)
     _answer_hello(connection, FEATURES)
@@ -422,7 +389,7 @@ async def test_pool_add_entries_sends_only_on_a_batching_connection() -> None:
     transports = {}
     for bookie_id, features in (("old", ("read_range",)), ("new", FEATURES)):
         connection = pool._connection(bookie_id, LEDGER)
-        transports[bookie_id] = transport = FakeTransport()
+        transports[bookie_id] = transport = FakeClientTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         _answer_hello(connection, features)
         transport.writes.clear()

@@ -18,39 +18,14 @@ from bkaio.protocol import (
     Status,
     encode_frame,
 )
+from tests.fixtures.transports import FakeClientTransport
 
 
-class FakeTransport:
-    """Records writes; enough of asyncio.Transport for BookieConnection."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.writes.append(b"".join(parts))
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-
-def _connected() -> tuple[BookieConnection, FakeTransport]:
+def _connected() -> tuple[BookieConnection, FakeClientTransport]:
     connection = BookieConnection(
         bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=ClientConfig()
     )
-    transport = FakeTransport()
+    transport = FakeClientTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     return connection, transport
 
@@ -99,11 +74,11 @@ async def test_frames_of_one_iteration_go_out_in_one_write() -> None:
     await connection.close()
 
 
-def _connected_with(config: ClientConfig) -> tuple[BookieConnection, FakeTransport]:
+def _connected_with(config: ClientConfig) -> tuple[BookieConnection, FakeClientTransport]:
     connection = BookieConnection(
         bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=config
     )
-    transport = FakeTransport()
+    transport = FakeClientTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     connection.data_received(  # HELLO (request id 1) answered: only the adds are left.
         encode_frame(HelloResponse(1, Status.OK, PROTOCOL_VERSION, "b0", 0, 1, ()).to_body())
@@ -200,7 +175,7 @@ async def test_no_hello_reply_aborts_the_connection_and_fails_the_queued_adds() 
     connection = BookieConnection(
         bookie_id="b0", host="127.0.0.1", port=1, shard_index=0, config=config
     )
-    transport = FakeTransport()
+    transport = FakeClientTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     seen = Results()
     for entry_id in range(3):  # Batched after HELLO, with a deadline far beyond its own.
