@@ -20,14 +20,13 @@ from typing import Any
 import pytest
 
 from bkaio.bookie.connection import BookieServerProtocol
-from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ADD_ENTRIES_MIN_FRAME_BYTES, ShardServer
-from bkaio.config import load_bookie_config
 from bkaio.entrylog.shard_storage import ShardStorage
 from bkaio.errors import NoSuchEntryError
 from bkaio.protocol import U64_MAX, FrameEncoder, Op, Status
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import HelloRequest
+from tests.fixtures.shard import served_shard
 from tests.fixtures.transports import FakeServerTransport
 
 KEY = b"k" * 32
@@ -156,23 +155,8 @@ class Bookie:
 
 @asynccontextmanager
 async def open_bookie(tmp_path: Path, server_options: str = "") -> AsyncIterator[Bookie]:
-    config_path = tmp_path / "bookie.toml"
-    config_path.write_text(
-        '[bookie]\nhost = "127.0.0.1"\nport = 3181\nshards = 1\n'
-        f'[metadata]\nuri = "sqlite://{tmp_path}/meta.db"\n'
-        '[server]\nledger_key_check = "first_sight"\nmax_entry_bytes = 4096\n'
-        f"{server_options}"
-        f'[storage]\njournal_dirs = ["{tmp_path}/journal"]\nledger_dirs = ["{tmp_path}/data"]\n'
-        "[journal]\nsync = false\n"
-    )
-    config = load_bookie_config(config_path, env={})
-    storage = await ShardStorage.open(
-        config.storage[0], bookie_id="test", shard_index=0, shard_count=1
-    )
-    try:
-        yield Bookie(ShardServer(config, 0, storage, ShardMetrics()), storage)
-    finally:
-        await storage.close()
+    async with served_shard(tmp_path, server_options) as (server, storage):
+        yield Bookie(server, storage)
 
 
 async def ledger_with_entry_0(bookie: Bookie) -> Peer:

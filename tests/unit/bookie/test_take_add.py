@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from bkaio.bookie.connection import BookieServerProtocol
-from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ShardServer
-from bkaio.config import load_bookie_config
 from bkaio.entrylog.shard_storage import ShardStorage
 from bkaio.protocol import FrameEncoder, Op, Status
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import HelloRequest
+from tests.fixtures.shard import served_shard
 from tests.fixtures.transports import FakeServerTransport
 
 KEY = b"k" * 32
@@ -85,20 +84,7 @@ class Shard:
 
 @pytest.fixture
 async def shard(tmp_path: Path) -> AsyncIterator[Shard]:
-    config_path = tmp_path / "bookie.toml"
-    config_path.write_text(
-        '[bookie]\nhost = "127.0.0.1"\nport = 3181\nshards = 1\n'
-        f'[metadata]\nuri = "sqlite://{tmp_path}/meta.db"\n'
-        '[server]\nledger_key_check = "first_sight"\nmax_entry_bytes = 4096\n'
-        f'[storage]\njournal_dirs = ["{tmp_path}/journal"]\nledger_dirs = ["{tmp_path}/data"]\n'
-        "[journal]\nsync = false\n"
-    )
-    config = load_bookie_config(config_path, env={})
-    storage = await ShardStorage.open(
-        config.storage[0], bookie_id="test", shard_index=0, shard_count=1
-    )
-    try:
-        server = ShardServer(config, 0, storage, ShardMetrics())
+    async with served_shard(tmp_path) as (server, storage):
         connection = BookieServerProtocol(server)
         transport = FakeServerTransport(decode=True)
         connection.connection_made(transport)  # type: ignore[arg-type]
@@ -110,8 +96,6 @@ async def shard(tmp_path: Path) -> AsyncIterator[Shard]:
         result.send(result.add_body(0))  # First add of the ledger: the full path records its key.
         assert next(iter((await result.answers(1)).values()))[2] == Status.OK
         yield result
-    finally:
-        await storage.close()
 
 
 def _unchanged(shard: Shard) -> tuple[Any, ...]:
