@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import sys
+import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from tests.fixtures.bookies import BookieCluster
 
 if TYPE_CHECKING:
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     from bkaio.ledger_client import BookKeeper
@@ -93,7 +95,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 
     from bkaio.spark import register
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("bkaio-spark-tests")
         .config("spark.ui.enabled", "false")
@@ -103,8 +105,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
         .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-        .getOrCreate()
     )
+    # The JVM is started by a fork of this process, which also runs gRPC threads (the etcd
+    # client); once in a CI run, spark-submit exited at once, silently. A second start works.
+    for attempt in range(3):
+        try:
+            session = builder.getOrCreate()
+            break
+        except PySparkRuntimeError as error:
+            if attempt == 2 or "JAVA_GATEWAY_EXITED" not in str(error):
+                raise
+            time.sleep(1.0)
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     try:
