@@ -143,6 +143,9 @@ class BookieConnection(asyncio.Protocol):
         # Adds go out as ADD_ENTRIES frames: the bookie said so in its HELLO answer. False
         # until then, and again once the connection is gone.
         self.batches_adds = False
+        # `when_writable` callbacks: run once the transport takes writes again (or the
+        # connection is gone), so that a ledger held back by this slow bookie goes on.
+        self._writable_waiters: list[Callable[[], None]] = []
 
     # ----------------------------------------------------------------- sending
 
@@ -355,6 +358,26 @@ class BookieConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         self._flush()
+        if not self._paused:
+            self._wake_writable_waiters()
+
+    def when_writable(self, callback: Callable[[], None]) -> bool:
+        """False when the transport takes writes now; else True, and `callback()` runs once
+        it does again or the connection fails (the bookie reads too slowly: its requests
+        pile up here, and whoever sends them should wait, as with BookKeeper's channel
+        writability)."""
+        if not self._paused:
+            return False
+        self._writable_waiters.append(callback)
+        return True
+
+    def _wake_writable_waiters(self) -> None:
+        waiters, self._writable_waiters = self._writable_waiters, []
+        for callback in waiters:
+            try:
+                callback()
+            except Exception:  # One ledger's failure must not keep the others waiting.
+                log.exception("writable_callback_failed", bookie=self._label)
 
     # ----------------------------------------------------------------- connecting
 
@@ -533,6 +556,9 @@ class BookieConnection(asyncio.Protocol):
 
     def _connection_failed(self, error: BKError) -> None:
         self.batches_adds = False
+        self._paused = False
+        if self._writable_waiters:  # After the waiters below failed.
+            self._loop.call_soon(self._wake_writable_waiters)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._config.reconnect_backoff_max)
         self._encoder.take()
@@ -763,6 +789,17 @@ class BookiePool:
         )
         self._touched.add(connection)  # Written by `_send_deferred` (else by its own flush).
         return True
+
+    def when_writable(self, bookie_id: str, ledger_id: int, callback: Callable[[], None]) -> bool:
+        """`BookieConnection.when_writable` of the connection `ledger_id`'s adds to
+        `bookie_id` use; False when there is none (nothing to wait for)."""
+        address = self._resolve(bookie_id)
+        connection = (
+            None
+            if address is None
+            else self._connections.get((bookie_id, ledger_id % address.shard_count))
+        )
+        return connection is not None and connection.when_writable(callback)
 
     def add_entry_many(
         self,

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from types import MethodType, TracebackType
 
 import structlog
@@ -120,6 +121,11 @@ class LedgerHandle:
         ]
         self._write_set_masks = [sum(1 << i for i in ws) for ws in self._write_sets]
         self._ensemble: list[str] = []
+        # Bookies whose connection takes no writes now (they read too slowly): new appends
+        # wait until each is writable again or counts as failed, so that a bookie that falls
+        # behind the ack quorum is not buried under requests it can never answer in time.
+        self._blocked_on: set[str] = set()
+        self._when_writable = getattr(context.ops, "when_writable", None)
         self._answer_handlers: list[_AnswerHandler] = []
         self._write_set_targets: list[list[tuple[str, _AnswerHandler]]] = []
         self._set_ensemble(list(metadata.ensembles[-1][1]))
@@ -220,18 +226,27 @@ class LedgerHandle:
         if self._is_idle:
             self._is_idle = False
             self._idle.clear()
-        if self._changing or self._waiting or len(self._pending) >= self._max_outstanding_adds:
+        if (
+            self._changing
+            or self._waiting
+            or self._blocked_on
+            or len(self._pending) >= self._max_outstanding_adds
+        ):
             self._waiting.append(add)
         else:
             self._pending.append(add)
-            if self._add_entries is not None:
-                unsent = self._unsent
-                unsent.append(add)
-                if len(unsent) == 1:
-                    self._defer_send(self._send_unsent)
-            else:
-                self._send(add, self._write_set_masks[entry_id % self._ensemble_size])
+            self._queue_send(add)
         return future
+
+    def _queue_send(self, add: _PendingAdd) -> None:
+        """Send a new add (in `_pending` already): with this iteration's batch, or now."""
+        if self._add_entries is not None:
+            unsent = self._unsent
+            unsent.append(add)
+            if len(unsent) == 1:
+                self._defer_send(self._send_unsent)
+        else:
+            self._send(add, self._write_set_masks[add.entry_id % self._ensemble_size])
 
     async def wait_for_capacity(self) -> None:
         """Return once an append would be sent at once rather than queued (backpressure)."""
@@ -375,10 +390,27 @@ class LedgerHandle:
             ):
                 for add in adds:
                     self._send(add, 1 << index)
+        when_writable = self._when_writable
+        if when_writable is not None:
+            blocked = self._blocked_on
+            for bookie_id in self._ensemble:
+                if bookie_id not in blocked and when_writable(
+                    bookie_id, ledger_id, partial(self._writable_again, bookie_id)
+                ):
+                    blocked.add(bookie_id)
+
+    def _writable_again(self, bookie_id: str) -> None:
+        """`bookie_id` takes writes again (or failed): held-back appends go on when no other
+        bookie holds them."""
+        blocked = self._blocked_on
+        blocked.discard(bookie_id)
+        if not blocked and self._waiting and self._error is None:
+            self._send_waiting()
 
     def _set_ensemble(self, ensemble: list[str]) -> None:
         """Adopt `ensemble` (the newest segment's), with an answer handler per slot."""
         self._ensemble = ensemble
+        self._blocked_on.intersection_update(ensemble)  # Replaced bookies hold nothing back.
         handlers = [self._answer_handler(index, bookie) for index, bookie in enumerate(ensemble)]
         self._answer_handlers = handlers
         self._write_set_targets = [
@@ -464,12 +496,13 @@ class LedgerHandle:
         while (
             self._waiting
             and not self._changing
+            and not self._blocked_on
             and self._error is None
             and len(self._pending) < limit
         ):
             add = self._waiting.popleft()
             self._pending.append(add)
-            self._send(add, self._write_set_masks[add.entry_id % self._ensemble_size])
+            self._queue_send(add)
 
     def _fail(self, error: BKError) -> None:
         """Stop the handle: every unresolved add fails with `error`; later appends raise it."""
@@ -496,6 +529,12 @@ class LedgerHandle:
     # ----------------------------------------------------------------- ensemble change
 
     def _bookie_failed(self, index: int, bookie_id: str, error: BKError) -> None:
+        self._note_failed(index, bookie_id, error)
+        if bookie_id in self._blocked_on:  # It failed: nothing to wait for from it. Held
+            # appends go on now, or when the ensemble change just started has ended.
+            self._writable_again(bookie_id)
+
+    def _note_failed(self, index: int, bookie_id: str, error: BKError) -> None:
         if index in self._failed or self._down_mask >> index & 1:
             return
         self._log.warning(

@@ -409,3 +409,23 @@ async def test_pool_add_entries_sends_only_on_a_batching_connection() -> None:
 def test_batch_bytes_is_64_kib() -> None:
     """The frame budget both sides assume."""
     assert ADD_ENTRIES_BATCH_BYTES == 64 * 1024
+
+
+async def test_when_writable_waits_for_resume_writing_or_the_connection_loss() -> None:
+    """A paused transport: `when_writable` takes the callback and runs it once on
+    resume_writing; a writable one says False; a lost connection runs the callbacks too."""
+    connection, _ = _batching()
+    calls: list[str] = []
+    assert not connection.when_writable(lambda: calls.append("unexpected"))
+    connection.pause_writing()
+    assert connection.when_writable(lambda: calls.append("resumed"))
+    connection.resume_writing()
+    assert calls == ["resumed"]
+    connection.resume_writing()
+    assert calls == ["resumed"]
+    connection.pause_writing()
+    assert connection.when_writable(lambda: calls.append("lost"))
+    connection.connection_lost(None)
+    await asyncio.sleep(0)
+    assert calls == ["resumed", "lost"]
+    assert not connection.when_writable(lambda: calls.append("after loss"))

@@ -183,3 +183,68 @@ async def test_the_pool_runs_deferred_sends_once_each_in_order_at_the_iterations
     pool.defer_send(lambda: ran.append("next"))
     await asyncio.sleep(0)
     assert ran[-1] == "next"
+
+
+class FakeSlowBookieOps(FakeBatchOps):
+    """FakeBatchOps whose `when_writable` reports the bookies in `unwritable` as not taking
+    writes, as the pool does for a connection whose transport paused writing."""
+
+    def __init__(self, bookies: list[FakeBookie]) -> None:
+        super().__init__(bookies)
+        self.unwritable: set[str] = set()
+        self.writable_callbacks: dict[str, list[Callable[[], None]]] = {}
+
+    def when_writable(self, bookie_id: str, ledger_id: int, callback: Callable[[], None]) -> bool:
+        if bookie_id not in self.unwritable:
+            return False
+        self.writable_callbacks.setdefault(bookie_id, []).append(callback)
+        return True
+
+    def make_writable(self, bookie_id: str) -> None:
+        self.unwritable.discard(bookie_id)
+        for callback in self.writable_callbacks.pop(bookie_id, []):
+            callback()
+
+
+def _slow_client() -> tuple[BookKeeper, FakeSlowBookieOps]:
+    ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(3)]
+    ops = FakeSlowBookieOps([FakeBookie(bookie_id) for bookie_id in ids])
+    config = ClientConfig(add_timeout=0.5, read_timeout=0.5)
+    client = BookKeeper(ledgers=FakeLedgerStore(), ops=ops, config=config, rng=random.Random(1))
+    client.set_bookies([ops.info(bookie_id) for bookie_id in ids])
+    return client, ops
+
+
+async def test_appends_wait_while_a_bookie_takes_no_writes_and_go_on_when_it_does() -> None:
+    """A write-set bookie whose connection paused: the batch already made is sent, later
+    appends are held (not sent to anyone) until it takes writes again; none is lost."""
+    client, ops = _slow_client()
+    handle = await client.create_ledger(3, 3, 2, password=PASSWORD)
+    slow = handle.metadata.ensembles[0][1][2]
+    ops.unwritable.add(slow)
+    first = [handle.append(b"first %d" % i) for i in range(5)]
+    assert await asyncio.gather(*first) == list(range(5))
+    later = [handle.append(b"later %d" % i) for i in range(5)]
+    await asyncio.sleep(0.05)
+    assert not any(future.done() for future in later)
+    assert sum(len(entry_ids) for _, entry_ids, _ in ops.batches) == 15  # Only the first 5.
+    ops.make_writable(slow)
+    assert await asyncio.gather(*later) == list(range(5, 10))
+    stored = ops.bookies[slow].ledgers[handle.ledger_id].entries
+    assert sorted(stored) == list(range(10))
+    await handle.close()
+
+
+async def test_a_held_back_ledger_goes_on_once_the_slow_bookie_counts_as_failed() -> None:
+    """The slow bookie never takes writes again but its adds fail: appends are released and
+    complete on the others (no spare bookie to replace it: Qa = 2 of the 2 left)."""
+    client, ops = _slow_client()
+    handle = await client.create_ledger(3, 3, 2, password=PASSWORD)
+    slow = handle.metadata.ensembles[0][1][0]
+    ops.unwritable.add(slow)
+    ops.hung.add(slow)  # Its adds time out (0.2 s in the fakes).
+    first = [handle.append(b"a") for _ in range(3)]
+    assert await asyncio.gather(*first) == [0, 1, 2]
+    later = [handle.append(b"b") for _ in range(3)]
+    assert await asyncio.wait_for(asyncio.gather(*later), 5) == [3, 4, 5]
+    await handle.close()
