@@ -70,6 +70,12 @@ _T = TypeVar("_T")
 # value has a deque of [deadline, first request id, last request id] records popped from the
 # front: a tick costs the number of expired requests, not a pass over everything in flight.
 _DEADLINE_TICK_SECONDS = 0.05
+# The transport's write buffer: past the high mark it pauses writing, and ledgers that write
+# to this bookie hold new appends (`when_writable`) until it is under the low mark. Far above
+# one loop iteration's batches (~100 KiB at 30k appends/s), so only a bookie that really
+# falls behind holds anyone back, and briefly.
+_WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
+_WRITE_BUFFER_LOW_BYTES = 2 * 1024 * 1024
 _DEADLINE, _FIRST_ID, _LAST_ID = 0, 1, 2  # The fields of one deadline record (a list).
 _ADD_FLAGS = int(Flag.NONE)
 _RECOVERY_ADD_FLAGS = int(Flag.RECOVERY_ADD)
@@ -416,6 +422,7 @@ class BookieConnection(asyncio.Protocol):
             tcp_transport.abort()
             return
         self._transport = tcp_transport
+        tcp_transport.set_write_buffer_limits(_WRITE_BUFFER_HIGH_BYTES, _WRITE_BUFFER_LOW_BYTES)
         self._connected = True
         # HELLO goes first; the requests queued while connecting follow it in the same write.
         queued = self._encoder.take()
