@@ -35,20 +35,31 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default.
 
 
+# Ports this process handed out: never handed out twice. Several servers get their ports
+# before any of them binds (a cluster's bookies start together), so "free right now" alone
+# once gave one bookie's admin port to another bookie's data port.
+_handed_out: set[int] = set()
+
+
 def free_port_range(count: int = 1, host: str = LOOPBACK) -> int:
     """A first port such that `count` consecutive ports are free right now, outside the
-    ephemeral range (another process may still take them: callers that can, retry)."""
+    ephemeral range and never handed out before by this process (another process may still
+    take them: callers that can, retry)."""
     highest_first = _ephemeral_low() - count
     if highest_first <= _LOWEST_PORT:
         raise RuntimeError(f"no room for {count} ports below the ephemeral range on {host}")
     for _ in range(200):
         first = random.randrange(_LOWEST_PORT, highest_first)
+        ports = range(first, first + count)
+        if not _handed_out.isdisjoint(ports):
+            continue
         sockets: list[socket.socket] = []
         try:
             for port in range(first, first + count):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sockets.append(sock)
                 sock.bind((host, port))
+            _handed_out.update(ports)
             return first
         except OSError:
             continue
