@@ -14,6 +14,7 @@ connection is closed (framing cannot resynchronize); other connections are unaff
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import struct
 from collections import deque
@@ -89,6 +90,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._reading_paused = False
         self._write_paused = False
         self._memory_paused = False
+        self._room_paused = False  # The shard's write cache is full (`ShardServer`).
         self._stopped_reading = False
         self.long_polls: set[asyncio.Task[None]] = set()
         self.inflight_ids: set[int] = set()  # Request ids being executed (duplicates refused).
@@ -130,6 +132,8 @@ class BookieServerProtocol(asyncio.Protocol):
         high = server.limits.write_buffer_high_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
         server.connections.add(self)
+        if server.write_cache_full:
+            self.pause_for_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -168,13 +172,18 @@ class BookieServerProtocol(asyncio.Protocol):
         if self._backlog:
             self._backlog.extend(bodies)
             return
+        self._take_bodies(bodies)
+
+    def _take_bodies(self, bodies: list[list[Any]] | deque[list[Any]]) -> None:
+        """Execute `bodies` in order until reading pauses; the rest go to the backlog."""
         server = self._server
         take_add = server.take_add if self._hello_done else None
+        backlog = self._backlog
         for index, body in enumerate(bodies):
             if self._closing or self._close_after_flush or self._refused:
                 return
             if self._reading_paused:
-                self._backlog.extend(bodies[index:])
+                backlog.extend(itertools.islice(bodies, index, None))
                 return
             # Most requests are plain adds: journaled from the body's fields when possible.
             if take_add is not None:
@@ -184,8 +193,8 @@ class BookieServerProtocol(asyncio.Protocol):
                 if size > 10 and body[0] == _OP_ADD_ENTRIES:
                     held = self._take_adds(server, body)
                     if held:  # Reading paused within the frame: its other adds wait too.
-                        self._backlog.extend(held)
-                        self._backlog.extend(bodies[index + 1 :])
+                        backlog.extend(held)
+                        backlog.extend(itertools.islice(bodies, index + 1, None))
                         return
                     continue
             self._handle_body(server, body)
@@ -227,13 +236,14 @@ class BookieServerProtocol(asyncio.Protocol):
 
     def _drain_backlog(self) -> None:
         """Handle held-back bodies until none are left or reading pauses again."""
-        server = self._server
+        # The backlog's bodies take the same paths as freshly read ones (the fast add paths
+        # above all: a bookie that fell behind must not get slower per add as it catches up).
+        backlog, self._backlog = self._backlog, deque()
+        self._take_bodies(backlog)
+        if self._closing or self._close_after_flush or self._refused:
+            self._backlog.clear()
+            return
         backlog = self._backlog
-        while backlog and not self._reading_paused:
-            if self._closing or self._close_after_flush or self._refused:
-                backlog.clear()
-                return
-            self._handle_body(server, backlog.popleft())
         if not backlog and self._inflight == 0 and self._close_after_flush_when_idle:
             self.close_after_flush()
 
@@ -400,6 +410,14 @@ class BookieServerProtocol(asyncio.Protocol):
         self._memory_paused = False
         self._update_reading()
 
+    def pause_for_room(self) -> None:
+        self._room_paused = True
+        self._update_reading()
+
+    def resume_after_room(self) -> None:
+        self._room_paused = False
+        self._update_reading()
+
     def stop_reading(self) -> None:
         """Shutdown: read no more requests; the ones in flight are still answered."""
         self._stopped_reading = True
@@ -413,7 +431,13 @@ class BookieServerProtocol(asyncio.Protocol):
         over_limit = self._inflight >= limit or (
             self._reading_paused and self._inflight > limit // 2
         )
-        pause = over_limit or self._write_paused or self._memory_paused or self._stopped_reading
+        pause = (
+            over_limit
+            or self._write_paused
+            or self._memory_paused
+            or self._room_paused
+            or self._stopped_reading
+        )
         if pause and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()

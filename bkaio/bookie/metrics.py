@@ -70,6 +70,7 @@ LIMITS = (
     "max_inflight_per_connection",
     "write_buffer_high_bytes",
     "max_memory_bytes",
+    "write_cache_bytes",
     "max_connections",
     "hello_timeout",
     "frame_read_timeout",

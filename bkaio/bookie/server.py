@@ -181,6 +181,10 @@ class ShardServer:
         self._add_entries_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
             storage, "add_entries_fields", None
         )
+        # A full write cache stops the reading of requests (`_write_cache_full`).
+        self.write_cache_full = False
+        if hasattr(storage, "room_pressure_listener"):
+            storage.room_pressure_listener = self._write_cache_full
         self.auth_throttle = AuthFailureThrottle(
             config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
         )
@@ -308,6 +312,24 @@ class ShardServer:
         if op is Op.READ_LAC:
             connection.long_polls.add(task)
             task.add_done_callback(connection.long_polls.discard)
+
+    def _write_cache_full(self, full: bool) -> None:
+        """Storage's write cache has adds waiting for room (`full`), or none any more.
+
+        While it is full no connection of the shard is read: the adds already read wait in
+        order for the room a flush makes, the flush gets the CPU the loop would spend taking
+        more, and clients feel it as TCP backpressure (a ledger client holds its appends
+        back), as with BookKeeper's blocking of adds on a full write cache. Without this, a
+        bookie that fell behind kept reading, so that adds waited seconds for room.
+        """
+        self.write_cache_full = full
+        if full:
+            self.metrics.limit_hit("write_cache_bytes")
+            for connection in self.connections:
+                connection.pause_for_room()
+        else:
+            for connection in list(self.connections):
+                connection.resume_after_room()
 
     def _immediate(self, request: Request) -> Response:
         if isinstance(request, PingRequest):

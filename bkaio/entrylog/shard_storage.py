@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import shutil
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -228,7 +229,14 @@ class ShardStorage:
         self._active = WriteCache()
         self._flushing = WriteCache()
         self._reserved_bytes = 0  # Room promised to adds that are in the journal.
-        self._cache_freed = asyncio.Event()
+        # Adds waiting for write-cache room, in arrival order: (bytes, granted future). Room a
+        # flush frees goes to them first, and the synchronous add paths decline while any
+        # wait: else the adds that keep arriving take the room, and a waiting one starves.
+        self._room_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        # Told True when adds start waiting for room and False once none waits: the bookie
+        # then stops reading requests, which leaves the CPU to the flush that makes room.
+        self.room_pressure_listener: Callable[[bool], None] | None = None
+        self._room_pressure = False
         self._flush_requested = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
@@ -455,7 +463,7 @@ class ShardStorage:
         finally:
             if future is None:  # Not journaled: give the cache room back.
                 self._reserved_bytes -= size
-                self._cache_freed.set()
+                self._room_freed()
         if future is None:
             assert existing is not None
             await self._accept_duplicate(entry, existing)
@@ -497,6 +505,7 @@ class ShardStorage:
         if (
             self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
             > self.config.write_cache_bytes
+            or self._room_waiters
         ):
             return None
         self._reserved_bytes += size
@@ -507,7 +516,7 @@ class ShardStorage:
             return None
         except BaseException:
             self._reserved_bytes -= size
-            self._cache_freed.set()
+            self._room_freed()
             raise
 
     def add_entry_fields(
@@ -548,6 +557,7 @@ class ShardStorage:
         if (
             self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
             > self.config.write_cache_bytes
+            or self._room_waiters
         ):
             return None
         journal_index = self.config.journal_of(ledger_id)
@@ -619,6 +629,7 @@ class ShardStorage:
         if (
             self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
             > self.config.write_cache_bytes
+            or self._room_waiters
         ):
             return None
         journal_index = self.config.journal_of(ledger_id)
@@ -734,7 +745,7 @@ class ShardStorage:
         self._reserved_bytes -= batch.size
         marks = self._marks[batch.journal_index]
         if done.cancelled() or done.exception() is not None:
-            self._cache_freed.set()
+            self._room_freed()
             marks.finish(batch.slot, None)
         else:
             self._apply_entries(entries)
@@ -777,7 +788,7 @@ class ShardStorage:
             self._pending.pop(key, None)
             self._reserved_bytes -= size
             if done.cancelled() or done.exception() is not None:
-                self._cache_freed.set()
+                self._room_freed()
                 marks.finish(slot, None)
             else:
                 self._apply_entry(entry)
@@ -838,7 +849,7 @@ class ShardStorage:
         if entry.entry_id > ledger.last_entry_id:
             ledger.last_entry_id = entry.entry_id
         self._raise_lac(ledger, entry.lac)
-        if self._active.bytes >= self.config.write_cache_bytes // 2:
+        if self._active.bytes >= self.config.write_cache_bytes // 2 or self._room_waiters:
             self._flush_requested.set()
 
     def _apply_entries(self, entries: list[StoredEntry]) -> None:
@@ -864,8 +875,8 @@ class ShardStorage:
         # is the ledger's LAC when it is woken, which is this one either way.
         for ledger_id, lac in raised.items():
             self._raise_lac(ledgers[ledger_id], lac)
-        if cache.bytes >= self.config.write_cache_bytes // 2:
-            self._flush_requested.set()
+        if cache.bytes >= self.config.write_cache_bytes // 2 or self._room_waiters:
+            self._flush_requested.set()  # Waiting adds need what the flush frees.
 
     def _apply_lac(self, ledger_id: int, lac: int) -> None:
         ledger = self._ledgers.get(ledger_id)
@@ -882,29 +893,74 @@ class ShardStorage:
         self._wake_lac_waiters(ledger.ledger_id, lac)
 
     async def _reserve(self, size: int, entry: StoredEntry) -> None:
-        """Wait for write-cache room, at most `write_cache_max_wait_seconds`."""
+        """Wait for write-cache room, at most `write_cache_max_wait_seconds`; first come,
+        first served."""
         limit = self.config.write_cache_bytes
-        if self._active.bytes + self._flushing.bytes + self._reserved_bytes + size <= limit:
+        if (
+            not self._room_waiters
+            and self._active.bytes + self._flushing.bytes + self._reserved_bytes + size <= limit
+        ):
             self._reserved_bytes += size  # The common case: no timer, no wait.
             return
         self.stats.cache_full_waits += 1
+        granted: asyncio.Future[None] = self._loop.create_future()
+        waiter = (size, granted)
+        self._room_waiters.append(waiter)
+        self._flush_requested.set()
+        if not self._room_pressure:
+            self._set_room_pressure(True)
+        self._grant_room()  # The cache may be empty: an oversized add then goes alone.
         try:
             async with asyncio.timeout(self.config.write_cache_max_wait_seconds):
-                while (
-                    self._active.bytes + self._flushing.bytes + self._reserved_bytes + size > limit
-                    and (self._active.bytes + self._flushing.bytes + self._reserved_bytes) > 0
-                ):
-                    self._flush_requested.set()
-                    self._cache_freed.clear()
-                    await self._cache_freed.wait()
+                await asyncio.shield(granted)
         except TimeoutError:
-            self.stats.cache_full_rejections += 1
-            raise TooManyRequestsError(
-                f"ledger {entry.ledger_id}: entry {entry.entry_id} waited "
-                f"{self.config.write_cache_max_wait_seconds}s for room in the "
-                f"{limit}-byte write cache; flushes are falling behind"
-            ) from None
-        self._reserved_bytes += size
+            if not granted.done():
+                self._room_waiters.remove(waiter)
+                self._grant_room()  # Those behind it may fit.
+                self.stats.cache_full_rejections += 1
+                raise TooManyRequestsError(
+                    f"ledger {entry.ledger_id}: entry {entry.entry_id} waited "
+                    f"{self.config.write_cache_max_wait_seconds}s for room in the "
+                    f"{limit}-byte write cache; flushes are falling behind"
+                ) from None
+        except asyncio.CancelledError:
+            if granted.done():
+                self._reserved_bytes -= size  # Granted, but its add will not happen.
+            else:
+                self._room_waiters.remove(waiter)
+            self._grant_room()
+            raise
+        # Granted: `_grant_room` reserved the bytes for it.
+
+    def _room_freed(self) -> None:
+        """Write-cache room came back (a flush ended, a reservation was returned)."""
+        if self._room_pressure:
+            self._grant_room()
+
+    def _grant_room(self) -> None:
+        """Reserve room for the waiting adds, oldest first, while it lasts; one that finds the
+        cache empty goes even if larger than the cache (it could never fit otherwise)."""
+        waiters = self._room_waiters
+        limit = self.config.write_cache_bytes
+        while waiters:
+            size, granted = waiters[0]
+            cached = self._active.bytes + self._flushing.bytes + self._reserved_bytes
+            if cached + size > limit and cached > 0:
+                return  # The next flush (requested as adds are applied) frees more.
+            waiters.popleft()
+            self._reserved_bytes += size
+            granted.set_result(None)
+        if self._room_pressure:
+            self._set_room_pressure(False)
+
+    def _set_room_pressure(self, waiting: bool) -> None:
+        self._room_pressure = waiting
+        listener = self.room_pressure_listener
+        if listener is not None:
+            try:
+                listener(waiting)
+            except Exception:  # The adds must go on whatever the listener does.
+                log.exception("room_pressure_listener_failed")
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Fence the ledger (creating it if unknown); durable when it returns. Idempotent."""
@@ -1181,7 +1237,7 @@ class ShardStorage:
             raise
         finally:
             self._flushing = WriteCache()
-            self._cache_freed.set()
+            self._room_freed()
         self._count_flush(flushing, self._loop.time() - started, write_mark)
         if write_mark:
             self._written_marks = marks

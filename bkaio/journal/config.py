@@ -38,7 +38,7 @@ class JournalConfig:
     """
 
     directories: tuple[Path, ...]
-    max_group_bytes: int = 512 * 1024
+    max_group_bytes: int = 4 * 1024 * 1024
     max_group_entries: int = 10_000
     max_file_bytes: int = 256 * 1024 * 1024
     adaptive_wait_us: int = 0

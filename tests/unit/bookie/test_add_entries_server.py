@@ -154,8 +154,10 @@ class Bookie:
 
 
 @asynccontextmanager
-async def open_bookie(tmp_path: Path, server_options: str = "") -> AsyncIterator[Bookie]:
-    async with served_shard(tmp_path, server_options) as (server, storage):
+async def open_bookie(
+    tmp_path: Path, server_options: str = "", storage_options: str = ""
+) -> AsyncIterator[Bookie]:
+    async with served_shard(tmp_path, server_options, storage_options) as (server, storage):
         yield Bookie(server, storage)
 
 
@@ -348,6 +350,39 @@ async def test_reading_paused_within_a_frame_answers_every_add_once(tmp_path: Pa
         peer.send(adds_body(100, range(1, 11)), [int(Op.PING), 7], adds_body(110, range(11, 16)))
         assert peer.transport.paused >= 1  # Paused while the first frame was being taken.
         await _every_add_answered_once(bookie, peer, range(100, 115))
+
+
+async def test_a_full_write_cache_stops_reading_until_the_waiting_adds_have_room(
+    tmp_path: Path,
+) -> None:
+    """A write cache of 4 KiB and 40 adds of 200 bytes in one read: the adds past the room
+    wait for it, and while they do no connection is read (a second one made meanwhile
+    included); once the flush made room for them, reading resumes, and every add is
+    answered exactly once, OK, and stored."""
+    async with open_bookie(tmp_path, storage_options="write_cache_bytes = 4096\n") as bookie:
+        peer = await ledger_with_entry_0(bookie)
+        full: list[bool] = []
+        noticed = asyncio.Event()
+        listener = bookie.storage.room_pressure_listener
+        assert listener is not None
+
+        def noted(waiting: bool) -> None:
+            full.append(waiting)
+            noticed.set()
+            listener(waiting)
+
+        bookie.storage.room_pressure_listener = noted
+        peer.send(adds_body(100, range(1, 41)), [int(Op.PING), 7])
+        # The adds past the room wait in tasks; the first of them to run says so.
+        await asyncio.wait_for(noticed.wait(), 10)
+        assert full[0] is True and peer.transport.paused >= 1
+        other = bookie.connect()
+        if bookie.server.write_cache_full:  # (Unless the flush already made the room.)
+            assert other.transport.paused == 1  # Made while the cache is full: not read.
+        await _every_add_answered_once(bookie, peer, range(100, 140))
+        assert full[-1] is False and not bookie.server.write_cache_full
+        assert not peer.connection._reading_paused and not other.connection._reading_paused
+        assert bookie.server.metrics.limit_hits.labels(limit="write_cache_bytes")._value.get() >= 1
 
 
 async def test_features_with_default_limits_include_add_entries(bookie: Bookie) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bkaio.entrylog.shard_storage import StoredEntry
-from bkaio.errors import LedgerFencedError, UnauthorizedError
+from bkaio.errors import LedgerFencedError, TooManyRequestsError, UnauthorizedError
 from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
 
 
@@ -160,3 +160,70 @@ async def test_add_entry_fields_never_raises_and_changes_nothing_when_it_decline
     await first
     await storage.fence(14, KEY)
     assert declined(make_entry(14, 2))  # Fenced: only recovery adds, on the full path.
+
+
+async def test_adds_waiting_for_cache_room_are_served_before_later_synchronous_adds(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    # A bookie under load: a flush frees room while new adds keep arriving. The room goes to
+    # the add that waited for it, not to the synchronous path of whatever came next (which
+    # once kept an add waiting past the client's timeout).
+    config = make_config(tmp_path, write_cache_bytes=4000, write_cache_max_wait_seconds=30.0)
+    storage = await open_storage(config)
+    await storage.add_entry(make_entry(13, 0, payload=b"a" * 1500), KEY)
+    await storage.add_entry(make_entry(13, 1, payload=b"b" * 1500), KEY)
+    pressure: list[bool] = []
+    storage.room_pressure_listener = pressure.append
+    waiting = asyncio.ensure_future(storage.add_entry(make_entry(13, 2, payload=b"c" * 1500), KEY))
+    await asyncio.sleep(0)
+    assert not waiting.done() and storage.stats.cache_full_waits == 1
+    assert pressure == [True]  # The bookie stops reading requests now.
+    small = make_entry(13, 3, payload=b"d")  # Fits the cache's remaining room.
+    assert storage.add_entry_nowait(small, KEY) is None  # Declined: an add waits for room.
+    await asyncio.wait_for(waiting, 10.0)  # The flush it asked for freed room.
+    assert pressure == [True, False]
+    future = storage.add_entry_nowait(small, KEY)
+    assert future is not None
+    await future
+    for entry_id, fill in enumerate(b"abcd"):
+        size = 1 if entry_id == 3 else 1500
+        assert await storage.read_entry(13, entry_id) == make_entry(
+            13, entry_id, payload=bytes([fill]) * size
+        )
+
+
+async def test_adds_waiting_for_cache_room_are_granted_in_arrival_order(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, write_cache_bytes=4000, write_cache_max_wait_seconds=30.0)
+    storage = await open_storage(config)
+    await storage.add_entry(make_entry(14, 0, payload=b"a" * 3000), KEY)
+    order: list[int] = []
+
+    async def add(entry_id: int, size: int) -> None:
+        await storage.add_entry(make_entry(14, entry_id, payload=b"x" * size), KEY)
+        order.append(entry_id)
+
+    big = asyncio.ensure_future(add(1, 2500))
+    await asyncio.sleep(0)
+    small = asyncio.ensure_future(add(2, 10))  # Would fit now, but the big one came first.
+    await asyncio.sleep(0)
+    assert not big.done() and not small.done()
+    await asyncio.wait_for(asyncio.gather(big, small), 10.0)
+    assert order == [1, 2]
+    assert storage.stats.cache_full_waits == 2
+
+
+async def test_an_add_that_waited_too_long_for_room_is_refused_and_others_go_on(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, write_cache_bytes=1000, write_cache_max_wait_seconds=0.0)
+    storage = await open_storage(config)
+    await storage.add_entry(make_entry(15, 0, payload=b"x" * 700), KEY)
+    with pytest.raises(TooManyRequestsError, match="write cache"):
+        await storage.add_entry(make_entry(15, 1, payload=b"y" * 700), KEY)
+    assert storage.stats.cache_full_rejections == 1
+    await storage.checkpoint()  # Flushes the cache.
+    future = storage.add_entry_nowait(make_entry(15, 1, payload=b"y" * 700), KEY)
+    assert future is not None  # Nobody is left waiting: the synchronous path is open again.
+    await future
