@@ -20,7 +20,7 @@ from pathlib import Path
 import lmdb
 
 from bkaio.entrylog.entry_log import LOCATION, EntryLocation
-from bkaio.entrylog.types import LedgerState
+from bkaio.entrylog.types import LedgerState, StoredEntry
 from bkaio.errors import BookieIOError
 
 _ENTRY_KEY = struct.Struct(">QQ")
@@ -93,6 +93,25 @@ class LedgerIndex:
                         for ledger_id, entry_id, location in locations
                     ]
                 )
+                for state in states:
+                    txn.put(
+                        _LEDGER_KEY.pack(state.ledger_id), encode_state(state), db=self._ledgers
+                    )
+        except lmdb.Error as error:
+            raise BookieIOError(f"{self.directory}: index commit failed: {error}") from error
+
+    def commit_entries(
+        self,
+        entries: list[StoredEntry],
+        packed_locations: list[bytes],
+        states: Iterable[LedgerState],
+    ) -> None:
+        """`commit` given the entries and their packed locations (`append_synced`'s)."""
+        pack_key = _ENTRY_KEY.pack
+        keys = [pack_key(entry.ledger_id, entry.entry_id) for entry in entries]
+        try:
+            with self._env.begin(write=True) as txn:
+                txn.cursor(db=self._locations).putmulti(zip(keys, packed_locations, strict=True))
                 for state in states:
                     txn.put(
                         _LEDGER_KEY.pack(state.ledger_id), encode_state(state), db=self._ledgers

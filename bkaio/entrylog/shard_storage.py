@@ -1298,35 +1298,11 @@ class ShardStorage:
         for disk, entries in enumerate(flushing.sorted_by_disk(disk_count, self.config.disk_of)):
             if not entries and not states_by_disk[disk]:
                 continue
-            locations = self._append_synced(self._logs[disk], entries)
-            self._indexes[disk].commit(
-                ((e.ledger_id, e.entry_id, loc) for e, loc in zip(entries, locations, strict=True)),
-                states_by_disk[disk],
-            )
+            locations = self._logs[disk].append_synced(entries, self.config.flush_sync_bytes)
+            self._indexes[disk].commit_entries(entries, locations, states_by_disk[disk])
         if marks is not None:
             for directory in self.config.ledger_dirs:
                 write_last_mark(directory, marks)
-
-    def _append_synced(
-        self, logs: EntryLogDirectory, entries: list[StoredEntry]
-    ) -> list[EntryLocation]:
-        """Storage thread: append `entries` to `logs` durably, `flush_sync_bytes` at a time."""
-        chunk_bytes = self.config.flush_sync_bytes
-        locations: list[EntryLocation] = []
-        chunk: list[bytes] = []
-        size = 0
-        for entry in entries:
-            record = encode_record(entry)
-            chunk.append(record)
-            size += len(record)
-            if chunk_bytes and size >= chunk_bytes:
-                locations += logs.append(chunk)
-                logs.sync()
-                chunk, size = [], 0
-        if chunk or not locations:
-            locations += logs.append(chunk)
-            logs.sync()
-        return locations
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Drop the ledger's entries and state. Space returns at the next compaction."""

@@ -64,6 +64,35 @@ def test_entry_logs_roll_by_size_and_read_back(tmp_path: Path) -> None:
     reopened.close()
 
 
+@pytest.mark.parametrize("sync_bytes", [0, 500])
+def test_append_synced_writes_what_append_writes_and_indexes_it(
+    tmp_path: Path, sync_bytes: int
+) -> None:
+    """The flush's one-pass `append_synced`: the same bytes as `encode_record` + `append`
+    (in the same places, rolling by size), packed locations the index takes as they are."""
+    entries = [make_entry(3, i, payload=bytes([i]) * (50 + 13 * i)) for i in range(30)]
+    by_append = EntryLogDirectory(tmp_path / "a", max_log_bytes=1024)
+    by_append.open()
+    expected = by_append.append([encode_record(e) for e in entries])
+    by_append.sync()
+    synced = EntryLogDirectory(tmp_path / "b", max_log_bytes=1024)
+    synced.open()
+    packed = synced.append_synced(entries, sync_bytes)
+    assert [EntryLocation.unpack(p) for p in packed] == expected
+    assert len({loc.log_id for loc in expected}) > 3  # Rolled.
+    assert [synced.read(loc) for loc in expected] == entries
+    for log_id in {loc.log_id for loc in expected}:
+        name = f"{log_id:08x}.log"
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
+    assert synced.append_synced([]) == []  # Nothing to write; still syncs.
+    index = LedgerIndex(tmp_path / "index", map_bytes=1 << 24)
+    index.commit_entries(entries, packed, [])
+    assert [index.get(3, e.entry_id) for e in entries] == expected
+    index.close()
+    by_append.close()
+    synced.close()
+
+
 def test_scan_stops_at_a_torn_tail(tmp_path: Path) -> None:
     logs = EntryLogDirectory(tmp_path, max_log_bytes=1 << 20)
     logs.open()
