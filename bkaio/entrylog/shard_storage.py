@@ -237,6 +237,7 @@ class ShardStorage:
         # then stops reading requests, which leaves the CPU to the flush that makes room.
         self.room_pressure_listener: Callable[[bool], None] | None = None
         self._room_pressure = False
+        self._flush_failing = False  # The last periodic flush failed (a full or broken disk).
         self._flush_requested = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
@@ -907,7 +908,7 @@ class ShardStorage:
         waiter = (size, granted)
         self._room_waiters.append(waiter)
         self._flush_requested.set()
-        if not self._room_pressure:
+        if not self._room_pressure and not self._flush_failing:
             self._set_room_pressure(True)
         self._grant_room()  # The cache may be empty: an oversized add then goes alone.
         try:
@@ -934,7 +935,7 @@ class ShardStorage:
 
     def _room_freed(self) -> None:
         """Write-cache room came back (a flush ended, a reservation was returned)."""
-        if self._room_pressure:
+        if self._room_waiters:
             self._grant_room()
 
     def _grant_room(self) -> None:
@@ -1199,6 +1200,13 @@ class ShardStorage:
                     await self._checkpoint_locked()  # Not waiting for journal deletions.
             except BKError as error:
                 log.error("storage_flush_failed", error=str(error))
+                # No room will come soon: the bookie reads requests again (reads and fences
+                # go on), and waiting adds get TOO_MANY_REQUESTS at the end of their wait.
+                self._flush_failing = True
+                if self._room_pressure:
+                    self._set_room_pressure(False)
+            else:
+                self._flush_failing = False
 
     async def checkpoint(self) -> None:
         """Flush the write cache to entry logs and indexes, then record the journal mark.
