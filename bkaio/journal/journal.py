@@ -151,6 +151,7 @@ class Journal:
         # hand-off: under load, thousands waiting, that was most of the loop's time.
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._room_wakes = 0  # Waiters of the last wake that have not run yet.
+        self._requeued = 0  # Of those, how many found no room and queued again at the head.
         self._record_bytes_estimate = 1024
         self._failure: BKError | None = None
         self._closing = False
@@ -430,7 +431,10 @@ class Journal:
             while not self._has_room():
                 self._check_usable()
                 room = self._loop.create_future()
-                waiters.appendleft(room)  # Still the oldest: first again at the next wake.
+                # Still older than every waiter not woken: first again at the next wake, in
+                # the order they were woken in.
+                waiters.insert(self._requeued, room)
+                self._requeued += 1
                 await room
                 self._room_wakes -= 1
         except BaseException:
@@ -457,6 +461,7 @@ class Journal:
             (config.max_group_bytes - len(self._data)) // self._record_bytes_estimate + 1,
         )
         woken = 0
+        self._requeued = 0
         while waiters and woken < records:
             room = waiters.popleft()
             if not room.done():

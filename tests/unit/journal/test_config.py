@@ -34,3 +34,13 @@ def test_bad_values_are_refused(tmp_path: Path, overrides: dict[str, object], me
 def test_a_directory_named_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="twice"):
         JournalConfig(directories=(tmp_path, tmp_path / "." / ""))
+
+
+def test_the_default_group_bound_fits_small_journal_files(tmp_path: Path) -> None:
+    """Files smaller than the 4 MiB default group (as tests configure): the default follows
+    them; a group bound set explicitly above the file size is still refused."""
+    small = JournalConfig(directories=(tmp_path,), max_file_bytes=512 * 1024)
+    assert small.max_group_bytes == 512 * 1024
+    assert JournalConfig(directories=(tmp_path,)).max_group_bytes == 4 * 1024 * 1024
+    with pytest.raises(ConfigError, match="max_file_bytes"):
+        JournalConfig(directories=(tmp_path,), max_group_bytes=2048, max_file_bytes=1024)
