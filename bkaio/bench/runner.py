@@ -27,6 +27,7 @@ from rich.console import Console
 
 from bkaio.bench import loads, procstat, profiling
 from bkaio.bench.bkaio_system import BkaioSystem, MetadataKind
+from bkaio.bench.disk_settle import settle_disks
 from bkaio.bench.nats_system import NatsSystem
 from bkaio.bench.report import JsonlWriter
 from bkaio.bench.spec import Suite, Workload
@@ -152,17 +153,6 @@ def _failure(stage: str, error: BaseException) -> str:
     return f"{stage}: {type(error).__name__}: {error}"
 
 
-# Between runs: what the previous run left to the disk (NATS deletes the files of the stream it
-# purged; on a file system with online discard the device then trims them for tens of ms) is
-# written and settled before the next run starts, whichever system that is.
-SETTLE_SECONDS = 0.3
-
-
-async def _settle_disk() -> None:
-    await asyncio.get_running_loop().run_in_executor(None, os.sync)
-    await asyncio.sleep(SETTLE_SECONDS)
-
-
 async def _measure(
     system: System, workload: Workload, profiler: _Profiler, appender: Appender
 ) -> _Measured:
@@ -216,6 +206,7 @@ async def _one_run(
     bench_id: str,
     profiler: _Profiler,
     metadata: str,
+    settle_seconds: float = 0.0,
 ) -> RunResult:
     measured = await _attempt(system, workload, profiler)
     outcome = measured.outcome
@@ -233,6 +224,8 @@ async def _one_run(
         extra["overloaded"] = True
     if measured.profiled:
         extra["profiled"] = True
+    if settle_seconds:
+        extra["disk_settle_seconds"] = round(settle_seconds, 2)
     return RunResult(
         bench_id=bench_id,
         system=system.name,
@@ -323,8 +316,11 @@ async def _run_all(
             for system in systems:
                 if system.name != "bkaio" and not workload.peer:
                     continue
-                await _settle_disk()
-                result = await _one_run(system, workload, repeat, bench_id, profiler, metadata_uri)
+                # What the previous run left to the disk is done before this one starts.
+                settled = await settle_disks()
+                result = await _one_run(
+                    system, workload, repeat, bench_id, profiler, metadata_uri, settled
+                )
                 writer.write(result.to_json())
                 report.runs.append(result)
                 failed = f" [red]{result.errors} error(s): {result.extra.get('first_error')}[/]"

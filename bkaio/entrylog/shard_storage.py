@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import random
 import shutil
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -139,6 +140,7 @@ class _AddBatch:
 
 
 SLOW_FLUSH_SECONDS = 1.0  # A flush this slow holds adds back behind a full cache: say so.
+FLUSH_JITTER_FRACTION = 0.2  # Periodic flushes come 0.8-1.2 intervals apart (`_next_flush_delay`).
 
 
 @dataclass(slots=True)
@@ -1188,10 +1190,21 @@ class ShardStorage:
 
     # -- flush, checkpoint, delete, compaction --------------------------------------------
 
+    def _next_flush_delay(self) -> float:
+        """The periodic flush's interval, spread by +-FLUSH_JITTER_FRACTION at random.
+
+        Bookies started together would otherwise flush together for ever. A flush writes and
+        syncs entry logs on the same kind of disk as the journals; when two bookies of a write
+        set flush at once, their journal syncs are slow at once, and with Qa = 2 of 3 that is
+        what the client waits for. Spread, a flush rarely meets another bookie's.
+        """
+        spread = FLUSH_JITTER_FRACTION
+        return self.config.flush_interval_seconds * random.uniform(1.0 - spread, 1.0 + spread)
+
     async def _flush_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.flush_interval_seconds):
+                async with asyncio.timeout(self._next_flush_delay()):
                     await self._flush_requested.wait()
             self._flush_requested.clear()
             try:

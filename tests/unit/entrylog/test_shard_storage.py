@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.entrylog.shard_storage import FLUSH_JITTER_FRACTION, ShardStorage
 from bkaio.errors import (
     EntryConflictError,
     LedgerFencedError,
@@ -269,6 +269,19 @@ async def test_periodic_flush_writes_a_checkpoint(
             break
         await asyncio.sleep(0.01)
     assert mark_file.read_bytes() != first
+
+
+async def test_periodic_flush_intervals_are_spread(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    """Bookies started together must not flush together for ever: each wait is drawn anew
+    within +-FLUSH_JITTER_FRACTION of the configured interval."""
+    storage = await open_storage(make_config(tmp_path, flush_interval_seconds=2.0))
+    delays = [storage._next_flush_delay() for _ in range(200)]
+    spread = FLUSH_JITTER_FRACTION * 2.0
+    assert all(2.0 - spread <= delay <= 2.0 + spread for delay in delays)
+    assert len(set(delays)) > 100  # Drawn each time, not one fixed offset.
+    assert min(delays) < 1.9 and max(delays) > 2.1
 
 
 async def test_disk_usage_thresholds(open_storage: OpenStorage, tmp_path: Path) -> None:
