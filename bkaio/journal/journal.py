@@ -152,6 +152,7 @@ class Journal:
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._room_wakes = 0  # Waiters of the last wake that have not run yet.
         self._requeued = 0  # Of those, how many found no room and queued again at the head.
+        self._batch_broken = False  # One of them did: the rest of that wake queues again too.
         self._record_bytes_estimate = 1024
         self._failure: BKError | None = None
         self._closing = False
@@ -419,26 +420,32 @@ class Journal:
         """Return once the next group can take a record (at once, unless it is full); the
         caller appends without awaiting in between. Waiters are served in arrival order."""
         waiters = self._room_waiters
-        if not waiters and self._has_room():
+        if not waiters and self._room_wakes <= 0 and self._has_room():
             self._check_usable()
             return
         self._check_usable()
         room: asyncio.Future[None] = self._loop.create_future()
-        waiters.append(room)
+        waiters.append(room)  # Behind woken waiters that have not run yet, too.
         try:
             await room
             self._room_wakes -= 1
-            while not self._has_room():
+            while self._batch_broken or not self._has_room():
                 self._check_usable()
+                # An earlier waiter of this wake found no room and queued again: so does every
+                # later one, or it would append ahead of that waiter. First again at the next
+                # wake, in the order they were woken in.
+                self._batch_broken = True
                 room = self._loop.create_future()
-                # Still older than every waiter not woken: first again at the next wake, in
-                # the order they were woken in.
                 waiters.insert(self._requeued, room)
                 self._requeued += 1
+                if self._room_wakes <= 0 and self._has_room():
+                    self._wake_room_waiters()  # The last of a broken wake: start it again.
                 await room
                 self._room_wakes -= 1
         except BaseException:
             if room in waiters:
+                if waiters.index(room) < self._requeued:
+                    self._requeued -= 1
                 waiters.remove(room)
             elif room.done() and not room.cancelled():
                 self._room_wakes -= 1  # Woken, but gone.
@@ -453,7 +460,13 @@ class Journal:
 
     def _wake_room_waiters(self) -> None:
         """Wake as many of the oldest waiters as the filling group has room for, by the size
-        of the records of the last group: they append in one loop iteration, into one group."""
+        of the records of the last group: they append in one loop iteration, into one group.
+
+        Not while waiters of the previous wake have yet to run: those are older than any
+        still queued, and the last of them wakes the next batch.
+        """
+        if self._room_wakes > 0:
+            return
         waiters = self._room_waiters
         config = self._config
         records = min(
@@ -462,6 +475,7 @@ class Journal:
         )
         woken = 0
         self._requeued = 0
+        self._batch_broken = False
         while waiters and woken < records:
             room = waiters.popleft()
             if not room.done():
@@ -649,6 +663,7 @@ class Journal:
             if not room.done():
                 room.set_result(None)  # wait_for_room re-checks and raises the failure.
         self._room_waiters.clear()
+        self._room_wakes = self._requeued = 0
 
     # -- Checkpoints and shutdown ---------------------------------------------------------
 
