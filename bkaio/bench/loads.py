@@ -66,12 +66,14 @@ class _Tracker:
         self.stopped = False  # Set by the first error: issue nothing more.
         self.idle = asyncio.Event()
         self.idle.set()
-        self.on_success: Callable[[], None] | None = None
+        # Called with the completion time (the next append's start in a closed loop).
+        self.on_success: Callable[[float], None] | None = None
         self.began = 0.0  # When the open loop's schedule starts (perf_counter).
         # Each outstanding append's own start (or intended send) time, by its future: one
         # bound callback serves every append instead of a closure per append.
         self._started: dict[asyncio.Future[Any], float] = {}
         self._on_done = self._done
+        self._record = self.outcome.latencies.append
         self._future_type = type(asyncio.get_running_loop().create_future())
 
     def issue(self, started: float) -> None:
@@ -93,14 +95,17 @@ class _Tracker:
         now = perf_counter()
         started = self._started.pop(future)
         self.outstanding -= 1
-        if future.cancelled():
+        try:
+            error = future.exception()  # One call for both checks: cancelled raises here.
+        except asyncio.CancelledError:
             self._fail("cancelled")
-        elif (error := future.exception()) is not None:
-            self._fail(f"{type(error).__name__}: {error}")
         else:
-            self.outcome.latencies.append(now - started)
-            if self.on_success is not None and not self.stopped:
-                self.on_success()
+            if error is not None:
+                self._fail(f"{type(error).__name__}: {error}")
+            else:
+                self._record(now - started)
+                if self.on_success is not None and not self.stopped:
+                    self.on_success(now)
         if self.outstanding == 0:
             self.idle.set()
 
@@ -144,8 +149,7 @@ async def run_closed(
     began = perf_counter()
     deadline = began + duration_seconds
 
-    def next_append() -> None:
-        now = perf_counter()
+    def next_append(now: float) -> None:
         if now < deadline:
             tracker.issue(now)
 

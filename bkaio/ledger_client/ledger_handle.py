@@ -41,7 +41,7 @@ from bkaio.ledger_client.quorum import with_new_segment, write_set
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bkaio.protocol.digest import entry_digest
-from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FrameEncoder
+from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FIXARRAY_HEADER_BYTES, FrameEncoder
 
 log = structlog.get_logger(__name__)
 
@@ -81,8 +81,9 @@ class _PendingAdd:
 _AnswerHandler = Callable[[_PendingAdd, BKError | None], None]
 # (first index, end index, packed entries, their bytes): one ADD_ENTRIES frame of a batch.
 _Frame = tuple[int, int, list[bytes], int]
-# The fields of an ADD_ENTRIES entry, packed once per append for every bookie.
-_pack_fields = FrameEncoder().pack_fields
+# The fields of an ADD_ENTRIES entry, packed once per append for every bookie: `pack_fields`
+# done inline (`FrameEncoder.fields_packer`).
+_pack_list = FrameEncoder.fields_packer()
 
 
 def _frames_of(packed: list[bytes]) -> list[_Frame]:
@@ -375,9 +376,13 @@ class LedgerHandle:
         lac = adds[-1].lac  # The LAC only grows: the last add carries the highest.
         if lac > self._max_piggybacked_lac:
             self._max_piggybacked_lac = lac
-        pack = _pack_fields
+        pack = _pack_list
+        skip = FIXARRAY_HEADER_BYTES
         frames = _frames_of(
-            [pack([add.entry_id, add.lac, add.length, add.digest, add.payload]) for add in adds]
+            [
+                pack([add.entry_id, add.lac, add.length, add.digest, add.payload])[skip:]
+                for add in adds
+            ]
         )
         add_entries = self._add_entries
         assert add_entries is not None
@@ -471,17 +476,18 @@ class LedgerHandle:
         if self._changing:
             return
         pending = self._pending
-        advanced = False
+        last: _PendingAdd | None = None
         while pending and pending[0].completed:
-            add = pending.popleft()
-            self._lac = add.entry_id
-            self._acked_length = add.length
-            advanced = True
-            if not add.future.done():
-                add.future.set_result(add.entry_id)
-            add.payload = b""
-        if advanced and self._lac_timer is None:
-            self._schedule_explicit_lac()
+            last = pending.popleft()
+            future = last.future
+            if not future.done():
+                future.set_result(last.entry_id)  # Its callbacks run later, not in this loop.
+            last.payload = b""
+        if last is not None:
+            self._lac = last.entry_id
+            self._acked_length = last.length
+            if self._lac_timer is None:
+                self._schedule_explicit_lac()
         if self._waiting:
             self._send_waiting()
         if not pending and not self._waiting:

@@ -25,6 +25,8 @@ from bkaio import errors  # Module reference: see the import note in frames.py.
 
 Payload: TypeAlias = bytes | bytearray | memoryview
 _DIGEST_HEADER = struct.Struct(">qqqq")
+_pack_header = _DIGEST_HEADER.pack
+_crc32c = crc32c.crc32c
 _MASTER_KEY_PREFIX = b"bkaio-ledger\0"
 _LEDGER_ID = struct.Struct(">q")
 MASTER_KEY_BYTES = 32
@@ -32,8 +34,8 @@ MASTER_KEY_BYTES = 32
 
 def entry_digest(ledger_id: int, entry_id: int, lac: int, length: int, payload: Payload) -> int:
     """CRC32C of the entry's ids, LAC and ledger length, then its payload (never copied)."""
-    header = _DIGEST_HEADER.pack(ledger_id, entry_id, lac, length)
-    digest: int = crc32c.crc32c(payload, value=crc32c.crc32c(header))
+    # Positional: a keyword argument costs the C call more than hashing a 1 KiB payload does.
+    digest: int = _crc32c(payload, _crc32c(_pack_header(ledger_id, entry_id, lac, length)))
     return digest
 
 
