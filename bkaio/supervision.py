@@ -1,0 +1,297 @@
+"""Supervised long-lived tasks: nothing a service runs in the background ends silently.
+
+Every long-lived task of a service (a bookie's flush loop, checkpointer, GC, disk checker and
+registration keepalive; autorecovery's auditor and replication worker; a client's explicit-LAC
+timer; a stream writer's roller) is started with `Supervisor.spawn(name, factory, policy)`.
+When a run raises anything but a cancellation, the supervisor logs `task_failed` at ERROR with
+the task's name and the traceback, counts it in `bkaio_task_failures_total{task}`, and acts on
+the task's policy:
+
+- `Restart`: an idempotent loop. The factory runs again after a jittered exponential backoff
+  (bkaio/backoff.py); a run that lasted `healthy_after_seconds` resets the schedule. After
+  `max_consecutive_failures` failures in a row it escalates as `Fatal`.
+- `Degrade(on_failure)`: `on_failure(error)` puts the service into a safe state first (a bookie
+  whose ledger storage cannot write turns read-only), then the task restarts like `Restart`.
+  Coming back (writable again) is the restarted task's own decision, when its work succeeds.
+- `Fatal`: nothing can make the service correct again from inside (a journal that cannot
+  fsync). The supervisor resolves `fatal` once; the service's main coroutine waits on it beside
+  its stop signal, shuts down and exits with `EXIT_TASK_FAILED`, so systemd restarts it.
+
+A run that returns normally is over: logged at INFO (`task_finished`), not restarted. The event
+loop's exception handler (callbacks, done-callbacks and futures nobody awaited that raised) is
+routed here too by `install_loop_exception_handler`: logged at ERROR and counted under the task
+name `event_loop`.
+
+BookKeeper's equivalent is the bookie's "critical thread" handling plus its ledger directory
+monitor; see docs/bookie.md ("Supervision").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+from bkaio.backoff import Backoff
+
+log = structlog.get_logger(__name__)
+
+EXIT_TASK_FAILED: Final = 3  # A fatal task failure: distinct from start failures (2).
+EVENT_LOOP_TASK: Final = "event_loop"
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Restart after a jittered exponential backoff; escalate to fatal after too many in a row."""
+
+    initial_delay_seconds: float = 0.1
+    max_delay_seconds: float = 30.0
+    healthy_after_seconds: float = 60.0
+    max_consecutive_failures: int | None = None  # None: keep restarting (with the backoff cap).
+
+
+@dataclass(frozen=True, slots=True)
+class Degrade:
+    """Enter a safe state (`on_failure(error)`), then restart like `Restart`."""
+
+    on_failure: Callable[[BaseException], None]
+    initial_delay_seconds: float = 0.1
+    max_delay_seconds: float = 30.0
+    healthy_after_seconds: float = 60.0
+    max_consecutive_failures: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """The first failure ends the service (non-zero exit; the service manager restarts it)."""
+
+
+Policy = Restart | Degrade | Fatal
+
+
+class TaskState(enum.Enum):
+    RUNNING = "running"
+    BACKING_OFF = "backing_off"  # Failed; waiting to run again.
+    FINISHED = "finished"  # Returned normally.
+    FAILED = "failed"  # Failed for good (fatal, or escalated).
+    STOPPED = "stopped"  # Cancelled by `stop()`.
+
+
+@dataclass(slots=True)
+class TaskStatus:
+    """What `/status` and `bookie info` show of one supervised task."""
+
+    name: str
+    policy: str
+    state: TaskState
+    failures: int = 0  # Failed runs in all.
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    last_failure_at: float | None = None  # time.time() of the last failure.
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "state": self.state.value,
+            "failures": self.failures,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "last_failure_at": self.last_failure_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FatalTaskFailure:
+    """Why a supervisor gave up: the task and its last error."""
+
+    task: str
+    error: BaseException
+
+    def __str__(self) -> str:
+        return f"task {self.task!r} failed fatally: {type(self.error).__name__}: {self.error}"
+
+
+# One counter per registry: services record into their own registries (a shard worker ships
+# its registry to the parent), and prometheus refuses a second counter of one name per registry.
+_failure_counters: dict[int, tuple[CollectorRegistry, Counter]] = {}
+
+
+def task_failures_counter(registry: CollectorRegistry = REGISTRY) -> Counter:
+    """`bkaio_task_failures_total{task}` in `registry` (created on first use)."""
+    entry = _failure_counters.get(id(registry))
+    if entry is None or entry[0] is not registry:
+        counter = Counter(
+            "bkaio_task_failures_total",
+            "Unexpected exceptions in supervised long-lived tasks, by task",
+            ["task"],
+            registry=registry,
+        )
+        entry = (registry, counter)
+        _failure_counters[id(registry)] = entry
+    return entry[1]
+
+
+class Supervisor:
+    """Runs and watches a service's long-lived tasks. Every method runs on the service's loop."""
+
+    def __init__(
+        self,
+        service: str,
+        *,
+        registry: CollectorRegistry = REGISTRY,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.service = service
+        self._log = log.bind(service=service)
+        self._failures = task_failures_counter(registry)
+        self._rng = rng if rng is not None else random.Random()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._status: dict[str, TaskStatus] = {}
+        self._stopping = False
+        self.fatal: asyncio.Future[FatalTaskFailure] = asyncio.get_running_loop().create_future()
+
+    # --- running ------------------------------------------------------------------------------
+
+    def spawn(self, name: str, factory: Callable[[], Awaitable[object]], policy: Policy) -> None:
+        """Start `factory()` as the task `name` under `policy`. Names are unique per supervisor."""
+        if self._stopping:
+            raise RuntimeError(f"{self.service}: spawn({name!r}) after stop()")
+        if name in self._tasks and not self._tasks[name].done():
+            raise ValueError(f"{self.service}: a task named {name!r} is already running")
+        self._failures.labels(task=name)  # Exported at 0 from the start, not from the first fault.
+        self._status[name] = TaskStatus(name, type(policy).__name__.lower(), TaskState.RUNNING)
+        task = asyncio.get_running_loop().create_task(
+            self._supervise(name, factory, policy), name=f"{self.service}:{name}"
+        )
+        self._tasks[name] = task
+
+    async def _supervise(
+        self, name: str, factory: Callable[[], Awaitable[object]], policy: Policy
+    ) -> None:
+        status = self._status[name]
+        backoff = None
+        if not isinstance(policy, Fatal):
+            backoff = Backoff(policy.initial_delay_seconds, policy.max_delay_seconds, rng=self._rng)
+        while True:
+            status.state = TaskState.RUNNING
+            started = time.monotonic()
+            try:
+                await factory()
+            except asyncio.CancelledError:
+                status.state = TaskState.STOPPED
+                raise
+            except BaseException as error:  # Reported, then handled by policy.
+                if isinstance(error, KeyboardInterrupt | SystemExit):
+                    raise
+                # A run that lasted long enough was healthy: start the schedule again.
+                ran = time.monotonic() - started
+                if not isinstance(policy, Fatal) and ran >= policy.healthy_after_seconds:
+                    assert backoff is not None
+                    backoff.reset()
+                    status.consecutive_failures = 0
+                self._record_failure(status, error)
+                if isinstance(policy, Degrade):
+                    self._degrade(name, policy, error)
+                limit = None if isinstance(policy, Fatal) else policy.max_consecutive_failures
+                if backoff is None or (limit is not None and status.consecutive_failures >= limit):
+                    status.state = TaskState.FAILED
+                    self._declare_fatal(name, error)
+                    return
+                delay = backoff.next_delay()
+                status.state = TaskState.BACKING_OFF
+                self._log.info("task_restarting", task=name, delay_seconds=round(delay, 3))
+                await asyncio.sleep(delay)
+                continue
+            status.state = TaskState.FINISHED
+            if not self._stopping:
+                self._log.info("task_finished", task=name)
+            return
+
+    def _record_failure(self, status: TaskStatus, error: BaseException) -> None:
+        status.failures += 1
+        status.consecutive_failures += 1
+        status.last_error = f"{type(error).__name__}: {error}"
+        status.last_failure_at = time.time()
+        self._failures.labels(task=status.name).inc()
+        self._log.error(
+            "task_failed",
+            task=status.name,
+            policy=status.policy,
+            failures=status.failures,
+            error=status.last_error,
+            exc_info=error,
+        )
+
+    def _degrade(self, name: str, policy: Degrade, error: BaseException) -> None:
+        try:
+            policy.on_failure(error)
+        except Exception as hook_error:  # A broken safe state is fatal.
+            self._log.error("task_degrade_failed", task=name, error=str(hook_error), exc_info=True)
+            self._declare_fatal(name, hook_error)
+
+    def _declare_fatal(self, name: str, error: BaseException) -> None:
+        self._log.critical("task_fatal", task=name, error=f"{type(error).__name__}: {error}")
+        if not self.fatal.done():
+            self.fatal.set_result(FatalTaskFailure(name, error))
+
+    def report_fatal(self, name: str, error: BaseException) -> None:
+        """A failure found outside a supervised task (a callback) that ends the service."""
+        self._record_failure(
+            self._status.setdefault(name, TaskStatus(name, "fatal", TaskState.FAILED)), error
+        )
+        self._status[name].state = TaskState.FAILED
+        self._declare_fatal(name, error)
+
+    # --- the event loop's handler -------------------------------------------------------------
+
+    def install_loop_exception_handler(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Route what reaches the loop's exception handler here: ERROR log, counted."""
+        target = loop if loop is not None else asyncio.get_running_loop()
+        target.set_exception_handler(self._loop_exception)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        del loop
+        error = context.get("exception")
+        self._failures.labels(task=EVENT_LOOP_TASK).inc()
+        self._log.error(
+            "event_loop_exception",
+            task=EVENT_LOOP_TASK,
+            message=context.get("message"),
+            error=None if error is None else f"{type(error).__name__}: {error}",
+            exc_info=error,
+        )
+
+    # --- looking and stopping -----------------------------------------------------------------
+
+    def statuses(self) -> list[TaskStatus]:
+        return list(self._status.values())
+
+    def __iter__(self) -> Iterator[TaskStatus]:
+        return iter(self._status.values())
+
+    @property
+    def healthy(self) -> bool:
+        """No fatal failure and no task failed for good."""
+        return not self.fatal.done() and all(
+            s.state is not TaskState.FAILED for s in self._status.values()
+        )
+
+    async def stop(self, timeout_seconds: float = 5.0) -> None:
+        """Cancel every task and wait for them, at most `timeout_seconds` (then log the rest)."""
+        self._stopping = True
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=timeout_seconds)
+        for task in pending:
+            self._log.error("task_did_not_stop", task=task.get_name(), timeout=timeout_seconds)
