@@ -23,8 +23,8 @@ import structlog
 from bkaio.bench.spec import Workload
 from bkaio.bench.systems import BenchSetupError, ChildProcess, stop_all, wait_until
 from bkaio.ledger_client import BookKeeper, LedgerHandle
+from bkaio.localproc import LOOPBACK, EtcdProcess, free_port
 from bkaio.runtime_tuning import tune_gc_for_throughput
-from bkaio.testing.procs import LOOPBACK, EtcdProcess, free_port
 
 MetadataKind = Literal["embedded", "etcd"]
 READY_TIMEOUT_SECONDS = 60.0

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from bkaio.bench.spec import Workload
 from bkaio.bench.systems import BenchSetupError, ChildProcess, port_open, stop_all, wait_until
-from bkaio.testing.procs import LOOPBACK, free_port
+from bkaio.localproc import LOOPBACK, free_port
 
 SyncMode = Literal["always", "default"]
 STREAM = "BKAIOBENCH"

@@ -58,7 +58,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _free_port() -> int:
-    from bkaio.testing.procs import free_port
+    from bkaio.localproc import free_port
 
     return free_port(LOOPBACK)
 
@@ -163,7 +163,7 @@ class StandaloneCluster:
 
     def start(self) -> None:
         if self.layout.etcd_client_port:
-            from bkaio.testing.procs import EtcdProcess
+            from bkaio.localproc import EtcdProcess
 
             self.etcd = EtcdProcess(self.data_dir / "etcd")
             self.etcd.client_port = self.layout.etcd_client_port
