@@ -88,23 +88,38 @@ def _run_real(test_id: str, seed: int, rows: dict[str, Row], timeout: float) -> 
 
 
 def _run_sim(seeds: int, first: int, rows: dict[str, Row]) -> None:
+    from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS
+    from bkaio.testing.mutations import UNFENCED_RECOVERY_READS
     from bkaio.testing.sim.scenarios import run_seed
 
-    for scenario in ("race", "f8"):
+    # (row, scenario, recovery-read policy): the mutation row must find its lost write.
+    runs = (
+        ("sim-race", "race", FENCED_RECOVERY_READS),
+        ("sim-f8", "f8", FENCED_RECOVERY_READS),
+        ("sim-f8-mutation-unfenced-recovery-reads", "f8", UNFENCED_RECOVERY_READS),
+    )
+    for name, scenario, recovery_reads in runs:
+        mutant = recovery_reads is not FENCED_RECOVERY_READS
         count = seeds if scenario == "race" else max(1, seeds // 20)
-        row = rows[f"sim-{scenario}"]
+        row = rows[name]
         for seed in range(first, first + count):
-            outcome = run_seed(scenario, seed)
+            outcome = run_seed(scenario, seed, recovery_reads=recovery_reads)
             row.seeds += 1
             row.ops += outcome.ops
             row.acknowledged += outcome.acked
             row.lost += outcome.result.lost
             row.violations += len(outcome.result.violations)
-            if outcome.liveness_error or not outcome.result.valid:
+            caught = "lost-acked-write" in outcome.result.kinds()
+            if (mutant and not caught) or (
+                not mutant and (outcome.liveness_error or not outcome.result.valid)
+            ):
                 row.failed_runs += 1
+                policy = ", recovery_reads=UNFENCED_RECOVERY_READS" if mutant else ""
                 row.failures.append(
                     f"PYTHONHASHSEED=0 python -c 'from bkaio.testing.sim.scenarios import run_seed;"
-                    f' print(run_seed("{scenario}", {seed}))\'  # {outcome.liveness_error}'
+                    f"{' from bkaio.testing.mutations import UNFENCED_RECOVERY_READS;' * mutant}"
+                    f' print(run_seed("{scenario}", {seed}{policy}))\'  # {outcome.liveness_error}'
+                    f"{' (mutation not caught)' * mutant}"
                 )
 
 

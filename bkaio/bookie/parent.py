@@ -2,6 +2,11 @@
 
     run_bookie(config_path) -> exit code      (`bkaio bookie --config` and `python -m bkaio.bookie`)
 
+Workers are started with `WORKER_COMMAND` (`python -m bkaio.bookie.worker`); the test entry
+point `python -m bkaio.testing.bookie` runs this same parent with its own worker command, which
+passes the parts it injects on to the workers. A retired fault switch (bkaio/fault_switches.py)
+in the environment stops the start with exit 2.
+
 Start: load the configuration, check the cookies against metadata, spawn one worker process per
 shard (bkaio/bookie/worker.py), wait until every shard listens, serve admin HTTP, register the
 bookie (lease + keep-alive), send READY=1 and keep the watchdog fed. While running it mirrors
@@ -17,8 +22,9 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import uvloop
@@ -28,6 +34,7 @@ from prometheus_client import CollectorRegistry, Gauge
 import bkaio
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
+from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
 from bkaio.security.tls import bookie_client_tls_context
 
@@ -44,6 +51,8 @@ EXIT_START_FAILED = 2
 WORKER_START_TIMEOUT_SECONDS = 120.0  # Journal replay of a large journal can take a while.
 CONTROL_REPLY_TIMEOUT_SECONDS = 5.0
 GC_REPLY_TIMEOUT_SECONDS = 300.0  # A GC run may compact large entry logs.
+# How a shard worker is started; `--config`, `--shard` and `--instance-id` follow.
+WORKER_COMMAND: Final = (sys.executable, "-m", "bkaio.bookie.worker")
 
 
 class WorkerHandle:
@@ -122,9 +131,12 @@ class WorkerHandle:
 
 
 class BookieParent:
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(
+        self, config: BookieConfig, *, worker_command: Sequence[str] = WORKER_COMMAND
+    ) -> None:
         assert config.source is not None, "workers load the configuration from its file"
         self.config = config
+        self.worker_command = tuple(worker_command)
         self.log = log.bind(bookie_id=config.bookie_id)
         self.workers: list[WorkerHandle] = []
         self.notifier = SystemdNotifier()
@@ -356,9 +368,7 @@ class BookieParent:
         assert self.config.source is not None
         for shard_index in range(self.config.shard_count):
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bkaio.bookie.worker",
+                *self.worker_command,
                 "--config",
                 str(self.config.source),
                 "--shard",
@@ -448,8 +458,12 @@ class BookieParent:
         return codes
 
 
-def run_bookie(config_path: Path) -> int:
+def run_bookie(config_path: Path, *, worker_command: Sequence[str] = WORKER_COMMAND) -> int:
     """Run a bookie until SIGTERM/SIGINT; exit code 0 clean, 1 a worker died, 2 start failed."""
+    refusal = fault_switch_refusal()
+    if refusal is not None:
+        print(f"bkaio bookie: {refusal}", file=sys.stderr)
+        return EXIT_START_FAILED
     try:
         config = load_bookie_config(config_path)
     except BKError as error:
@@ -459,6 +473,6 @@ def run_bookie(config_path: Path) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
     async def main() -> int:
-        return await BookieParent(config).run()
+        return await BookieParent(config, worker_command=worker_command).run()
 
     return uvloop.run(main())

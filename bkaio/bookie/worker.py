@@ -6,7 +6,10 @@ Opens the shard's `ShardStorage` (cookies checked, journal replayed), listens on
 serves requests (bkaio/bookie/server.py), checks disk usage periodically, and talks to the parent
 over the control channel (bkaio/bookie/control.py). SIGTERM/SIGINT or EOF from the parent: stop
 accepting, finish in-flight requests, close storage (which syncs), exit 0. Exit 2: it could not
-start (bad config, cookie mismatch, port in use).
+start (bad config, cookie mismatch, port in use, a retired fault switch in its environment).
+
+Its storage is built with `PRODUCTION_SEAMS` (bkaio/bookie/seams.py); the test entry point
+`python -m bkaio.testing.bookie.worker` runs this same worker with injected parts.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import uvloop
 
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
-from bkaio.journal import JournalConfig
+from bkaio.fault_switches import fault_switch_refusal
+from bkaio.journal import Journal, JournalConfig
 from bkaio.logs import configure_logging
 from bkaio.runtime_tuning import tune_gc_for_throughput
 from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
@@ -37,6 +41,7 @@ from .control import decode_message, encode_message
 from .gc import GarbageCollector, MetadataGcSource
 from .loop_lag import watch_loop_lag
 from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
+from .seams import PRODUCTION_SEAMS, StorageSeams
 from .server import ShardServer
 
 log = structlog.get_logger(__name__)
@@ -69,10 +74,17 @@ class _ControlReader(asyncio.Protocol):
 
 
 class ShardWorker:
-    def __init__(self, config: BookieConfig, shard_index: int, instance_id: str) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        shard_index: int,
+        instance_id: str,
+        seams: StorageSeams = PRODUCTION_SEAMS,
+    ) -> None:
         self.config = config
         self.shard_index = shard_index
         self.instance_id = instance_id
+        self.seams = seams
         self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
         self.stop_requested = asyncio.Event()
         self.metrics = ShardMetrics()
@@ -89,9 +101,13 @@ class ShardWorker:
             self._control.write(encode_message(message))
 
     async def _open_journal(self, journal_config: JournalConfig, directory: Path) -> Any:
-        from bkaio.entrylog.shard_storage import open_journal
-
-        journal = await open_journal(journal_config, directory)
+        journal = await Journal.open(
+            journal_config,
+            directory=directory,
+            disk=self.seams.disk,
+            crash_points=self.seams.crash_points,
+            ack_policy=self.seams.journal_ack,
+        )
         self._journals.append(journal)
         return journal
 
@@ -120,6 +136,9 @@ class ShardWorker:
                 shard_count=config.shard_count,
                 instance_id=self.instance_id,
                 journal_factory=self._open_journal,
+                usage_function=self.seams.disk.usage,
+                entry_log_disk=self.seams.disk,
+                crash_points=self.seams.crash_points,
             )
         except BKError as error:
             self.log.error("shard_storage_open_failed", error=str(error))
@@ -364,12 +383,22 @@ class _BkaioOnly:
         return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bkaio.bookie.worker")
+def main(
+    argv: list[str] | None = None,
+    *,
+    seams: StorageSeams = PRODUCTION_SEAMS,
+    prog: str = "python -m bkaio.bookie.worker",
+) -> int:
+    """Run one shard worker; `seams` are production's unless the test entry point passes its."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--instance-id", default="")
     args = parser.parse_args(argv)
+    refusal = fault_switch_refusal()
+    if refusal is not None:
+        print(f"bookie shard {args.shard}: {refusal}", file=sys.stderr)
+        return EXIT_START_FAILED
     # The control channel gets a private copy of stdout; fd 1 now goes to stderr, so a stray
     # print cannot corrupt it.
     control_fd = os.dup(1)
@@ -384,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad_shard_index", shard=args.shard, shard_count=config.shard_count)
         return EXIT_START_FAILED
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    worker = ShardWorker(config, args.shard, args.instance_id)
+    worker = ShardWorker(config, args.shard, args.instance_id, seams)
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(worker.run(control_fd))
     return 0

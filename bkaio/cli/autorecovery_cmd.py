@@ -8,6 +8,7 @@ import signal
 import click
 
 from bkaio.cli.common import metadata_option, run
+from bkaio.fault_switches import fault_switch_refusal
 
 
 @click.command("autorecovery")
@@ -30,6 +31,9 @@ def autorecovery(
     metadata_uri: str, admin_token: str, lost_bookie_delay: float, no_auditor: bool
 ) -> None:
     """Run autorecovery (auditor election + replication worker) until Ctrl-C or SIGTERM."""
+    refusal = fault_switch_refusal()
+    if refusal is not None:
+        raise click.UsageError(refusal)  # Exit 2: its recoveries must fence as in production.
     from bkaio.autorecovery import run_autorecovery
     from bkaio.config import AutorecoveryConfig
     from bkaio.logs import configure_logging

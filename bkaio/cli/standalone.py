@@ -25,6 +25,7 @@ import click
 from bkaio.cli.common import run
 from bkaio.cli.output import emit
 from bkaio.errors import BKError, ConfigError
+from bkaio.fault_switches import fault_switch_refusal
 
 LOOPBACK = "127.0.0.1"
 STATE_FILE = "standalone.json"  # Ports chosen on first start; reused on every restart.
@@ -307,6 +308,9 @@ def standalone(
     as_json: bool,
 ) -> int:
     """Run a metadata store and N bookies on this host until Ctrl-C or SIGTERM."""
+    refusal = fault_switch_refusal()
+    if refusal is not None:
+        raise click.UsageError(refusal)  # Exit 2, before anything starts.
     if use_etcd and metadata_uri:
         raise click.UsageError("--etcd and --metadata exclude each other")
     layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)

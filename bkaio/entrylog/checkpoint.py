@@ -22,7 +22,7 @@ from pathlib import Path
 import crc32c
 
 from bkaio.entrylog.cookie import fsync_directory
-from bkaio.journal.disk import crash_point
+from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.records import JournalMark
 
 LAST_MARK_FILE = "lastMark"
@@ -56,7 +56,11 @@ def decode_marks(data: bytes) -> list[JournalMark] | None:
     ]
 
 
-def write_last_mark(directory: Path, marks: list[JournalMark | None]) -> None:
+def write_last_mark(
+    directory: Path,
+    marks: list[JournalMark | None],
+    crash_points: CrashPoints = NO_CRASH_POINTS,
+) -> None:
     """Blocking: atomically replace `directory/lastMark` and make it durable."""
     temporary = directory / (LAST_MARK_FILE + ".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -65,7 +69,7 @@ def write_last_mark(directory: Path, marks: list[JournalMark | None]) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-    crash_point("checkpoint.before_rename")  # Fault suite only (bkaio.journal.disk).
+    crash_points.reached("checkpoint.before_rename")
     os.replace(temporary, directory / LAST_MARK_FILE)
     fsync_directory(directory)
 

@@ -32,7 +32,8 @@ import crc32c
 
 from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import BookieIOError
-from bkaio.journal.disk import Disk, crash_point, default_disk
+from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.disk import OS_DISK, Disk
 
 LOG_MAGIC = b"BKAIOLOG"
 LOG_VERSION = 1
@@ -100,10 +101,17 @@ class _ReadHandle:
 class EntryLogDirectory:
     """The entry logs of one disk: one current log being appended, the rest sealed."""
 
-    def __init__(self, directory: Path, max_log_bytes: int, disk: Disk | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_log_bytes: int,
+        disk: Disk = OS_DISK,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
+    ) -> None:
         self.directory = directory
         self._max_log_bytes = max_log_bytes
-        self._disk = disk if disk is not None else default_disk()
+        self._disk = disk
+        self._crash_points = crash_points
         self._lock = threading.Lock()  # Guards _handles and the reader counts.
         self._handles: dict[int, _ReadHandle] = {}
         self._log_ids: set[int] = set()
@@ -277,7 +285,7 @@ class EntryLogDirectory:
         On a failure (BookieIOError) the logs stay unsynced: the caller must not index what it
         appended since the last sync, and appends again what it still holds."""
         if self._unsynced:
-            crash_point("entrylog.after_write_before_sync")
+            self._crash_points.reached("entrylog.after_write_before_sync")
         for log_id, descriptor in list(self._unsynced.items()):
             try:
                 self._disk.fdatasync(descriptor)

@@ -47,7 +47,8 @@ from bkaio.errors import (
     UnauthorizedError,
 )
 from bkaio.journal.config import JournalConfig
-from bkaio.journal.disk import Disk
+from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.journal.errors import JournalFullError
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import (
@@ -95,7 +96,7 @@ JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
 
 async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
     """The real journal of one directory (ledgers go to journal `config.journal_of(ledger_id)`)."""
-    return await Journal.open(config, directory=directory)  # Disk: bkaio.journal.disk.
+    return await Journal.open(config, directory=directory)
 
 
 # `add_entry_fields`' callback: the batch's shared journal future and the answers of its adds
@@ -208,6 +209,7 @@ class ShardStorage:
         usage_function: UsageFunction,
         storage_thread: ThreadPoolExecutor,
         reader_pool: ThreadPoolExecutor,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
     ) -> None:
         self.config = config
         self.cookie = cookie
@@ -223,6 +225,7 @@ class ShardStorage:
         self._logs = logs
         self._indexes = indexes
         self._usage_function = usage_function
+        self._crash_points = crash_points
         self._storage_thread = storage_thread  # Flush, compaction, deletes: one at a time.
         self._reader_pool = reader_pool
         self._loop = asyncio.get_running_loop()
@@ -267,12 +270,14 @@ class ShardStorage:
         instance_id: str = "",
         journal_factory: JournalFactory = open_journal,
         usage_function: UsageFunction = shutil.disk_usage,
-        entry_log_disk: Disk | None = None,
+        entry_log_disk: Disk = OS_DISK,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
     ) -> ShardStorage:
         """Check cookies, open indexes and entry logs, replay the journal, checkpoint.
 
-        `entry_log_disk` is what the entry logs write and sync through (None: the process's
-        disk, `bkaio.journal.disk.default_disk()`; fault tests pass a fake)."""
+        `entry_log_disk` is what the entry logs write and sync through, `crash_points` where
+        the entry logs and checkpoints may stop the process: production defaults, except under
+        a test entry point (bkaio.testing.bookie), which passes the journal's disk."""
         loop = asyncio.get_running_loop()
         storage_thread = ThreadPoolExecutor(1, thread_name_prefix="bkaio-storage")
         reader_pool = ThreadPoolExecutor(4, thread_name_prefix="bkaio-storage-read")
@@ -291,6 +296,7 @@ class ShardStorage:
                     instance_id=instance_id,
                 ),
                 entry_log_disk,
+                crash_points,
             )
         except BaseException:
             storage_thread.shutdown()
@@ -317,6 +323,7 @@ class ShardStorage:
             usage_function,
             storage_thread,
             reader_pool,
+            crash_points,
         )
         storage._written_marks = list(marks)
         try:
@@ -1323,7 +1330,7 @@ class ShardStorage:
             self._indexes[disk].commit_entries(entries, locations, states_by_disk[disk])
         if marks is not None:
             for directory in self.config.ledger_dirs:
-                write_last_mark(directory, marks)
+                write_last_mark(directory, marks, self._crash_points)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Drop the ledger's entries and state. Space returns at the next compaction."""
@@ -1478,7 +1485,7 @@ def _ranges(ids: list[int]) -> list[tuple[int, int]]:
 
 
 def _open_disks(
-    config: StorageConfig, expected: Cookie, entry_log_disk: Disk | None
+    config: StorageConfig, expected: Cookie, entry_log_disk: Disk, crash_points: CrashPoints
 ) -> tuple[
     Cookie,
     list[EntryLogDirectory],
@@ -1496,7 +1503,7 @@ def _open_disks(
     try:
         for ledger_dir, index_dir in zip(config.ledger_dirs, config.index_dirs, strict=True):
             entry_logs = EntryLogDirectory(
-                Path(ledger_dir) / "logs", config.entry_log_max_bytes, entry_log_disk
+                Path(ledger_dir) / "logs", config.entry_log_max_bytes, entry_log_disk, crash_points
             )
             entry_logs.open()
             logs.append(entry_logs)

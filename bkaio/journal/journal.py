@@ -31,7 +31,8 @@ import structlog
 
 from bkaio.errors import BKError, BookieIOError, ConfigError
 from bkaio.journal.config import JournalConfig
-from bkaio.journal.disk import OS_DISK, Disk, default_disk
+from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.journal.errors import JournalError, JournalFullError, RecordError
 from bkaio.journal.files import (
     HEADER_BYTES,
@@ -52,7 +53,13 @@ from bkaio.journal.records import (
     encode_record,
 )
 from bkaio.journal.replay import JournalReader, ReplayResult
-from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
+from bkaio.journal.writer import (
+    ACK_AFTER_SYNC,
+    Group,
+    JournalAckPolicy,
+    JournalFileWriter,
+    Preallocator,
+)
 from bkaio.journal.writer_thread import WriterThread
 from bkaio.journal.zero_fill import ZeroFiller
 
@@ -166,13 +173,17 @@ class Journal:
         sync_function: Callable[[int], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         directory: Path | None = None,
-        disk: Disk | None = None,
+        disk: Disk = OS_DISK,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
+        ack_policy: JournalAckPolicy = ACK_AFTER_SYNC,
     ) -> Journal:
         """Open (creating if needed) and lock one journal directory; start a new file in it.
 
         Does not replay: call `replay` (in an executor) for the files that were there. New
         appends go to a new file after every existing one. `directory` picks one of
         `config.directories`; it may be omitted when there is only one (see `JournalSet`).
+        `disk`, `crash_points` and `ack_policy` keep their production defaults except under a
+        test entry point (bkaio.journal.disk, bkaio.journal.crash_points, JournalAckPolicy).
         """
         if directory is None:
             if len(config.directories) != 1:
@@ -190,7 +201,6 @@ class Journal:
             if config.preallocate_next_file
             else None
         )
-        disk = disk if disk is not None else default_disk()  # Fakes: bkaio.journal.disk.
         # Zero-filling ahead only where commits really sync to a real disk.
         zero_filler = (
             ZeroFiller(config.preallocate_ahead_bytes, config.max_file_bytes)
@@ -211,6 +221,8 @@ class Journal:
             write_synced=(
                 OS_DISK.write_synced if sync_function is None and disk is OS_DISK else None
             ),
+            crash_points=crash_points,
+            ack_policy=ack_policy,
         )
 
         def set_up() -> tuple[int, list[int], int]:

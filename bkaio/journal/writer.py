@@ -4,6 +4,11 @@
 writes, syncs or rolls the current file. `Preallocator` owns a second thread that prepares
 the *next* file (header and zeros, synced) aside, under another name; it never touches the
 current file, so its fdatasync never covers a region the commit path is writing.
+
+`JournalAckPolicy` says what must be durable before a group is acknowledged. Production uses
+`ACK_AFTER_SYNC`, the journal's promise: the group itself. The fault suite's mutation check
+injects a broken one (bkaio.testing.mutations) through the test entry point, to prove that its
+checker catches a bookie that acknowledges before the fsync.
 """
 
 from __future__ import annotations
@@ -11,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Protocol
 
-from bkaio.journal.disk import OS_DISK, Disk, crash_point, crash_points_armed, mutation
+from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.journal.files import (
     HEADER_BYTES,
     create_file,
@@ -88,8 +96,33 @@ class Preallocator:
         self._jobs.clear()
 
 
+class JournalAckPolicy(Protocol):
+    """What a group's commit makes durable before the group is acknowledged."""
+
+    def commit(self, writer: JournalFileWriter, group: Group) -> float:
+        """Write `group` with `writer.write_group` and sync with `writer.sync_current` as this
+        policy promises; the group is acknowledged when this returns. The seconds synced."""
+
+
+class AckAfterSync:
+    """The journal's promise: a group is acknowledged only after its own fdatasync returned."""
+
+    def commit(self, writer: JournalFileWriter, group: Group) -> float:
+        writer.write_group(group)
+        return writer.sync_current()
+
+
+ACK_AFTER_SYNC: Final = AckAfterSync()
+
+
 class JournalFileWriter:
-    """The current journal file. Every method runs on the journal's writer thread."""
+    """The current journal file. Every method runs on the journal's writer thread.
+
+    `commit(group)` writes and syncs one group. Production (`ACK_AFTER_SYNC`, no crash point
+    armed) commits with `_commit`, chosen here once: no policy call per group, and one system
+    call per group where the disk offers `write_synced`. A test's ack policy or armed crash
+    points get the same steps one by one (`write_group`, `sync_current`), crash points between.
+    """
 
     def __init__(
         self,
@@ -101,6 +134,8 @@ class JournalFileWriter:
         disk: Disk = OS_DISK,
         zero_filler: ZeroFiller | None = None,
         write_synced: Callable[[int, bytes | bytearray | memoryview, int], None] | None = None,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
+        ack_policy: JournalAckPolicy = ACK_AFTER_SYNC,
     ) -> None:
         self._directory = directory
         self._sync = sync
@@ -111,15 +146,14 @@ class JournalFileWriter:
         self._fd: int | None = None
         self._file_id = 0
         self._end = 0  # Offset after the last group written to the current file.
-        # Fault-suite mutation check only (bkaio.journal.disk): sync a group after its ack.
-        self._ack_before_fsync = mutation("ack_before_fsync")
-        self._sync_owed = False
+        self._crash_points = crash_points
         # Write and sync in one call (`OsDisk.write_synced`): only for the real disk with its
-        # own fdatasync, and never with a crash point or the mutation that splits the two.
-        self._write_synced = (
-            write_synced
-            if sync and not self._ack_before_fsync and not crash_points_armed()
-            else None
+        # own fdatasync, on the production path.
+        self._write_synced = write_synced if sync else None
+        self.commit: Callable[[Group], float] = (
+            self._commit
+            if ack_policy is ACK_AFTER_SYNC and not crash_points.armed
+            else functools.partial(ack_policy.commit, self)
         )
 
     def open_new(self, file_id: int) -> None:
@@ -140,34 +174,47 @@ class JournalFileWriter:
         if self._preallocator is not None:
             self._preallocator.prepare(file_id + 1)
 
-    def commit(self, group: Group) -> float:
-        """Write the group and sync it once; return the seconds the sync took."""
-        if self._sync_owed and self._fd is not None:
-            self._sync_owed = False
-            self._sync_function(self._fd)  # BROKEN on purpose: the previous group, already acked.
-        if group.new_file:
-            self.open_new(group.file_id)
-        assert self._fd is not None and group.file_id == self._file_id, (group, self._file_id)
-        end = group.start_offset + len(group.data)
-        if self._zero_filler is not None:
-            self._zero_filler.before_write(group.start_offset, end)
+    def _commit(self, group: Group) -> float:
+        """Production: write the group and sync it once; return the seconds the sync took."""
+        fd = self._start_group(group)
         if self._write_synced is not None:
             started = time.perf_counter()
-            self._write_synced(self._fd, group.data, group.start_offset)
-            self._end = max(self._end, end)
+            self._write_synced(fd, group.data, group.start_offset)
+            self._end = max(self._end, group.start_offset + len(group.data))
             return time.perf_counter() - started  # Write and sync together.
-        self._disk.write(self._fd, group.data, group.start_offset)
-        self._end = max(self._end, end)
-        crash_point("journal.after_write_before_sync")
+        self._disk.write(fd, group.data, group.start_offset)
+        self._end = max(self._end, group.start_offset + len(group.data))
         if not self._sync:
-            return 0.0  # UNSAFE mode (tests only): the page cache is not flushed.
-        if self._ack_before_fsync:
-            self._sync_owed = True
+            return 0.0  # UNSAFE mode (journal.sync = false): the page cache is not flushed.
+        started = time.perf_counter()
+        self._sync_function(fd)
+        return time.perf_counter() - started
+
+    def write_group(self, group: Group) -> None:
+        """Write the group (rolling to its file first), not synced: for ack policies."""
+        fd = self._start_group(group)
+        self._disk.write(fd, group.data, group.start_offset)
+        self._end = max(self._end, group.start_offset + len(group.data))
+        self._crash_points.reached("journal.after_write_before_sync")
+
+    def sync_current(self) -> float:
+        """fdatasync the current file (nothing with `sync` off): for ack policies. Seconds."""
+        if not self._sync or self._fd is None:
             return 0.0
         started = time.perf_counter()
         self._sync_function(self._fd)
-        crash_point("journal.after_sync_before_ack")
+        self._crash_points.reached("journal.after_sync_before_ack")
         return time.perf_counter() - started
+
+    def _start_group(self, group: Group) -> int:
+        """Roll to the group's file if it starts one, zero-fill ahead; the descriptor."""
+        if group.new_file:
+            self.open_new(group.file_id)
+        fd = self._fd
+        assert fd is not None and group.file_id == self._file_id, (group, self._file_id)
+        if self._zero_filler is not None:
+            self._zero_filler.before_write(group.start_offset, group.start_offset + len(group.data))
+        return fd
 
     def close_current(self) -> None:
         if self._fd is not None:

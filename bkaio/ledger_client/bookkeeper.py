@@ -25,7 +25,11 @@ from bkaio.ledger_client.errors import InvalidArgumentError
 from bkaio.ledger_client.ledger_handle import LedgerHandle
 from bkaio.ledger_client.placement import BookieCandidate, make_placement
 from bkaio.ledger_client.read_handle import ReadHandle
-from bkaio.ledger_client.recovery import LedgerRecovery
+from bkaio.ledger_client.recovery import (
+    FENCED_RECOVERY_READS,
+    LedgerRecovery,
+    RecoveryReadPolicy,
+)
 from bkaio.ledger_client.types import BookieOps, ClientConfig
 from bkaio.meta.bookies import BookieInfo
 from bkaio.meta.ledger_metadata import DigestType, LedgerMetadata
@@ -51,7 +55,8 @@ class BookKeeper:
     """A client of one bkaio cluster: creates, opens, recovers, reads and deletes ledgers.
 
     Get one with `BookKeeper.connect(uri, **options)` (an async context manager that can also
-    be awaited). The constructor is for tests that bring their own pieces.
+    be awaited). The constructor is for tests that bring their own pieces; `recovery_reads`
+    keeps its production default except in the fault suite's mutation check.
     """
 
     def __init__(
@@ -62,8 +67,10 @@ class BookKeeper:
         config: ClientConfig,
         metadata: Metadata | None = None,
         rng: random.Random | None = None,
+        recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS,
     ) -> None:
         self._metadata = metadata
+        self._recovery_reads = recovery_reads
         self._bookies: list[BookieInfo] = []
         self._known: dict[str, BookieInfo] = {}
         self.config = config
@@ -274,7 +281,9 @@ class BookKeeper:
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         if recovery and not metadata.is_closed:
             key = master_key(password, ledger_id)
-            metadata = await LedgerRecovery(self._context, metadata, key).run()
+            metadata = await LedgerRecovery(
+                self._context, metadata, key, self._recovery_reads
+            ).run()
         handle = ReadHandle(self._context, metadata)
         if not metadata.is_closed:
             try:

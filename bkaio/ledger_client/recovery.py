@@ -14,16 +14,20 @@ With the two fixes the TLA+ model found (reference/faults.md A2):
 6. CAS to CLOSED with the agreed last entry and length (and the local segment, if any). If
    someone else closed first, adopt their close. A CAS whose outcome is unknown is re-read.
 Imports no transport code.
+
+`RecoveryReadPolicy` is the seam the fault suite's mutation check uses: production reads
+through `FENCED_RECOVERY_READS` (the client's own bookie operations, fencing as written here);
+bkaio.testing.mutations has one that drops the FENCE flag (BookKeeper issue 2614), which the
+suite's tests pass to the `BookKeeper` constructor to prove that their checker catches it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections import deque
 from functools import partial
-from typing import cast
+from typing import Final, Protocol
 
 import structlog
 
@@ -43,17 +47,36 @@ log = structlog.get_logger(__name__)
 _RECOVERY_READ_WINDOW = 16
 
 
+class RecoveryReadPolicy(Protocol):
+    def reader_ops(self, ops: BookieOps) -> BookieOps:
+        """The bookie operations a recovery reads (and fences) through, given the client's."""
+
+
+class FencedRecoveryReads:
+    """Production: recovery reads go to the bookies as this module sends them, with FENCE."""
+
+    def reader_ops(self, ops: BookieOps) -> BookieOps:
+        return ops
+
+
+FENCED_RECOVERY_READS: Final = FencedRecoveryReads()
+
+
 class LedgerRecovery:
     """One recovery attempt of one ledger by this client."""
 
-    def __init__(self, context: ClientContext, metadata: LedgerMetadata, master_key: bytes) -> None:
+    def __init__(
+        self,
+        context: ClientContext,
+        metadata: LedgerMetadata,
+        master_key: bytes,
+        recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS,
+    ) -> None:
         self._ctx = context
         self._md = metadata
         self._master_key = master_key
         self.ledger_id = metadata.ledger_id
-        if "no_fence_on_recovery_reads" in os.environ.get("BKAIO_MUTATION", "").split(","):
-            # Deliberately broken (BookKeeper issue 2614), for the fault suite's mutation check.
-            context = dataclasses.replace(context, ops=cast(BookieOps, _UnfencedReads(context.ops)))
+        context = dataclasses.replace(context, ops=recovery_reads.reader_ops(context.ops))
         self._reader = EntryReader(
             context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum
         )
@@ -240,30 +263,3 @@ class LedgerRecovery:
             if isinstance(error, UnauthorizedError):
                 raise error  # Another bookie would say the same: the key is wrong.
         return failed
-
-
-class _UnfencedReads:
-    """BKAIO_MUTATION=no_fence_on_recovery_reads: recovery reads lose their FENCE flag.
-
-    Only for the fault suite's mutation check (tests/faults: F8 must then fail). Never set.
-    """
-
-    def __init__(self, ops: BookieOps) -> None:
-        self._ops = ops
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._ops, name)
-
-    async def read_entry(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        entry_id: int,
-        *,
-        fence: bool = False,
-        master_key: bytes | None = None,
-    ) -> StoredCopy:
-        del fence
-        return await self._ops.read_entry(
-            bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
-        )

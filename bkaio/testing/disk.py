@@ -9,12 +9,16 @@
   unsynced writes are dropped, as the kernel drops dirty pages after a failed writeback;
   `eio_file_suffix` aims that at some files only (`.log`: the entry logs, not the journal's
   `.jnl` files), and `heal()` makes syncs work again (a test's replaced device);
-- add latency to every sync or write (`sync_delay`, `write_delay`).
+- add latency to every sync or write (`sync_delay`, `write_delay`);
+- report the usage fraction written in a file (`usage_file`) instead of the measured one, so a
+  test can make a bookie see a full disk and then a free one again.
 
-A bookie process gets one from the environment (bkaio.journal.disk.default_disk):
+A bookie gets one from its test entry point's `--disk` option (bkaio.testing.bookie), a spec
+that `disk_from_spec` reads; the shard's journal, entry logs and disk checks share it:
 
-    BKAIO_FAULT_DISK="lazy,sync_delay_ms=20,eio_after_syncs=100,write_delay_ms=0,tear"
-    BKAIO_FAULT_DISK="lazy,eio_after_syncs=0,eio_file_suffix=.log"    (entry-log syncs fail)
+    --disk lazy,sync_delay_ms=20,eio_after_syncs=100,write_delay_ms=0,tear
+    --disk lazy,eio_after_syncs=0,eio_file_suffix=.log      (entry-log syncs fail)
+    --disk usage_file=/tmp/t/disk_usage                     (the file holds e.g. 0.99)
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bkaio.errors import ConfigError
+from bkaio.journal.disk import OS_DISK, DiskSpace
 from bkaio.journal.files import write_all
 
 
@@ -45,6 +51,8 @@ class FakeDisk:
     write_delay: float = 0.0
     eio_after_syncs: int | None = None
     eio_file_suffix: str = ""  # Empty: EIO may hit any file.
+    # While this file exists and holds a number in [0, 1], every directory is that full.
+    usage_file: Path | None = None
     stats: FakeDiskStats = field(default_factory=FakeDiskStats)
 
     def __post_init__(self) -> None:
@@ -109,6 +117,27 @@ class FakeDisk:
                     write_all(fd, data, offset)
         os.close(fd)
 
+    def usage(self, path: Path) -> DiskSpace:
+        measured = OS_DISK.usage(path)
+        fraction = self._reported_fraction()
+        if fraction is None:
+            return measured
+        used = round(measured.total * fraction)
+        return DiskSpace(measured.total, used, measured.total - used)
+
+    def _reported_fraction(self) -> float | None:
+        if self.usage_file is None:
+            return None
+        try:
+            text = self.usage_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise OSError(f"{self.usage_file}: not a usage fraction: {text[:40]!r}") from None
+        return min(max(value, 0.0), 1.0)
+
     # ----------------------------------------------------------------- faults
 
     def crash(self) -> int:
@@ -142,8 +171,8 @@ class FakeDisk:
 
 
 def disk_from_spec(spec: str) -> FakeDisk:
-    """Parse BKAIO_FAULT_DISK: comma-separated flags (`lazy`, `tear`) and `name=value` options
-    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`, `eio_file_suffix`)."""
+    """Parse a disk spec: comma-separated flags (`lazy`, `tear`) and `name=value` options
+    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`, `eio_file_suffix`, `usage_file`)."""
     disk = FakeDisk()
     for raw in spec.split(","):
         item = raw.strip()
@@ -163,11 +192,14 @@ def disk_from_spec(spec: str) -> FakeDisk:
                 disk.eio_after_syncs = int(value)
             elif name == "eio_file_suffix" and value:
                 disk.eio_file_suffix = value
+            elif name == "usage_file" and value:
+                disk.usage_file = Path(value)
             else:
                 raise ValueError("unknown option")
         except ValueError as error:
             raise ConfigError(
-                f"BKAIO_FAULT_DISK={spec!r}: bad item {item!r} ({error}); expected lazy, tear, "
-                "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N, eio_file_suffix=S"
+                f"disk spec {spec!r}: bad item {item!r} ({error}); expected lazy, tear, "
+                "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N, eio_file_suffix=S, "
+                "usage_file=PATH"
             ) from None
     return disk

@@ -1,5 +1,6 @@
-"""Entry-log disk faults in a real bookie process: BKAIO_FAULT_DISK and BKAIO_CRASHPOINT reach its
-shard worker, whose journal and entry logs share one FakeDisk (bkaio.journal.disk).
+"""Entry-log disk faults in a real bookie process started by the test entry point
+(`python -m bkaio.testing.bookie --disk ... --crash-point ...`): its shard worker's journal and
+entry logs share one FakeDisk (bkaio.testing.disk).
 
 - EIO on every entry-log fsync: each flush fails and says so in the log, adds keep being
   acknowledged (the journal is healthy), reads are served from the write cache, and after a
@@ -16,7 +17,13 @@ import random
 
 from bkaio.protocol.messages import AddEntryResponse, Flag, ReadRangeRequest, ReadRangeResponse
 from bkaio.protocol.status import Status
-from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, BookieProcess
+from bkaio.testing.bookie import InjectedParts
+from tests.fixtures.bookies import (
+    NOTHING_INJECTED,
+    BookieCluster,
+    BookieClusterFactory,
+    BookieProcess,
+)
 from tests.integration.bookie.raw_client import FIRST_SIGHT, RawClient, add_request
 
 LEDGER_ID = 21
@@ -85,16 +92,17 @@ async def _restart_healthy(cluster: BookieCluster) -> None:
     """kill -9 whatever is left of bookie 0, then start it on the real disk, no crash point."""
     if cluster[0].process is not None:
         cluster.kill9(0)
-    cluster.env.pop("BKAIO_FAULT_DISK", None)
-    cluster.env.pop("BKAIO_CRASHPOINT", None)
-    await cluster.start(0)
+    await cluster.start(0, injected=NOTHING_INJECTED)
 
 
 async def test_entry_log_fsync_eio_in_a_bookie_loses_no_acknowledged_entry(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
-    env = {**FAST_FLUSH, "BKAIO_FAULT_DISK": "lazy,eio_after_syncs=0,eio_file_suffix=.log"}
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT, env=env)
+    cluster = await bookie_cluster_factory(
+        config=FIRST_SIGHT,
+        env=FAST_FLUSH,
+        injected=InjectedParts(disk="lazy,eio_after_syncs=0,eio_file_suffix=.log"),
+    )
     acked: set[int] = set()
     client = await RawClient.connect(cluster[0].host, cluster[0].port)
     try:
@@ -117,12 +125,11 @@ async def test_entry_log_fsync_eio_in_a_bookie_loses_no_acknowledged_entry(
 async def test_power_failure_before_an_entry_log_sync_loses_no_acknowledged_entry(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
-    env = {
-        **FAST_FLUSH,
-        "BKAIO_FAULT_DISK": "lazy",  # Unsynced writes exist only in the dying process.
-        "BKAIO_CRASHPOINT": "entrylog.after_write_before_sync:3",
-    }
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT, env=env)
+    injected = InjectedParts(
+        disk="lazy",  # Unsynced writes exist only in the dying process.
+        crash_point="entrylog.after_write_before_sync:3",
+    )
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT, env=FAST_FLUSH, injected=injected)
     acked: set[int] = set()
     client = await RawClient.connect(cluster[0].host, cluster[0].port)
     try:

@@ -24,6 +24,7 @@ import structlog
 from bkaio.errors import BKError
 from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.ledger_client.ledger_handle import LedgerHandle
+from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta.bookies import BookieInfo
 from bkaio.testing.checker import CheckResult, check
@@ -61,8 +62,11 @@ class SimOutcome:
 class _Sim:
     """One simulated cluster: bookies, network, metadata, clients, history."""
 
-    def __init__(self, seed: int, bookies: int, faults: SimFaults) -> None:
+    def __init__(
+        self, seed: int, bookies: int, faults: SimFaults, recovery_reads: RecoveryReadPolicy
+    ) -> None:
         self.rng = random.Random(seed)
+        self.recovery_reads = recovery_reads  # Every client's (a mutation check's: broken).
         self.history = History(clock=lambda: asyncio.get_running_loop().time())
         self.bookies = [SimBookie(f"10.0.0.{i + 1}:3181") for i in range(bookies)]
         self.network = SimNetwork(random.Random(self.rng.random()), self.bookies, faults)
@@ -80,7 +84,11 @@ class _Sim:
         )
         ops = SimBookieOps(self.network, name, add_timeout=add_timeout, read_timeout=read_timeout)
         bk = BookKeeper(
-            ledgers=self.store, ops=ops, config=config, rng=random.Random(self.rng.random())
+            ledgers=self.store,
+            ops=ops,
+            config=config,
+            rng=random.Random(self.rng.random()),
+            recovery_reads=self.recovery_reads,
         )
         bk.set_bookies(
             [
@@ -158,14 +166,14 @@ class _Sim:
                 await bk.close()
 
 
-async def _race(seed: int) -> tuple[History, str, str | None]:
+async def _race(seed: int, recovery_reads: RecoveryReadPolicy) -> tuple[History, str, str | None]:
     """Random quorums and faults; a writer; one or two recoverers at random moments; bookies
     going down and up; lost, slow and reordered messages; lost metadata replies."""
     rng = random.Random(seed)
     quorums = rng.choice([(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (4, 2, 2)])
     bookies = quorums[0] + rng.choice([0, 0, 1, 2])
     faults = SimFaults(loss=rng.choice([0.0, 0.0, 0.01, 0.05]), slow=rng.choice([0.0, 0.05, 0.2]))
-    sim = _Sim(seed, bookies, faults)
+    sim = _Sim(seed, bookies, faults, recovery_reads)
     sim.store.unknown_outcome = rng.choice([0.0, 0.0, 0.2])
     count, window = rng.randrange(5, 120), rng.choice([1, 4, 16, 64])
     recoverers = 2 if rng.random() < 0.4 else 1
@@ -206,10 +214,10 @@ async def _race(seed: int) -> tuple[History, str, str | None]:
     return sim.history, description, problem
 
 
-async def _f8(seed: int) -> tuple[History, str, str | None]:
+async def _f8(seed: int, recovery_reads: RecoveryReadPolicy) -> tuple[History, str, str | None]:
     """BookKeeper 2614, scripted: e0 reaches b2 only; the fence to b3 is lost; b2's recovery
     read is late; then the held add reaches b3."""
-    sim = _Sim(seed, 3, SimFaults())
+    sim = _Sim(seed, 3, SimFaults(), recovery_reads)
     writer = sim.client("w", add_timeout=30.0)
     handle = await writer.create_ledger(3, 3, 2, password=PASSWORD)
     b1, b2, b3 = handle.metadata.ensembles[0][1]
@@ -229,19 +237,25 @@ async def _f8(seed: int) -> tuple[History, str, str | None]:
     return sim.history, "scripted 2614 schedule", problem
 
 
-SCENARIOS: dict[str, Callable[[int], Coroutine[Any, Any, tuple[History, str, str | None]]]] = {
+ScenarioRun = Coroutine[Any, Any, tuple[History, str, str | None]]
+SCENARIOS: dict[str, Callable[[int, RecoveryReadPolicy], ScenarioRun]] = {
     "race": _race,
     "f8": _f8,
 }
 
 
-def run_seed(scenario: str, seed: int) -> SimOutcome:
-    """Run one seed of `scenario` on a fresh virtual-time loop and check its history."""
+def run_seed(
+    scenario: str, seed: int, *, recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS
+) -> SimOutcome:
+    """Run one seed of `scenario` on a fresh virtual-time loop and check its history.
+    `recovery_reads`: every simulated client's policy (a mutation check passes a broken one)."""
     old = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     try:
         try:
-            history, description, problem = run_simulation(SCENARIOS[scenario](seed))
+            history, description, problem = run_simulation(
+                SCENARIOS[scenario](seed, recovery_reads)
+            )
         except SimDeadlockError as error:
             empty = check([])
             return SimOutcome(scenario, seed, empty, "deadlock", str(error))

@@ -7,8 +7,10 @@
         direct = await cluster.client("final", proxied=False)
 
 Bookies are `tests.fixtures.bookies.BookieCluster` (one shard each, so a bookie has one port);
-`env` reaches every bookie process (BKAIO_FAULT_DISK, BKAIO_MUTATION, BKAIO_CRASHPOINT).
-Everything started here stops in `close`, also when the test fails.
+`injected` (a lazy or failing disk, a crash point, the ack-before-fsync mutation) reaches every
+bookie through the test entry point `python -m bkaio.testing.bookie`; `env` holds configuration
+overrides only (BKAIO_<SECTION>_<KEY>). A client's recovery-read policy (the F8 mutation) is an
+argument of `client`. Everything started here stops in `close`, also when the test fails.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,12 +28,14 @@ from typing import Any
 
 from bkaio.ledger_client import BookKeeper
 from bkaio.ledger_client.connections import BookieAddress, BookiePool
+from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import open_metadata
 from bkaio.meta.bookies import BookieInfo
+from bkaio.testing.bookie import InjectedParts
 from bkaio.testing.history import History
 from tests.faults.harness.proxy import LinkProxy
-from tests.fixtures.bookies import BookieCluster, ConfigOverrides, _http_ok
+from tests.fixtures.bookies import NOTHING_INJECTED, BookieCluster, ConfigOverrides, _http_ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class FaultCluster:
         seed: int = 0,
         env: dict[str, str] | None = None,
         config: ConfigOverrides | None = None,
+        injected: InjectedParts = NOTHING_INJECTED,
     ) -> None:
         self.metadata_uri = metadata_uri
         self.seed = seed
@@ -65,6 +69,7 @@ class FaultCluster:
             shards=1,
             config=config,
             env=env,
+            injected=injected,
             registration_ttl_seconds=3.0,
         )
         self._links: dict[tuple[str, str], LinkProxy] = {}
@@ -97,16 +102,12 @@ class FaultCluster:
     def links(self, client_name: str | None = None) -> list[LinkProxy]:
         return [p for (c, _b), p in self._links.items() if client_name in (None, c)]
 
-    async def start_bookie(self, index: int, env: dict[str, str] | None = None) -> None:
-        """(Re)start bookie `index`, optionally with extra environment for this run only."""
-        saved = dict(self.bookies.env)
-        self.bookies.env.update(env or {})
-        try:
-            if self.bookies[index].running:
-                await self.bookies.stop(index)
-            await self.bookies.start(index)
-        finally:
-            self.bookies.env = saved
+    async def start_bookie(self, index: int, injected: InjectedParts | None = None) -> None:
+        """(Re)start bookie `index`, with `injected` parts for this run only (default: the
+        cluster's; `NOTHING_INJECTED`: the production bookie)."""
+        if self.bookies[index].running:
+            await self.bookies.stop(index)
+        await self.bookies.start(index, injected=injected)
 
     def kill9_together(self, indexes: list[int]) -> None:
         """SIGKILL several bookies at the same instant (no one runs on while another dies)."""
@@ -123,14 +124,7 @@ class FaultCluster:
         bookie = self.bookies[index]
         with bookie.log_path.open("ab") as log_file:
             bookie.process = subprocess.Popen(
-                [
-                    *prefix,
-                    sys.executable,
-                    "-m",
-                    "bkaio.bookie",
-                    "--config",
-                    str(bookie.config_path),
-                ],
+                [*prefix, *self.bookies.command(index)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
@@ -156,10 +150,19 @@ class FaultCluster:
         for proxy in self._links.values():
             proxy.heal()
 
-    async def client(self, name: str, *, proxied: bool = True, **options: Any) -> BookKeeper:
-        """A BookKeeper client; with `proxied`, each bookie is reached through its own proxy."""
+    async def client(
+        self,
+        name: str,
+        *,
+        proxied: bool = True,
+        recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS,
+        **options: Any,
+    ) -> BookKeeper:
+        """A BookKeeper client; with `proxied`, each bookie is reached through its own proxy.
+        `recovery_reads`: the client's recovery-read policy (proxied clients only)."""
         options.setdefault("client_id", name)
         if not proxied:
+            assert recovery_reads is FENCED_RECOVERY_READS, "a policy needs a proxied client"
             bk = await BookKeeper.connect(self.metadata_uri, **options)
             self._clients.append(bk)
             return bk
@@ -183,7 +186,13 @@ class FaultCluster:
 
         try:
             pool = BookiePool(config, resolve)
-            bk = BookKeeper(ledgers=metadata.ledgers, ops=pool, config=config, metadata=metadata)
+            bk = BookKeeper(
+                ledgers=metadata.ledgers,
+                ops=pool,
+                config=config,
+                metadata=metadata,
+                recovery_reads=recovery_reads,
+            )
             # Same wiring as BookKeeper.connect, with our resolver in front of the registry.
             bk._known = known
             await bk._start_bookie_watch()

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from bkaio.testing.bookie import InjectedParts
 from tests.faults.harness.child import WriterChild
 from tests.faults.harness.final import assert_safe, finish
 from tests.faults.harness.workload import PASSWORD, Writer, close_writer
 from tests.faults.scenarios.conftest import ClusterFactory
 
-LAZY_DISK = {"BKAIO_FAULT_DISK": "lazy"}
+LAZY_DISK = InjectedParts(disk="lazy")
 
 
 async def test_f1_writer_killed_then_recovered(
@@ -69,7 +70,7 @@ async def _kill_after_acks(
     tmp_path: Path,
     seed: int,
     *,
-    env: dict[str, str],
+    injected: InjectedParts,
     victims: int,
     name: str,
     rounds: int = 3,
@@ -77,7 +78,7 @@ async def _kill_after_acks(
     """E=3 Qw=2 Qa=2 on 3 bookies with the lazy disk; kill `victims` bookies at once right
     after acks, restart them on the same disks, recover and read."""
     rng = random.Random(seed)
-    cluster = await make_cluster(3, env=env)
+    cluster = await make_cluster(3, injected=injected)
     ledgers: list[int] = []
     schedule: list[str] = []
     for round_number in range(rounds):
@@ -109,7 +110,7 @@ async def test_f3_qa_bookies_killed_after_acks_lazy_disk(
     make_cluster: ClusterFactory, tmp_path: Path, seed: int
 ) -> None:
     result, report = await _kill_after_acks(
-        make_cluster, tmp_path, seed, env=LAZY_DISK, victims=2, name="F3"
+        make_cluster, tmp_path, seed, injected=LAZY_DISK, victims=2, name="F3"
     )
     assert_safe(result, report, seed=seed)  # type: ignore[arg-type]
 
@@ -118,9 +119,9 @@ async def test_f3_mutation_ack_before_fsync_is_caught(
     make_cluster: ClusterFactory, tmp_path: Path, seed: int
 ) -> None:
     """The harness must catch a bookie that acknowledges before its fsync."""
-    env = {**LAZY_DISK, "BKAIO_MUTATION": "ack_before_fsync"}
+    mutant = InjectedParts(disk="lazy", mutation="ack_before_fsync")
     result, report = await _kill_after_acks(
-        make_cluster, tmp_path, seed, env=env, victims=2, name="F3-mutant"
+        make_cluster, tmp_path, seed, injected=mutant, victims=2, name="F3-mutant"
     )
     caught = not result.valid or bool(report.errors) or bool(report.unrecovered)  # type: ignore[attr-defined]
     assert caught, f"BKAIO_SEED={seed}: ack-before-fsync went unnoticed"
@@ -131,6 +132,6 @@ async def test_f4_power_failure_of_every_bookie(
     make_cluster: ClusterFactory, tmp_path: Path, seed: int
 ) -> None:
     result, report = await _kill_after_acks(
-        make_cluster, tmp_path, seed, env=LAZY_DISK, victims=3, name="F4"
+        make_cluster, tmp_path, seed, injected=LAZY_DISK, victims=3, name="F4"
     )
     assert_safe(result, report, seed=seed)  # type: ignore[arg-type]

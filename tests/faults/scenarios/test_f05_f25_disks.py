@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bkaio.ledger_client.ledger_handle import LedgerHandle
+from bkaio.testing.bookie import InjectedParts
 from tests.faults.harness.cluster import FaultCluster
 from tests.faults.harness.final import assert_safe, finish
 from tests.faults.harness.nemesis import (
@@ -23,6 +24,7 @@ from tests.faults.harness.nemesis import (
 )
 from tests.faults.harness.workload import PASSWORD, Writer, close_writer
 from tests.faults.scenarios.conftest import ClusterFactory
+from tests.fixtures.bookies import NOTHING_INJECTED
 
 # Flush and checkpoint often, so crash points in that path are reached within seconds.
 FAST_FLUSH = {"BKAIO_STORAGE_FLUSH_INTERVAL_SECONDS": "0.2"}
@@ -65,12 +67,12 @@ async def test_f5_crash_points(
     rng = random.Random(seed)
     cluster = await make_cluster(4, env=FAST_FLUSH)
     passes = rng.randrange(5, 60)
-    await cluster.start_bookie(0, {"BKAIO_CRASHPOINT": f"{point}:{passes}"})
+    await cluster.start_bookie(0, InjectedParts(crash_point=f"{point}:{passes}"))
     _writer, ledger_id = await _write_while(cluster, seed, count=600)
     crashed = not cluster.bookies[0].running
     if crashed:
         cluster.bookies.kill9(0)  # Reap it (already gone).
-    await cluster.start_bookie(0, {})  # Without the crash point: replay, then serve.
+    await cluster.start_bookie(0, NOTHING_INJECTED)  # No crash point: replay, then serve.
     result, report = await finish(
         cluster, [ledger_id], tmp_path, name="F5", schedule=f"{point}:{passes} crashed={crashed}"
     )
@@ -109,13 +111,14 @@ async def test_f22_fsync_eio_on_one_bookie(
     async def break_one(handle: LedgerHandle) -> None:  # A bookie of the ledger's ensemble.
         index = cluster.bookie_ids.index(rng.choice(handle.metadata.ensembles[0][1]))
         victim.append(index)
-        await cluster.start_bookie(index, {"BKAIO_FAULT_DISK": f"lazy,eio_after_syncs={after}"})
+        await cluster.start_bookie(index, InjectedParts(disk=f"lazy,eio_after_syncs={after}"))
 
     writer, ledger_id = await _write_while(cluster, seed, count=800, before=break_one)
     assert writer.failed is None, f"BKAIO_SEED={seed}: {writer.failed!r}"
     log = await asyncio.to_thread(cluster.bookies[victim[0]].log_path.read_text)
     assert "injected fsync failure" in log, "the EIO never happened"
-    await cluster.start_bookie(victim[0], {})  # A healthy disk: replay shows what was synced.
+    # A healthy disk: replay shows what was synced.
+    await cluster.start_bookie(victim[0], NOTHING_INJECTED)
     result, report = await finish(
         cluster, [ledger_id], tmp_path, name="F22", schedule=f"EIO after {after} syncs"
     )

@@ -10,9 +10,9 @@ import random
 import signal
 from pathlib import Path
 
-import pytest
-
+from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
 from bkaio.protocol.messages import Flag, Op
+from bkaio.testing.mutations import UNFENCED_RECOVERY_READS
 from tests.faults.harness.child import WriterChild
 from tests.faults.harness.final import assert_safe, finish
 from tests.faults.harness.proxy import Direction, FrameRule
@@ -44,10 +44,16 @@ async def test_f7_zombie_writer_paused_then_resumed(
     assert result.stats["failed"] > 0, "the resumed zombie never saw a fenced add"
 
 
-async def _f8_schedule(cluster_factory: ClusterFactory, tmp_path: Path, seed: int, name: str):  # type: ignore[no-untyped-def]
+async def _f8_schedule(  # type: ignore[no-untyped-def]
+    cluster_factory: ClusterFactory,
+    tmp_path: Path,
+    seed: int,
+    name: str,
+    recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS,
+):
     """Writer's add of e0 reaches b2 only (held to b1, b3); the recoverer's fence to b3 is
     dropped and its read from b2 is late, so b1 and b3 answer NO_SUCH_ENTRY; then the held
-    add is released to b3."""
+    add is released to b3. `recovery_reads`: the recoverer's policy (the mutation check's)."""
     cluster = await cluster_factory(3)
     writer_bk = await cluster.client("w", add_timeout=30.0)
     handle = await writer_bk.create_ledger(
@@ -61,7 +67,7 @@ async def _f8_schedule(cluster_factory: ClusterFactory, tmp_path: Path, seed: in
     assert add is not None
     await asyncio.sleep(0.5)
     assert cluster.link("w", b1).held_count == 1 and cluster.link("w", b3).held_count == 1
-    recoverer = await cluster.client("r", read_timeout=10.0)
+    recoverer = await cluster.client("r", read_timeout=10.0, recovery_reads=recovery_reads)
     cluster.link("r", b3).rules.append(
         FrameRule(Direction.UP, op=Op.READ_LAC, flags=Flag.FENCE, action="drop")
     )
@@ -85,10 +91,11 @@ async def test_f8_lost_fence_and_late_add(
 
 
 async def test_f8_mutation_unfenced_recovery_reads_is_caught(
-    make_cluster: ClusterFactory, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+    make_cluster: ClusterFactory, tmp_path: Path, seed: int
 ) -> None:
-    monkeypatch.setenv("BKAIO_MUTATION", "no_fence_on_recovery_reads")
-    result, _report = await _f8_schedule(make_cluster, tmp_path, seed, "F8-mutant")
+    result, _report = await _f8_schedule(
+        make_cluster, tmp_path, seed, "F8-mutant", UNFENCED_RECOVERY_READS
+    )
     assert "lost-acked-write" in result.kinds(), result.summary()
 
 

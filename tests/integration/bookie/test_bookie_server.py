@@ -178,7 +178,8 @@ async def test_long_poll_read_lac(bookie_cluster_factory: BookieClusterFactory) 
 async def test_read_only_flips_on_injected_disk_usage(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
+    """A disk that reports itself full (the Disk seam, through the test entry point)."""
+    cluster = await bookie_cluster_factory(config=FIRST_SIGHT, fake_disk_usage=True)
     client = await RawClient.connect(cluster[0].host, cluster[0].port)
     await _ok(client, add_request(client.next_id(), 1, 0, b"a"))
     cluster.set_disk_usage(0, 0.99)

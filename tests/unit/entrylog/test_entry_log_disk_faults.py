@@ -340,3 +340,33 @@ async def test_slow_writes_and_syncs_change_nothing(
     await storage.close()
     reopened = await open_storage(config)
     await _assert_read_back(reopened, survivors)
+
+
+class RecordingCrashPoints:
+    """Armed, but only records where it was reached (a unit test must not exit)."""
+
+    armed = True
+
+    def __init__(self) -> None:
+        self.reached_points: list[str] = []
+
+    def reached(self, name: str) -> None:
+        self.reached_points.append(name)
+
+
+async def test_storage_passes_its_crash_points_to_entry_logs_and_checkpoints(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    """The seam reaches the storage thread's crash points: a flush that writes entry logs
+    passes the entry-log one before their sync and the checkpoint one before its rename."""
+    crash_points = RecordingCrashPoints()
+    storage = await open_storage(crash_points=crash_points)
+    opened = list(crash_points.reached_points)  # Open checkpoints once, with nothing written.
+    assert "entrylog.after_write_before_sync" not in opened
+    await _add(storage, range(5))
+    await storage.checkpoint()
+    flushed = crash_points.reached_points[len(opened) :]
+    assert flushed.index("entrylog.after_write_before_sync") < flushed.index(
+        "checkpoint.before_rename"
+    ), flushed
+    assert flushed.count("checkpoint.before_rename") == len(make_config(tmp_path).ledger_dirs)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from bkaio.journal import disk as disk_module
 from bkaio.journal.disk import OsDisk
-from bkaio.journal.writer import JournalFileWriter
+from bkaio.journal.writer import AckAfterSync, JournalFileWriter
+from bkaio.testing.crash_points import CrashAt
+from bkaio.testing.mutations import AckBeforeSync
 
 
 def _open(path: Path) -> int:
@@ -72,21 +73,29 @@ def test_other_write_errors_are_raised(tmp_path: Path, monkeypatch: pytest.Monke
         os.close(fd)
 
 
-def _writer(tmp_path: Path, *, sync: bool = True) -> JournalFileWriter:
+def _writer(tmp_path: Path, *, sync: bool = True, **parts: Any) -> JournalFileWriter:
     return JournalFileWriter(
         tmp_path,
         sync=sync,
         sync_function=os.fdatasync,
         preallocator=None,
         write_synced=OsDisk().write_synced,
+        **parts,
     )
 
 
-def test_the_writer_uses_one_call_unless_a_crash_point_is_armed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_production_commits_in_one_call_and_anything_injected_through_its_policy(
+    tmp_path: Path,
 ) -> None:
-    assert _writer(tmp_path)._write_synced is not None
+    production = _writer(tmp_path)
+    assert production.commit == production._commit and production._write_synced is not None
     assert _writer(tmp_path, sync=False)._write_synced is None  # Nothing to sync at all.
-    # A crash point between the write and the sync needs the two calls.
-    monkeypatch.setattr(disk_module, "_CRASHPOINT_ARMED", "journal.after_write_before_sync:1")
-    assert _writer(tmp_path)._write_synced is None
+    # A crash point between the write and the sync, or another ack policy, needs the steps
+    # one by one: the policy's path, picked at construction.
+    for parts in (
+        {"crash_points": CrashAt("journal.after_write_before_sync")},
+        {"ack_policy": AckBeforeSync()},
+        {"ack_policy": AckAfterSync()},  # Not the production object: the general path.
+    ):
+        writer = _writer(tmp_path, **parts)
+        assert writer.commit != writer._commit, parts

@@ -1,4 +1,5 @@
-"""FakeDisk under the real journal: lost unsynced writes, torn writes, EIO, the mutation flag."""
+"""FakeDisk under the real journal: lost unsynced writes, torn writes, EIO, a faked usage; the
+ack-before-fsync mutation and an armed crash point passed to the journal as parts."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 
 from bkaio.errors import BookieIOError, ConfigError
 from bkaio.journal import EntryRecord, Journal, JournalConfig, JournalReader
-from bkaio.journal.disk import MUTATION_ENV
+from bkaio.journal.crash_points import CRASH_POINTS
 from bkaio.journal.files import list_file_ids
+from bkaio.journal.writer import ACK_AFTER_SYNC
+from bkaio.testing.crash_points import KILLED_EXIT_CODE, CrashAt
 from bkaio.testing.disk import FakeDisk, disk_from_spec
+from bkaio.testing.mutations import AckBeforeSync, journal_mutation
 
 
 def _entry(entry_id: int) -> EntryRecord:
@@ -36,16 +40,70 @@ async def test_synced_records_survive_a_crash_and_unsynced_ones_do_not(tmp_path:
     assert _replayed(tmp_path / "j") == list(range(20))
 
 
-async def test_ack_before_fsync_mutation_loses_acked_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(MUTATION_ENV, "ack_before_fsync")
+async def test_ack_before_fsync_mutation_loses_acked_records(tmp_path: Path) -> None:
     disk = FakeDisk(lazy=True)
-    journal = await Journal.open(JournalConfig(directories=(tmp_path / "j",)), disk=disk)
-    await journal.append(_entry(0))  # Acknowledged, but its sync waits for the next group.
+    journal = await Journal.open(
+        JournalConfig(directories=(tmp_path / "j",)), disk=disk, ack_policy=AckBeforeSync()
+    )
+    await journal.append(_entry(0))
+    await journal.append(_entry(1))  # Acknowledged, but its sync waits for the next group.
     disk.crash()
     await journal.close()
-    assert _replayed(tmp_path / "j") == []
+    assert _replayed(tmp_path / "j") == [0]
+
+
+async def test_the_production_ack_policy_keeps_every_acked_record(tmp_path: Path) -> None:
+    """The same steps as the mutation's, with the production policy on the injected path."""
+    disk = FakeDisk(lazy=True)
+    crash_points = CrashAt("checkpoint.before_rename", exit=lambda code: None)  # Never here.
+    journal = await Journal.open(
+        JournalConfig(directories=(tmp_path / "j",)),
+        disk=disk,
+        crash_points=crash_points,
+        ack_policy=ACK_AFTER_SYNC,
+    )
+    assert journal._writer.commit != journal._writer._commit  # Policy path, not production's.
+    await journal.append(_entry(0))
+    await journal.append(_entry(1))
+    disk.crash()
+    await journal.close()
+    assert _replayed(tmp_path / "j") == [0, 1]
+
+
+async def test_a_crash_point_ends_the_process_between_write_and_sync(tmp_path: Path) -> None:
+    exits: list[int] = []
+
+    def record_exit(code: int) -> None:
+        exits.append(code)
+        disk.crash()  # What the exit would do to the unsynced writes.
+
+    disk = FakeDisk(lazy=True)
+    crash_points = CrashAt("journal.after_write_before_sync", 2, exit=record_exit)
+    journal = await Journal.open(
+        JournalConfig(directories=(tmp_path / "j",)), disk=disk, crash_points=crash_points
+    )
+    await journal.append(_entry(0))
+    assert exits == []
+    await journal.append(_entry(1))  # The second pass: "exits" before this group's sync.
+    assert exits == [KILLED_EXIT_CODE]
+    await journal.close()
+    assert _replayed(tmp_path / "j") == [0]
+
+
+def test_crash_point_and_mutation_specs() -> None:
+    armed = CrashAt.from_spec("entrylog.after_write_before_sync:3")
+    assert (armed.point, armed.passes, armed.armed) == ("entrylog.after_write_before_sync", 3, True)
+    assert CrashAt.from_spec("checkpoint.before_rename").passes == 1
+    assert set(CRASH_POINTS) >= {armed.point}
+    with pytest.raises(ConfigError, match="unknown crash point"):
+        CrashAt.from_spec("journal.somewhere:2")
+    with pytest.raises(ConfigError, match="not a number"):
+        CrashAt.from_spec("checkpoint.before_rename:x")
+    with pytest.raises(ConfigError, match="at least 1"):
+        CrashAt.from_spec("checkpoint.before_rename:0")
+    assert isinstance(journal_mutation("ack_before_fsync"), AckBeforeSync)
+    with pytest.raises(ConfigError, match="unknown bookie mutation"):
+        journal_mutation("no_fence_on_recovery_reads")  # A client's, not a bookie's.
 
 
 async def test_fsync_eio_fails_the_batch_and_stops_the_journal(tmp_path: Path) -> None:
@@ -78,5 +136,22 @@ def test_torn_write_lands_half(tmp_path: Path) -> None:
 def test_spec_parsing() -> None:
     disk = disk_from_spec("lazy, sync_delay_ms=20,eio_after_syncs=3,tear")
     assert disk.lazy and disk.tear and disk.sync_delay == 0.02 and disk.eio_after_syncs == 3
-    with pytest.raises(ConfigError, match="bad item"):
-        disk_from_spec("lazy,fast=1")
+    assert disk_from_spec("usage_file=/tmp/u").usage_file == Path("/tmp/u")
+    for bad in ("lazy,fast=1", "usage_file=", "eio_after_syncs=x", "lazy=1"):
+        with pytest.raises(ConfigError, match="bad item"):
+            disk_from_spec(bad)
+
+
+def test_usage_file_makes_the_disk_report_that_fraction(tmp_path: Path) -> None:
+    usage_file = tmp_path / "usage"
+    disk = FakeDisk(usage_file=usage_file)
+    measured = disk.usage(tmp_path)  # No file yet: the real figure.
+    assert measured.total > 0 and measured.used + measured.free <= measured.total
+    usage_file.write_text("0.99\n")
+    full = disk.usage(tmp_path)
+    assert full.total == measured.total and full.used / full.total == pytest.approx(0.99)
+    usage_file.write_text("7")  # Clamped to [0, 1].
+    assert disk.usage(tmp_path).free == 0
+    usage_file.write_text("full")
+    with pytest.raises(OSError, match="not a usage fraction"):
+        disk.usage(tmp_path)

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from bkaio.testing.mutations import UNFENCED_RECOVERY_READS
 from bkaio.testing.sim.loop import SimDeadlockError, SimLoop, run_simulation
 from bkaio.testing.sim.scenarios import run_seed
 
@@ -41,11 +42,8 @@ def test_scripted_2614_schedule_keeps_acked_writes() -> None:
     assert outcome.liveness_error is None
 
 
-def test_scripted_2614_schedule_catches_unfenced_recovery_reads(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("BKAIO_MUTATION", "no_fence_on_recovery_reads")
-    outcome = run_seed("f8", BASE)
+def test_scripted_2614_schedule_catches_unfenced_recovery_reads() -> None:
+    outcome = run_seed("f8", BASE, recovery_reads=UNFENCED_RECOVERY_READS)
     assert "lost-acked-write" in outcome.result.kinds(), outcome.result.summary()
 
 

@@ -1,0 +1,123 @@
+"""Deliberately broken parts: the fault suite's mutation checks run the system with one of them
+to prove that their checker notices (a suite that passes with a broken bookie proves nothing).
+
+- `AckBeforeSync` (journal, `--mutation ack_before_fsync` of bkaio.testing.bookie): each group is
+  acknowledged once written, and synced only when the next group comes. With a lazy disk, a
+  kill -9 then loses acknowledged entries; tests/faults F3's mutation check must see that.
+- `UnfencedRecoveryReads` (client, `BookKeeper(..., recovery_reads=UNFENCED_RECOVERY_READS)`):
+  recovery reads lose their FENCE flag (BookKeeper issue 2614); F8's mutation check, in the real
+  fault suite and in the simulator, must see the lost acknowledged write.
+
+Never used outside tests: nothing in production imports this package.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from bkaio.errors import ConfigError
+from bkaio.journal.writer import Group, JournalFileWriter
+from bkaio.ledger_client.types import AddCallback, BookieOps, LacAnswer, StoredCopy
+
+
+class AckBeforeSync:
+    """BROKEN on purpose: a group is acknowledged before its fdatasync (the previous group's
+    sync happens first, so exactly the last acknowledged group is unsynced at any time)."""
+
+    def commit(self, writer: JournalFileWriter, group: Group) -> float:
+        writer.sync_current()  # The previous group, already acknowledged.
+        writer.write_group(group)
+        return 0.0
+
+
+class UnfencedReads:
+    """A client's bookie operations with the FENCE flag taken off every entry read."""
+
+    def __init__(self, ops: BookieOps) -> None:
+        self._ops = ops
+
+    def add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+        callback: AddCallback,
+    ) -> None:
+        self._ops.add_entry(
+            bookie_id,
+            ledger_id,
+            entry_id,
+            recovery=recovery,
+            master_key=master_key,
+            lac=lac,
+            length=length,
+            digest=digest,
+            payload=payload,
+            callback=callback,
+        )
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        del fence  # The mutation.
+        return await self._ops.read_entry(
+            bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
+        )
+
+    async def read_lac(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> LacAnswer:
+        return await self._ops.read_lac(
+            bookie_id,
+            ledger_id,
+            fence=fence,
+            master_key=master_key,
+            previous_lac=previous_lac,
+            long_poll_seconds=long_poll_seconds,
+        )
+
+    async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
+        await self._ops.write_lac(bookie_id, ledger_id, master_key, lac)
+
+
+class UnfencedRecoveryReads:
+    """BROKEN on purpose: a `RecoveryReadPolicy` whose recovery reads do not fence."""
+
+    def reader_ops(self, ops: BookieOps) -> BookieOps:
+        return UnfencedReads(ops)
+
+
+UNFENCED_RECOVERY_READS: Final = UnfencedRecoveryReads()
+
+# The bookie-side mutations by the name `--mutation` takes.
+JOURNAL_MUTATIONS: Final = {"ack_before_fsync": AckBeforeSync}
+
+
+def journal_mutation(name: str) -> AckBeforeSync:
+    """The journal ack policy of bookie mutation `name`."""
+    try:
+        return JOURNAL_MUTATIONS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown bookie mutation {name!r}; known: {', '.join(sorted(JOURNAL_MUTATIONS))}"
+        ) from None
