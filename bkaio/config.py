@@ -4,7 +4,7 @@
     [metadata]   uri, registration_ttl_seconds
     [server]     connection limits and deadlines
     [admin]      admin HTTP (host, port, token)
-    [read_only]  disk thresholds, disk check interval, an injectable usage figure for tests
+    [read_only]  disk thresholds, disk check interval, start read-only
     [autorecovery] the auditor and replication worker this bookie runs (docs/autorecovery.md)
     [gc]         garbage collection of deleted and moved ledgers, compaction cadence
     [tls]        TLS (and mutual TLS) on the client port
@@ -191,9 +191,6 @@ class ReadOnlyConfig:
     disk_read_only_fraction: float = 0.95  # Any disk above this: the shard turns read-only.
     disk_writable_fraction: float = 0.90  # Back to writable once every disk is below this.
     start_read_only: bool = False
-    # Tests and drills: a file holding one number in [0, 1] that replaces the measured usage
-    # fraction of every disk while it exists.
-    debug_disk_usage_file: str = ""
 
     def __post_init__(self) -> None:
         if self.disk_check_interval_seconds <= 0:

@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -230,9 +229,6 @@ class ShardServer:
 
     def measure_disk_usage(self) -> float:
         """The highest usage fraction of the shard's disks (blocking: run it in an executor)."""
-        injected = _read_injected_usage(self.config.read_only.debug_disk_usage_file)
-        if injected is not None:
-            return injected
         return max((usage.fraction for usage in self.storage.disk_usage()), default=0.0)
 
     def apply_disk_usage(self, highest: float) -> None:
@@ -961,22 +957,3 @@ class ShardServer:
                 frame_timeout=limits.frame_read_timeout_seconds,
                 idle_timeout=limits.idle_timeout_seconds,
             )
-
-
-def _read_injected_usage(path: str) -> float | None:
-    """The usage fraction written in the debug file, when configured and present."""
-    if not path:
-        return None
-    try:
-        text = Path(path).read_text().strip()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        log.warning("debug_disk_usage_file_unreadable", path=path, error=str(error))
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        log.warning("debug_disk_usage_file_invalid", path=path, content=text[:40])
-        return None
-    return min(max(value, 0.0), 1.0)

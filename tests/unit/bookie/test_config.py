@@ -69,6 +69,12 @@ def test_environment_overrides_the_file() -> None:
         ({"storage": {"ledger_dirs": ["relative"]}}, {}, "must be absolute"),
         ({"read_only": {"disk_writable_fraction": 0.99}}, {}, "disk_writable_fraction"),
         ({"journal": {"directories": ["/x"]}}, {}, "unknown key journal.directories"),
+        # Gone from the production config: tests fake disk usage through the Disk seam.
+        (
+            {"read_only": {"debug_disk_usage_file": "/tmp/u"}},
+            {},
+            "unknown key read_only.debug_disk_usage_file",
+        ),
     ],
 )
 def test_bad_input_is_a_config_error_naming_the_key(
