@@ -1,9 +1,11 @@
 """Admin HTTP of a bookie (aiohttp, 127.0.0.1 by default), served by the parent process.
 
     GET  /heartbeat              "OK" (liveness)
+    GET  /status                 the state below, e.g. {"read_only": false, "journal_sync": true}
     GET  /metrics                Prometheus text, summed over the shards
     GET  /api/v1/bookie/info     identity, shards, disks, free/total bytes
-    GET  /api/v1/bookie/state    {running, read_only, forced_read_only, shutting_down, registered}
+    GET  /api/v1/bookie/state    {running, read_only, forced_read_only, shutting_down, registered,
+                                  shards_read_only, journal_sync}
     PUT  /api/v1/bookie/state    {"read_only": bool}: force read-only on/off (Bearer token)
     GET  /api/v1/bookie/is_ready 200 when every shard listens and the bookie is registered
     PUT  /api/v1/bookie/gc       run garbage collection on every shard now (Bearer token)
@@ -84,6 +86,7 @@ def build_admin_app(parent: BookieParent) -> web.Application:
     _add_autorecovery_routes(app, parent)
     app.router.add_get("/heartbeat", heartbeat)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/status", get_state)
     app.router.add_get("/api/v1/bookie/info", info)
     app.router.add_get("/api/v1/bookie/state", get_state)
     app.router.add_put("/api/v1/bookie/state", put_state)

@@ -13,6 +13,11 @@ bookie (lease + keep-alive), send READY=1 and keep the watchdog fed. While runni
 the shards' read-only state into the registration. SIGTERM/SIGINT: STOPPING=1, deregister, stop
 the workers (they finish in-flight requests and close storage), exit 0. A worker that dies
 unexpectedly stops the others and the parent exits 1; a failed start exits 2.
+
+`journal.sync = false` (BookKeeper's journalSyncData=false: acknowledged entries can be lost on
+a power failure) is loud: a WARNING at start, `journal_sync` in the state (admin `/status`,
+`/api/v1/bookie/state` and `info`) and in the registration (`bkaio shell listbookies`), and the
+`bkaio_journal_sync_enabled` gauge.
 """
 
 from __future__ import annotations
@@ -155,6 +160,14 @@ class BookieParent:
             registry=self.metrics_registry,
         )
         self._registered_gauge.set_function(lambda: 1.0 if self.registration is not None else 0.0)
+        # Every shard's journal is built from the one [journal] section: one answer per bookie.
+        self.journal_sync = all(storage.journal.sync for storage in config.storage)
+        Gauge(
+            "bkaio_journal_sync_enabled",
+            "1 when the journal fsyncs each group before acknowledging it; 0 with "
+            "journal.sync = false, when a power failure can lose acknowledged entries",
+            registry=self.metrics_registry,
+        ).set(1.0 if self.journal_sync else 0.0)
         self._mode_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
@@ -175,6 +188,7 @@ class BookieParent:
             "shutting_down": self.shutting_down,
             "registered": self.registration is not None,
             "shards_read_only": [w.read_only for w in self.workers],
+            "journal_sync": self.journal_sync,
         }
 
     async def info(self) -> dict[str, Any]:
@@ -291,6 +305,12 @@ class BookieParent:
 
         runner: web.AppRunner | None = None
         watchdog: asyncio.Task[None] | None = None
+        if not self.journal_sync:
+            self.log.warning(
+                "journal_sync_disabled",
+                hint="journal.sync = false: entries are acknowledged before they reach the disk;"
+                " a power failure or kernel crash can lose acknowledged entries",
+            )
         try:
             self.metadata = await open_metadata(self.config.metadata.uri)
             cookies = await check_cookies(self.config, self.metadata.cookies)
@@ -308,6 +328,7 @@ class BookieParent:
                 version=bkaio.__version__,
                 admin_url=self.admin_url,
                 read_only=self.read_only,
+                journal_sync=self.journal_sync,
             )
             registration_wait = asyncio.ensure_future(
                 self.metadata.bookies.register(info, self.config.metadata.registration_ttl_seconds)

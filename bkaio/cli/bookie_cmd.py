@@ -145,5 +145,7 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         if config.admin.enabled
         else None,
         "directories": directories,
+        # false: BookKeeper's journalSyncData=false; a power failure can lose acknowledged entries.
+        "journal_sync": all(storage.journal.sync for storage in config.storage),
     }
     emit(result, as_json=as_json)

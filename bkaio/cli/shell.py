@@ -68,6 +68,7 @@ def list_bookies(metadata_uri: str, as_json: bool) -> None:
                 "rack": info.rack,
                 "shards": info.shard_count,
                 "admin_url": info.admin_url,
+                "journal_sync": info.journal_sync,  # false: acks may not survive power loss.
             }
             try:
                 space = await probe_bookie(info.host, info.port, tls=client_tls_from_env())
@@ -80,7 +81,16 @@ def list_bookies(metadata_uri: str, as_json: bool) -> None:
         return rows
 
     rows = run(go())
-    columns = ["bookie_id", "state", "rack", "shards", "free_bytes", "total_bytes", "admin_url"]
+    columns = [
+        "bookie_id",
+        "state",
+        "journal_sync",
+        "rack",
+        "shards",
+        "free_bytes",
+        "total_bytes",
+        "admin_url",
+    ]
     emit(rows, as_json=as_json, human=table(rows, columns))
 
 

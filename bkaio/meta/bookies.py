@@ -38,6 +38,9 @@ class BookieInfo:
     version: str = ""  # Software version of the bookie.
     admin_url: str = ""
     read_only: bool = False
+    # False: the bookie runs with journal.sync = false and acknowledges entries a power failure
+    # can take (shown by `bkaio shell listbookies`).
+    journal_sync: bool = True
 
     def __post_init__(self) -> None:
         if not self.bookie_id or "/" in self.bookie_id:
@@ -53,26 +56,37 @@ class BookieInfo:
         return cls(bookie_id=f"{host}:{port}", host=host, port=port, **fields)
 
 
+# Fields a registration record may carry (the id and the mode are in its key).
+_RECORD_FIELDS = frozenset(BookieInfo.__dataclass_fields__) - {"bookie_id", "read_only"}
+
+
 def encode_bookie_info(info: BookieInfo) -> bytes:
-    packed: bytes = msgpack.packb(
-        {
-            "host": info.host,
-            "port": info.port,
-            "shard_count": info.shard_count,
-            "rack": info.rack,
-            "version": info.version,
-            "admin_url": info.admin_url,
-        }
-    )
+    record: dict[str, Any] = {
+        "host": info.host,
+        "port": info.port,
+        "shard_count": info.shard_count,
+        "rack": info.rack,
+        "version": info.version,
+        "admin_url": info.admin_url,
+    }
+    if not info.journal_sync:
+        # Only when off: the usual record stays what clients that predate the field can read.
+        record["journal_sync"] = False
+    packed: bytes = msgpack.packb(record)
     return packed
 
 
 def decode_bookie_info(kv: KeyValue) -> BookieInfo:
+    """A registration record; fields this version does not know (a newer bookie's) are
+    skipped, so that a client keeps its view of the cluster during an upgrade."""
     read_only = kv.key.startswith(READONLY_PREFIX)
     bookie_id = kv.key.rsplit("/", 1)[1]
     try:
         record = msgpack.unpackb(kv.value)
-        return BookieInfo(bookie_id=bookie_id, read_only=read_only, **record)
+        if not isinstance(record, dict):
+            raise TypeError(f"a {type(record).__name__}, not a map")
+        known = {key: value for key, value in record.items() if key in _RECORD_FIELDS}
+        return BookieInfo(bookie_id=bookie_id, read_only=read_only, **known)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as error:
         raise InvalidMetadataError(f"bookie registration {kv.key}: {error}") from None
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from bkaio.errors import ConfigError
-from bkaio.meta.bookies import BookieInfo
+from bkaio.meta.bookies import (
+    BookieInfo,
+    decode_bookie_info,
+    encode_bookie_info,
+    registration_key,
+)
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.ledgers import ledger_id_of, ledger_key
-from bkaio.meta.store import prefix_end
+from bkaio.meta.store import KeyValue, prefix_end
 from bkaio.meta.uri import parse_etcd_uri, parse_sqlite_uri
 
 
@@ -87,3 +93,26 @@ def test_bookie_info_checks_its_fields() -> None:
         BookieInfo(bookie_id="x:0", host="x", port=0)
     with pytest.raises(InvalidMetadataError, match="no '/'"):
         BookieInfo(bookie_id="a/b", host="a", port=1)
+
+
+def _registration(info: BookieInfo) -> KeyValue:
+    key = registration_key(info.bookie_id, read_only=info.read_only)
+    return KeyValue(key, encode_bookie_info(info), 1, 1, 0)
+
+
+def test_a_registration_carries_journal_sync_off_and_reads_back() -> None:
+    unsafe = BookieInfo.for_address("10.1.2.3", 3181, journal_sync=False, read_only=True)
+    assert decode_bookie_info(_registration(unsafe)) == unsafe
+    safe = BookieInfo.for_address("10.1.2.3", 3181)
+    # The usual record is what it always was: clients that predate the field read it.
+    assert "journal_sync" not in msgpack.unpackb(encode_bookie_info(safe))
+    assert decode_bookie_info(_registration(safe)).journal_sync is True
+
+
+def test_a_registration_with_a_newer_field_still_reads_but_not_a_broken_one() -> None:
+    key = registration_key("10.1.2.3:3181", read_only=False)
+    newer = msgpack.packb({"host": "10.1.2.3", "port": 3181, "from_the_future": 1})
+    assert decode_bookie_info(KeyValue(key, newer, 1, 1, 0)).port == 3181
+    for broken in (msgpack.packb([1, 2]), msgpack.packb({"host": "10.1.2.3"}), b"\xc1"):
+        with pytest.raises(InvalidMetadataError, match="bookie registration"):
+            decode_bookie_info(KeyValue(key, broken, 1, 1, 0))
