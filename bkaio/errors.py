@@ -2,15 +2,15 @@
 
 Two kinds of failure (STYLE.md section 5): an *operating error* is expected and handled (a dead
 bookie, a fenced ledger, a full disk) and is a `BKError`; a *programmer error* is a broken
-invariant and is an `assert`. This module imports only `bkaio.protocol.status` (a leaf with no
-imports of its own), so every package may import it.
+invariant and is an `assert`. This module imports only `bkaio.status` (a leaf with no imports
+of its own, below the protocol), so every package may import it.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from bkaio.protocol.status import Status
+from bkaio.status import Status
 
 
 class BKError(Exception):

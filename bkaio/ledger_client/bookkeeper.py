@@ -1,8 +1,10 @@
-"""`BookKeeper`: the client object applications hold (API.md, "Connecting" and "Ledgers").
+"""`BookKeeper`: the ledger client (docs/client.md): ledgers, and nothing built on them.
 
 Owns the metadata connection, the bookie view (a watch on the registry: bookies joining,
 leaving, turning read-only), the connection pool and the placement policy, and hands them to
-the ledger handles it creates. One per application.
+the ledger handles it creates. Streams build on it (`bkaio.stream`); the object applications
+hold, `bkaio.BookKeeper` (bkaio/client.py), is this class with `namespace()` added, so that
+this package never imports the stream package.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import contextlib
 import hmac
 import random
 import ssl
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
@@ -38,9 +40,10 @@ from bkaio.security.tokens import redact_uri
 
 if TYPE_CHECKING:
     from bkaio.meta import Metadata
-    from bkaio.stream import Namespace
 
 log = structlog.get_logger(__name__)
+
+_Client = TypeVar("_Client", bound="BookKeeper")
 
 _REGISTRY_RETRY_SECONDS = 1.0
 
@@ -88,7 +91,7 @@ class BookKeeper:
     # ----------------------------------------------------------------- connecting
 
     @classmethod
-    def connect(cls, uri: str, **options: Any) -> _Connecting:
+    def connect(cls: type[_Client], uri: str, **options: Any) -> _Connecting[_Client]:
         """Connect to the cluster whose metadata lives at `uri` (etcd://... or sqlite://...).
 
         Options: tls (ssl.SSLContext), auth_token, add_timeout, read_timeout, placement
@@ -99,7 +102,7 @@ class BookKeeper:
         return _Connecting(cls._open(uri, **options))
 
     @classmethod
-    async def _open(cls, uri: str, **options: Any) -> BookKeeper:
+    async def _open(cls: type[_Client], uri: str, **options: Any) -> _Client:
         from bkaio.meta import open_metadata
 
         tls = options.pop("tls", None)
@@ -158,23 +161,6 @@ class BookKeeper:
     def metadata(self) -> Metadata | None:
         """The metadata connection this client uses (None when built from test fakes)."""
         return self._metadata
-
-    async def namespace(
-        self,
-        name: str,
-        *,
-        create: bool = False,
-        quota_bytes: int | None = None,
-        max_streams: int | None = None,
-        **settings: Any,
-    ) -> Namespace:
-        """Open (or with create=True, create) a namespace of streams; see bkaio.stream."""
-        from bkaio.stream import open_namespace
-
-        return await open_namespace(
-            self, name, create=create, quota_bytes=quota_bytes, max_streams=max_streams,
-            **settings,
-        )  # fmt: skip
 
     @property
     def bookies(self) -> list[BookieInfo]:
@@ -310,17 +296,17 @@ class BookKeeper:
         return await self._context.ledgers.get(ledger_id)
 
 
-class _Connecting:
+class _Connecting(Generic[_Client]):
     """What `BookKeeper.connect` returns: await it, or use it as an async context manager."""
 
-    def __init__(self, opening: Any) -> None:
+    def __init__(self, opening: Coroutine[Any, Any, _Client]) -> None:
         self._opening = opening
-        self._client: BookKeeper | None = None
+        self._client: _Client | None = None
 
-    def __await__(self) -> Generator[Any, None, BookKeeper]:
-        return self._opening.__await__()  # type: ignore[no-any-return]
+    def __await__(self) -> Generator[Any, None, _Client]:
+        return self._opening.__await__()
 
-    async def __aenter__(self) -> BookKeeper:
+    async def __aenter__(self) -> _Client:
         self._client = await self._opening
         return self._client
 

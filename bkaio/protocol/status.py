@@ -1,27 +1,7 @@
-"""The closed set of status codes a bookie answers with (DESIGN.md section 3).
-
-A leaf module: it imports nothing from bkaio, so `bkaio.errors` can map each code to one
-exception class without an import cycle. Values are wire format: never renumber.
-"""
+"""The status codes of the wire protocol; defined below the protocol, in `bkaio.status`."""
 
 from __future__ import annotations
 
-from enum import IntEnum
+from bkaio.status import Status
 
-
-class Status(IntEnum):
-    OK = 0
-    NO_SUCH_LEDGER = 1
-    NO_SUCH_ENTRY = 2
-    FENCED = 3
-    UNAUTHORIZED = 4
-    BAD_REQUEST = 5
-    READ_ONLY = 6
-    TOO_MANY_REQUESTS = 7
-    IO_ERROR = 8
-    UNSUPPORTED_VERSION = 9
-    TIMEOUT = 10
-    WRONG_SHARD = 11  # The ledger belongs to another shard: route by ledger_id % shard_count.
-    ENTRY_CONFLICT = 12  # Entry id already stored with a different payload.
-    BAD_DIGEST = 13  # The add's digest does not match its bytes.
-    INTERNAL_ERROR = 14
+__all__ = ["Status"]
