@@ -29,7 +29,7 @@ from pathlib import Path
 
 import uvloop
 
-from bkaio.journal import Journal, JournalConfig, JournalMark
+from bkaio.journal import EntryRecord, Journal, JournalConfig, JournalMark
 from bkaio.logs import configure_logging
 
 
@@ -121,7 +121,9 @@ async def closed_loop(journal: Journal, args: argparse.Namespace) -> RunResult:
         while clock() < stop_at:
             await journal.wait_for_room()
             sent = clock()
-            await journal.append_entry(ledger_id, entry_id, entry_id - 1, entry_id, 0, payload)
+            await journal.append(
+                EntryRecord(ledger_id, entry_id, entry_id - 1, entry_id, 0, payload)
+            )
             if measurement.recording:
                 measurement.latencies.append(clock() - sent)
             entry_id += 1
@@ -162,7 +164,7 @@ async def open_loop(journal: Journal, args: argparse.Namespace) -> RunResult:
             if measurement.recording:
                 lateness.append(clock() - intended)
             await journal.wait_for_room()
-            future = journal.append_entry(1, sent, sent - 1, sent, 0, payload)
+            future = journal.append(EntryRecord(1, sent, sent - 1, sent, 0, payload))
             future.add_done_callback(on_durable(intended))
             sent += 1
             if sent == warmup_entries:

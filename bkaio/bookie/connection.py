@@ -1,10 +1,15 @@
 """One client connection to a bookie shard: an `asyncio.Protocol` over the sans-IO codec.
 
-Bytes go to `FrameDecoder`; whole bodies become requests (`decode_request`) handed to the shard's
-`ShardServer`. Responses produced during one loop iteration are encoded into one buffer and sent
-with one `transport.write` (a flush scheduled with `call_soon`). Backpressure: past
-`max_inflight_per_connection` requests in flight, past the shard's memory bound, or while the
-transport's write buffer is above its high-water mark, the connection stops reading the socket.
+Bytes go to `FrameDecoder`. ADD_ENTRY and ADD_ENTRIES bodies become checked `AddRequests`
+(`decode_adds`) handed to the shard's one add path (`RequestHandler.add`); other bodies become
+requests (`decode_request`) handed to `RequestHandler.dispatch`. The connection knows the
+request handling only through `RequestHandler` (bkaio/bookie/interfaces.py), and is known by it
+only as a `Peer`. Responses produced during one loop iteration are encoded into one buffer and
+sent with one `transport.write` (a flush scheduled with `call_soon`); OK answers of adds that
+continue each other (ADD_ENTRIES frames) leave as one ADD_ENTRIES answer. Backpressure: past
+`max_inflight_per_connection` requests in flight (a frame of adds is split at the cap), past the
+shard's memory bound, while the shard's write cache is full, or while the transport's write
+buffer is above its high-water mark, the connection stops reading the socket.
 
 HELLO must come first (anything else: BAD_REQUEST, close; another version: UNSUPPORTED_VERSION,
 close). A frame or body that cannot be decoded gets one ERROR response with BAD_REQUEST and the
@@ -18,30 +23,25 @@ import itertools
 import socket
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import structlog
 
 from bkaio.errors import ProtocolError
+from bkaio.protocol.adds import ADD_OPS, decode_adds
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
 from bkaio.protocol.messages import (
-    ADD_ENTRIES_ENTRY_FIELDS,
-    ADD_ENTRIES_HEAD_FIELDS,
-    U64_MAX,
-    AddEntriesRequest,
     ErrorResponse,
     HelloRequest,
     Op,
+    Response,
     decode_request,
     request_id_of,
 )
-from bkaio.protocol.status import Status
+from bkaio.status import Status
 
-if TYPE_CHECKING:
-    from bkaio.protocol.messages import Response
-
-    from .server import ShardServer
+from .interfaces import AddRequests, RequestHandler
 
 log = structlog.get_logger(__name__)
 
@@ -57,31 +57,24 @@ _ADDS_OK_FRAME = struct.Struct(">IBBBQBBQBQBQ")
 _ADDS_OK_BODY_BYTES = _ADDS_OK_FRAME.size - 4
 _OP_ADD_ENTRIES = int(Op.ADD_ENTRIES)
 assert _OP_ADD_ENTRY < 0x80 and _OP_ADD_ENTRIES < 0x80 and _STATUS_OK < 0x80  # Fixints.
-_ENTRY_FIELDS = ADD_ENTRIES_ENTRY_FIELDS
-_HEAD_FIELDS = ADD_ENTRIES_HEAD_FIELDS
-
-
-def _add_entry_body(body: list[Any], index: int) -> list[Any]:
-    """The ADD_ENTRY body that add `index` of the ADD_ENTRIES `body` stands for."""
-    _, request_id, ledger_id, flags, master_key = body[:_HEAD_FIELDS]
-    start = _HEAD_FIELDS + index * _ENTRY_FIELDS
-    entry_id, lac, length, digest, payload = body[start : start + _ENTRY_FIELDS]
-    return [
-        _OP_ADD_ENTRY, request_id + index, ledger_id, entry_id, flags, master_key, lac, length,
-        digest, payload,
-    ]  # fmt: skip
 
 
 class BookieServerProtocol(asyncio.Protocol):
     """Server side of one connection. All methods run on the shard's event loop."""
 
-    def __init__(self, server: ShardServer) -> None:
+    def __init__(self, server: RequestHandler) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(server.limits.max_frame_bytes)
         self._encoder = FrameEncoder(server.limits.max_frame_bytes)
         self._add_oks = bytearray()  # ADD_ENTRY OK frames (`respond_add_ok`), sent with the rest.
+        # The coalesced OK answer being extended (`respond_adds_ok`): first request id, ledger
+        # id, first entry id, count (0: none).
+        self._run_request_id = 0
+        self._run_ledger_id = 0
+        self._run_entry_id = 0
+        self._run_count = 0
         self._flush_scheduled = False
         self._hello_done = False
         self._closing = False
@@ -92,11 +85,12 @@ class BookieServerProtocol(asyncio.Protocol):
         self._memory_paused = False
         self._room_paused = False  # The shard's write cache is full (`ShardServer`).
         self._stopped_reading = False
-        self.long_polls: set[asyncio.Task[None]] = set()
+        self._long_polls: set[asyncio.Task[None]] = set()
         self.inflight_ids: set[int] = set()  # Request ids being executed (duplicates refused).
-        # Decoded bodies held back while reading is paused: one read can carry thousands of
-        # small requests, and answering them all at once would defeat the in-flight cap.
-        self._backlog: deque[list[Any]] = deque()
+        # Decoded bodies (and the rest of an add frame split at the in-flight cap) held back
+        # while reading is paused: one read can carry thousands of small requests, and
+        # answering them all at once would defeat the in-flight cap.
+        self._backlog: deque[list[Any] | AddRequests] = deque()
         self._close_after_flush_when_idle = False  # EOF seen: close once everything is answered.
         self._refused = False  # HELLO refused: the answer is held back, nothing else is read.
         self._refusal_timer: asyncio.TimerHandle | None = None
@@ -121,28 +115,22 @@ class BookieServerProtocol(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         server = self._server
         server.metrics.connections_accepted.inc()
-        if len(server.connections) >= server.limits.max_connections or server.stopping:
-            reason = "stopping" if server.stopping else "max_connections"
-            server.metrics.connections_closed.labels(reason=reason).inc()
-            if not server.stopping:
-                server.metrics.limit_hit("max_connections")
-            transport.abort()
-            return
         # Responses a client does not read pile up here; past the mark reading stops.
         high = server.limits.write_buffer_high_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
-        server.connections.add(self)
-        if server.write_cache_full:
-            self.pause_for_room()
+        refused = server.open_connection(self)
+        if refused is not None:
+            server.metrics.connections_closed.labels(reason=refused).inc()
+            self._transport = None
+            transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._server.connections.discard(self)
-        self._server.memory_paused.discard(self)
+        self._server.close_connection(self)
         if self._refusal_timer is not None:
             self._refusal_timer.cancel()
             self._refusal_timer = None
-        for task in list(self.long_polls):
+        for task in list(self._long_polls):
             task.cancel()  # Nobody is left to answer; adds in flight still finish (durability).
         self._transport = None
 
@@ -174,65 +162,42 @@ class BookieServerProtocol(asyncio.Protocol):
             return
         self._take_bodies(bodies)
 
-    def _take_bodies(self, bodies: list[list[Any]] | deque[list[Any]]) -> None:
+    def _take_bodies(self, bodies: list[list[Any]] | deque[list[Any] | AddRequests]) -> None:
         """Execute `bodies` in order until reading pauses; the rest go to the backlog."""
         server = self._server
-        take_add = server.take_add if self._hello_done else None
         backlog = self._backlog
+        limits = server.limits
         for index, body in enumerate(bodies):
             if self._closing or self._close_after_flush or self._refused:
                 return
             if self._reading_paused:
                 backlog.extend(itertools.islice(bodies, index, None))
                 return
-            # Most requests are plain adds: journaled from the body's fields when possible.
-            if take_add is not None:
-                size = len(body)
-                if size == 10 and body[0] == _OP_ADD_ENTRY and take_add(self, body):
-                    continue
-                if size > 10 and body[0] == _OP_ADD_ENTRIES:
-                    held = self._take_adds(server, body)
-                    if held:  # Reading paused within the frame: its other adds wait too.
-                        backlog.extend(held)
-                        backlog.extend(itertools.islice(bodies, index + 1, None))
-                        return
-                    continue
-            self._handle_body(server, body)
-
-    def _take_adds(self, server: ShardServer, body: list[Any]) -> list[list[Any]]:
-        """Take the adds of an ADD_ENTRIES body one by one, each as if it had come alone.
-
-        Each add is journaled from its fields when `take_add_fields` can, else it takes the
-        full path as an ADD_ENTRY body. Returns the adds not taken because reading paused
-        meanwhile, as ADD_ENTRY bodies for the backlog. A body whose head is not plainly well
-        formed goes to `_handle_body` whole, which names the problem.
-        """
-        count, extra = divmod(len(body) - _HEAD_FIELDS, _ENTRY_FIELDS)
-        op, request_id, ledger_id, flags, master_key = body[:_HEAD_FIELDS]
-        if (
-            extra
-            or type(op) is not int
-            or type(request_id) is not int
-            or not 0 <= request_id <= U64_MAX - count
-        ):
-            self._handle_body(server, body)
-            return []
-        if server.take_add_batch(self, body, count):
-            return []
-        take_add_fields = server.take_add_fields
-        for index in range(count):
-            if self._closing or self._close_after_flush or self._refused:
-                return []
-            if self._reading_paused:
-                return [_add_entry_body(body, later) for later in range(index, count)]
-            start = _HEAD_FIELDS + index * _ENTRY_FIELDS
-            entry_id, lac, length, digest, payload = body[start : start + _ENTRY_FIELDS]
-            if not take_add_fields(
-                self, request_id + index, ledger_id, entry_id, flags, master_key, lac, length,
-                digest, payload, True,
-            ):  # fmt: skip
-                self._handle_body(server, _add_entry_body(body, index))
-        return []
+            if isinstance(body, AddRequests):  # The rest of a frame split at the in-flight cap.
+                frame = body
+            elif body and body[0] in ADD_OPS and self._hello_done:
+                try:
+                    frame = decode_adds(body, limits.max_entry_bytes, AddRequests)
+                except ProtocolError as error:
+                    self._fail(request_id_of(body), str(error))
+                    return
+            else:
+                self._handle_body(server, body)
+                continue
+            # Past the in-flight cap only the first adds of a frame are taken; the rest wait
+            # in the backlog, ahead of the bodies after it, until reading resumes.
+            while True:
+                room = limits.max_inflight_per_connection - self._inflight
+                count = len(frame.entries)
+                if count <= room or room <= 0:
+                    server.add(self, frame)
+                    break
+                server.add(self, frame.part(0, room))
+                frame = frame.part(room, count)
+                if self._reading_paused or self._closing or self._close_after_flush:
+                    backlog.append(frame)
+                    backlog.extend(itertools.islice(bodies, index + 1, None))
+                    return
 
     def _drain_backlog(self) -> None:
         """Handle held-back bodies until none are left or reading pauses again."""
@@ -258,20 +223,14 @@ class BookieServerProtocol(asyncio.Protocol):
 
     # --- requests ----------------------------------------------------------------------------
 
-    def _handle_body(self, server: ShardServer, body: list[Any]) -> None:
+    def _handle_body(self, server: RequestHandler, body: list[Any]) -> None:
         try:
             request = decode_request(body)
         except ProtocolError as error:
             self._fail(request_id_of(body), str(error))
             return
         if self._hello_done:
-            if type(request) is AddEntriesRequest:
-                for add in request.split():  # Each add on its own, answered on its own.
-                    if self._closing or self._close_after_flush:
-                        return
-                    server.dispatch(self, add)
-                return
-            server.dispatch(self, request)
+            server.dispatch(self, request)  # Never an add: those go to `_take_bodies`' path.
             return
         if not isinstance(request, HelloRequest):
             server.metrics.protocol_errors.inc()
@@ -294,9 +253,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._refused = True
         if self._transport is not None:
             self._transport.pause_reading()
-        delay = server.auth_throttle.failed(self._peer_host, self._loop.time())
-        if delay > 0:
-            server.metrics.limit_hit("auth_failure_delay")
+        delay = server.refusal_delay(self._peer_host, self._loop.time())
         self._refusal_timer = self._loop.call_later(delay, self._send_refusal, response)
 
     def _send_refusal(self, response: Response) -> None:
@@ -343,26 +300,52 @@ class BookieServerProtocol(asyncio.Protocol):
             self._loop.call_soon(self._flush)
 
     def respond_adds_ok(self, request_id: int, ledger_id: int, entry_id: int, count: int) -> None:
-        """Queue one OK answer for `count` adds of ADD_ENTRIES frames: request ids and entry ids
-        from the given ones, consecutive. One add alone gets the ADD_ENTRY answer."""
-        if count == 1:
-            self.respond_add_ok(request_id, ledger_id, entry_id)
-            return
+        """Queue OK answers for `count` adds of ADD_ENTRIES frames (request ids and entry ids
+        consecutive from the given ones). Answers that continue the one queued before are
+        joined to it: one ADD_ENTRIES answer for the run; one add alone gets the ADD_ENTRY
+        answer."""
         if self._transport is None or self._closing:
             return
-        self._add_oks += _ADDS_OK_FRAME.pack(
-            _ADDS_OK_BODY_BYTES, 0x96, _OP_ADD_ENTRIES, 0xCF, request_id, _STATUS_OK,
-            0xCF, ledger_id, 0xCF, entry_id, 0xCF, count,
-        )  # fmt: skip
+        run = self._run_count
+        if run:
+            if (
+                request_id == self._run_request_id + run
+                and entry_id == self._run_entry_id + run
+                and ledger_id == self._run_ledger_id
+            ):
+                self._run_count = run + count
+                return
+            self._queue_run()
+        self._run_request_id = request_id
+        self._run_ledger_id = ledger_id
+        self._run_entry_id = entry_id
+        self._run_count = count
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def _queue_run(self) -> None:
+        """Pack the OK answer of the run `respond_adds_ok` was extending."""
+        count = self._run_count
+        self._run_count = 0
+        if count == 1:
+            self._add_oks += _ADD_OK_FRAME.pack(
+                _ADD_OK_BODY_BYTES, 0x95, _OP_ADD_ENTRY, 0xCF, self._run_request_id, _STATUS_OK,
+                0xCF, self._run_ledger_id, 0xCF, self._run_entry_id,
+            )  # fmt: skip
+            return
+        self._add_oks += _ADDS_OK_FRAME.pack(
+            _ADDS_OK_BODY_BYTES, 0x96, _OP_ADD_ENTRIES, 0xCF, self._run_request_id, _STATUS_OK,
+            0xCF, self._run_ledger_id, 0xCF, self._run_entry_id, 0xCF, count,
+        )  # fmt: skip
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        if self._run_count:
+            self._queue_run()
         if self._add_oks:
             batch = self._encoder.take() + self._add_oks if len(self._encoder) else self._add_oks
             self._add_oks = bytearray()
@@ -375,32 +358,46 @@ class BookieServerProtocol(asyncio.Protocol):
 
     # --- flow control ------------------------------------------------------------------------
 
-    def request_started(self, size: int) -> None:
-        self.requests_started(1)
-
-    @property
-    def inflight(self) -> int:
-        """Requests of this connection being executed."""
-        return self._inflight
-
-    def requests_started(self, count: int) -> None:
-        """`request_started` for `count` requests taken at once (`ShardServer.take_add_batch`)."""
+    def claim(self, request_id: int, count: int) -> bool:
+        """Count `count` requests from `request_id` in flight, unless one of those ids is in
+        flight already (False, nothing changed). Past the cap, reading pauses."""
+        ids = self.inflight_ids
+        if count == 1:
+            if request_id in ids:
+                return False
+            ids.add(request_id)
+        else:
+            claimed = range(request_id, request_id + count)
+            if not ids.isdisjoint(claimed):
+                return False
+            ids.update(claimed)
         self._inflight += count
         if self._inflight >= self._server.limits.max_inflight_per_connection:
             if not self._reading_paused:
                 self._server.metrics.limit_hit("max_inflight_per_connection")
             self._update_reading()
+        return True
 
-    def request_finished(self, size: int) -> None:
-        self.requests_finished(1)
+    def is_in_flight(self, request_id: int) -> bool:
+        return request_id in self.inflight_ids
 
-    def requests_finished(self, count: int) -> None:
-        """`count` requests were answered (or dropped): reading may resume, closing proceed."""
+    def release(self, request_id: int, count: int) -> None:
+        """`count` requests from `request_id` were answered (or dropped): reading may resume,
+        closing proceed."""
+        if count == 1:
+            self.inflight_ids.discard(request_id)
+        else:
+            self.inflight_ids.difference_update(range(request_id, request_id + count))
         self._inflight -= count
         if self._reading_paused:
             self._update_reading()
         if self._inflight == 0 and self._close_after_flush_when_idle and not self._backlog:
             self.close_after_flush()
+
+    def track_long_poll(self, task: asyncio.Task[None]) -> None:
+        """A long poll of this connection: cancelled if the connection is lost first."""
+        self._long_polls.add(task)
+        task.add_done_callback(self._long_polls.discard)
 
     def pause_for_memory(self) -> None:
         self._memory_paused = True

@@ -1,47 +1,37 @@
 """One shard's request handling: routing checks, read-only mode, the operations of protocol v1.
 
-`ShardServer` owns the shard's storage handle, its connections, the long-poll waiters and the
-global memory bound. Connections (bkaio/bookie/connection.py) hand it decoded requests; each
-operation is a coroutine returning its response, run as one task and answered through the
-connection's batched writer. Semantics follow BookKeeper (reference 1.5): an add is answered only
-after `add_entry` returned (journal synced); a fencing read is answered only after the fence is
-durable. Imports protocol and storage types; never the ledger client or sockets.
+`ShardServer` owns the shard's storage handle (`LedgerStorage`), its connections (as `Peer`s,
+bkaio/bookie/interfaces.py), the long-poll waiters and the global memory bound. Connections hand
+it decoded requests (`dispatch`) and checked add frames (`add`, the one add path, in
+bkaio/bookie/adds.py). Every operation but the add is a coroutine returning its response, run as
+one task and answered through the connection's batched writer. Semantics follow BookKeeper
+(reference 1.5): an add is answered only once its journal group is synced; a fencing read only
+after the fence is durable. Imports protocol and storage types; never the ledger client, the
+connection module or sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
 from bkaio.config import BookieConfig
-from bkaio.entrylog.types import DiskUsage, LedgerState, StoredEntry
+from bkaio.entrylog.api import LedgerStorage
 from bkaio.errors import (
-    BadDigestError,
     BKError,
-    InvalidArgumentError,
     NoSuchEntryError,
     NoSuchLedgerError,
-    ReadOnlyBookieError,
     TooManyRequestsError,
     UnauthorizedError,
     WrongShardError,
 )
-from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
 from bkaio.protocol.messages import (
-    ADD_ENTRIES_ENTRY_FIELDS,
-    ADD_ENTRIES_HEAD_FIELDS,
-    I64_MAX,
     PROTOCOL_VERSION,
-    U32_MAX,
-    U64_MAX,
-    AddEntryRequest,
-    AddEntryResponse,
     Flag,
     ForceRequest,
     ForceResponse,
@@ -66,15 +56,16 @@ from bkaio.protocol.messages import (
     WriteLacRequest,
     WriteLacResponse,
 )
-from bkaio.protocol.status import Status
 from bkaio.security.ledger_keys import LedgerKeyRefusedError, LedgerKeyVerifier
 from bkaio.security.tokens import AuthFailureThrottle, tokens_equal
+from bkaio.status import Status
 
+from .adds import REQUEST_OVERHEAD_BYTES, AddPath
+from .interfaces import Peer
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
 
-if TYPE_CHECKING:
-    from .connection import BookieServerProtocol
+__all__ = ["ADD_ENTRIES_MIN_FRAME_BYTES", "FEATURES", "REQUEST_OVERHEAD_BYTES", "ShardServer"]
 
 log = structlog.get_logger(__name__)
 
@@ -83,62 +74,18 @@ FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries", "ad
 # this bookie's frame limit: a bookie with a smaller limit than this does not offer them.
 ADD_ENTRIES_MIN_FRAME_BYTES = 4 * ADD_ENTRIES_BATCH_BYTES
 _FEATURES_WITHOUT_ADD_ENTRIES = tuple(f for f in FEATURES if f != "add_entries")
-# Memory charged for a request beyond its payload: the decoded message and its bookkeeping.
-REQUEST_OVERHEAD_BYTES = 256
 _OP_NAMES = {op: op.name.lower() for op in Op}
-_ADD_ENTRIES_HEAD_FIELDS = ADD_ENTRIES_HEAD_FIELDS
-_ADD_ENTRIES_ENTRY_FIELDS = ADD_ENTRIES_ENTRY_FIELDS
-_BATCH_ANSWER_FIELDS = 7  # `take_add_batch`'s answer record; a single add's has 8 fields.
+_NO_LIMIT = 1 << 62  # max_bytes of a one-entry read: the entry whatever its size.
 
 
-def _each_add(answers: list[Any]) -> Iterator[tuple[Any, ...]]:
-    """The answers of a journal group, one 8-field record per add (batches listed add by add)."""
-    for answer in answers:
-        if len(answer) != _BATCH_ANSWER_FIELDS:
-            yield answer
-            continue
-        connection, request_id, ledger_id, entry_id, _, started, sizes = answer
-        for index, payload_bytes in enumerate(sizes):
-            yield (
-                connection, request_id + index, ledger_id, entry_id + index,
-                REQUEST_OVERHEAD_BYTES + payload_bytes, started, payload_bytes, True,
-            )  # fmt: skip
-
-
-# Plain ints for the add path: `IntFlag.__and__` is Python code (~1 µs), `int & int` is not.
-_RECOVERY_ADD_BIT = int(Flag.RECOVERY_ADD)
-_OP_ADD_ENTRY = int(Op.ADD_ENTRY)
-_STATUS_OK = int(Status.OK)
-
-
-class Storage(Protocol):
-    """The part of `bkaio.entrylog.shard_storage.ShardStorage` the server uses."""
-
-    async def add_entry(
-        self, entry: StoredEntry, master_key: bytes, *, recovery: bool = False
-    ) -> None: ...
-    async def fence(self, ledger_id: int, master_key: bytes) -> None: ...
-    async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None: ...
-    async def force(self, ledger_id: int) -> None: ...
-    async def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
-    async def read_range(
-        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
-    ) -> list[StoredEntry]: ...
-    def ledger_state(self, ledger_id: int) -> LedgerState | None: ...
-    def last_add_confirmed(self, ledger_id: int) -> int: ...
-    async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]: ...
-    def disk_usage(self) -> list[DiskUsage]: ...
-    async def close(self) -> None: ...
-
-
-class ShardServer:
+class ShardServer(AddPath):
     """The request handling of one shard; every method runs on the shard's event loop."""
 
     def __init__(
         self,
         config: BookieConfig,
         shard_index: int,
-        storage: Storage,
+        storage: LedgerStorage,
         metrics: ShardMetrics,
         *,
         on_read_only_change: Callable[[bool], None] | None = None,
@@ -152,12 +99,12 @@ class ShardServer:
         self.storage = storage
         self.metrics = metrics
         self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
-        self.connections: set[BookieServerProtocol] = set()
+        self.connections: set[Peer] = set()
         self.lac_waiters = LacWaiters(config.server.max_long_poll_waiters)
         self.tasks: set[asyncio.Task[None]] = set()
         self.inflight_requests = 0
         self.inflight_bytes = 0
-        self.memory_paused: set[BookieServerProtocol] = set()
+        self.memory_paused: set[Peer] = set()
         self.forced_read_only = config.read_only.start_read_only
         self.disk_full = False
         self.disk_usage_fraction_max = 0.0
@@ -166,29 +113,15 @@ class ShardServer:
         # None: "first_sight" (storage records the first key); else checked against metadata.
         self.key_verifier = key_verifier
         self._loop = asyncio.get_running_loop()  # Cached: get_running_loop costs a getpid.
-        # The add fast path (no task per entry) when the storage offers it (ShardStorage does).
-        self._add_nowait: Callable[..., asyncio.Future[Any] | None] | None = getattr(
-            storage, "add_entry_nowait", None
-        )
-        self._fast_adds: set[asyncio.Future[Any]] = set()  # Journaled, not yet answered.
-        self._on_adds_durable = self._adds_durable  # One bound method: batches compare by `is`.
-        # The add loop (`take_add`) when the storage offers the field-wise add (ShardStorage).
-        self._add_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
-            storage, "add_entry_fields", None
-        )
-        # ... and `take_add_batch`, when it offers the batched one.
-        self._add_entries_fields: Callable[..., asyncio.Future[Any] | None] | None = getattr(
-            storage, "add_entries_fields", None
-        )
+        self._adds_in_flight = 0  # Batches storage has not answered yet (`AddPath`).
+        self._adds_idle: asyncio.Future[None] | None = None  # `drain` waits for them.
         # A full write cache stops the reading of requests (`_write_cache_full`).
         self.write_cache_full = False
-        if hasattr(storage, "room_pressure_listener"):
-            storage.room_pressure_listener = self._write_cache_full
+        storage.room_pressure_listener = self._write_cache_full
         self.auth_throttle = AuthFailureThrottle(
             config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
         )
         self._handlers: dict[Op, Callable[[Any], Awaitable[Response]]] = {
-            Op.ADD_ENTRY: self._add_entry,
             Op.READ_ENTRY: self._read_entry,
             Op.READ_RANGE: self._read_range,
             Op.READ_LAC: self._read_lac,
@@ -266,48 +199,63 @@ class ShardServer:
         )
         return response, True
 
-    def dispatch(self, connection: BookieServerProtocol, request: Request) -> None:
-        """Answer `request` on `connection`: now when it needs no I/O, else from a task."""
+    def open_connection(self, peer: Peer) -> str | None:
+        """Admit a new connection, or say why not (it is then closed at once)."""
+        if self.stopping:
+            return "stopping"
+        if len(self.connections) >= self.limits.max_connections:
+            self.metrics.limit_hit("max_connections")
+            return "max_connections"
+        self.connections.add(peer)
+        if self.write_cache_full:
+            peer.pause_for_room()
+        return None
+
+    def close_connection(self, peer: Peer) -> None:
+        self.connections.discard(peer)
+        self.memory_paused.discard(peer)
+
+    def refusal_delay(self, host: str, now: float) -> float:
+        """How long a HELLO with a wrong token from `host` waits for its answer (grows with
+        the host's recent failures: token guessing gets slow)."""
+        delay = self.auth_throttle.failed(host, now)
+        if delay > 0:
+            self.metrics.limit_hit("auth_failure_delay")
+        return delay
+
+    def dispatch(self, peer: Peer, request: Request) -> None:
+        """Answer `request` (not an add: `add`) on `peer`: now when it needs no I/O, else from
+        a task."""
         op = request.op
         handler = self._handlers.get(op)
         if handler is None:
             started = time.perf_counter()
             response = self._immediate(request)
-            connection.respond(response)
+            peer.respond(response)
             self.metrics.observe_request(
                 _OP_NAMES[op], time.perf_counter() - started, response.status is Status.OK
             )
             return
-        request_id = request.request_id
-        if request_id in connection.inflight_ids:
+        if not peer.claim(request.request_id, 1):
             # Two answers under one id would be ambiguous: the duplicate is refused at once
             # and not executed; the first one's answer follows as usual.
             self.metrics.requests_rejected.labels(reason="duplicate_request_id").inc()
-            connection.respond(request.error_response(Status.BAD_REQUEST))
+            peer.respond(request.error_response(Status.BAD_REQUEST))
             return
         size = REQUEST_OVERHEAD_BYTES
-        if op is Op.ADD_ENTRY:
-            size += len(request.payload)  # type: ignore[union-attr]
-        connection.inflight_ids.add(request_id)
-        connection.request_started(size)
         self.inflight_requests += 1
         self.inflight_bytes += size
         if self.inflight_bytes > self.limits.max_memory_bytes:
-            if connection not in self.memory_paused:
+            if peer not in self.memory_paused:
                 self.metrics.limit_hit("max_memory_bytes")
-            self.memory_paused.add(connection)
-            connection.pause_for_memory()
+            self.memory_paused.add(peer)
+            peer.pause_for_memory()
         started = time.perf_counter()
-        if op is Op.ADD_ENTRY and self._add_nowait is not None:
-            handler = self._add_fast(connection, request, size, started)  # type: ignore[arg-type]
-            if handler is None:
-                return
-        task = self._loop.create_task(self._run(connection, request, handler, size, started))
+        task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         if op is Op.READ_LAC:
-            connection.long_polls.add(task)
-            task.add_done_callback(connection.long_polls.discard)
+            peer.track_long_poll(task)
 
     def _write_cache_full(self, full: bool) -> None:
         """Storage's write cache has adds waiting for room (`full`), or none any more.
@@ -353,7 +301,7 @@ class ShardServer:
 
     async def _run(
         self,
-        connection: BookieServerProtocol,
+        peer: Peer,
         request: Any,
         handler: Callable[[Any], Awaitable[Response]],
         size: int,
@@ -365,23 +313,21 @@ class ShardServer:
             response = request.error_response(error.status)
             self.log.debug("request_failed", op=request.op.name, error=str(error))
         except asyncio.CancelledError:
-            connection.inflight_ids.discard(request.request_id)
-            self._finish(connection, size)
+            self._finish(peer, request.request_id, size)
             raise
         except Exception:
             self.log.exception("request_crashed", op=request.op.name)
             response = request.error_response(Status.INTERNAL_ERROR)
-        connection.inflight_ids.discard(request.request_id)
-        self._finish(connection, size)
-        connection.respond(response)
+        self._finish(peer, request.request_id, size)
+        peer.respond(response)
         self.metrics.observe_request(
             _OP_NAMES[request.op], time.perf_counter() - started, response.status is Status.OK
         )
 
-    def _finish(self, connection: BookieServerProtocol, size: int) -> None:
+    def _finish(self, peer: Peer, request_id: int, size: int) -> None:
         self.inflight_requests -= 1
         self.inflight_bytes -= size
-        connection.request_finished(size)
+        peer.release(request_id, 1)
         self._resume_after_memory()
 
     def _resume_after_memory(self) -> None:
@@ -407,13 +353,11 @@ class ShardServer:
     async def _check_ledger_key(self, ledger_id: int, master_key: bytes) -> None:
         """A ledger this shard has no key for yet: the key must match the ledger's metadata.
 
-        Once storage holds the key it compares every later request itself.
+        The one ledger-key check of the shard (adds, fences, WRITE_LAC); once storage holds the
+        key it compares every later request itself.
         """
         verifier = self.key_verifier
-        if verifier is None:
-            return
-        state = self.storage.ledger_state(ledger_id)
-        if state is not None and state.master_key:
+        if verifier is None or self.storage.holds_key(ledger_id):
             return
         checks = self.metrics.ledger_key_checks
         try:
@@ -435,395 +379,7 @@ class ShardServer:
         if self.lac_waiters:
             self.lac_waiters.wake_ledger(ledger_id, self._lac_of(ledger_id))
 
-    # --- operations --------------------------------------------------------------------------
-
-    def take_add(self, connection: BookieServerProtocol, body: list[Any]) -> bool:
-        """Journal a plain ADD_ENTRY body straight from its fields; False to take the full path.
-
-        The common add costs no request object, no entry checks spread over calls and no
-        callback of its own: it is decoded, checked and journaled here, and answered with the
-        rest of its journal group by `_adds_durable`. Anything unusual (a field of the wrong
-        type or range, a recovery add, a read-only shard, the wrong shard, an oversized or
-        corrupt payload, a duplicate request id, memory or cache pressure, a ledger storage
-        cannot take at once) returns False having changed nothing; `dispatch` then decodes the
-        body the usual way and answers with the precise error. The caller checked that `body`
-        has 10 items and is an ADD_ENTRY after HELLO.
-        """
-        op, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest, payload = body
-        if type(op) is not int:
-            return False
-        return self.take_add_fields(
-            connection, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest,
-            payload, False,
-        )  # fmt: skip
-
-    def take_add_fields(
-        self,
-        connection: BookieServerProtocol,
-        request_id: Any,
-        ledger_id: Any,
-        entry_id: Any,
-        flags: Any,
-        master_key: Any,
-        lac: Any,
-        length: Any,
-        digest: Any,
-        payload: Any,
-        coalesce: bool,  # Positional on purpose: called once per add.
-    ) -> bool:
-        """`take_add` given the fields, unchecked: one add of an ADD_ENTRY or ADD_ENTRIES body.
-
-        With `coalesce` (the add came in an ADD_ENTRIES frame, so the client reads
-        ADD_ENTRIES answers), its OK answer may be one `AddEntriesResponse` with the adds of
-        the same frame or connection journaled next to it.
-        """
-        add_fields = self._add_fields
-        if add_fields is None:
-            return False
-        # The decoder's checks (`decode_request`) for these fields, in one expression; flags
-        # other than 0 (a recovery add) take the full path.
-        if not (
-            type(flags) is int
-            and flags == 0
-            and type(request_id) is int
-            and type(ledger_id) is int
-            and type(entry_id) is int
-            and type(lac) is int
-            and type(length) is int
-            and type(digest) is int
-            and type(master_key) is bytes
-            and type(payload) is bytes
-            and 0 <= request_id <= U64_MAX
-            and 0 <= ledger_id <= I64_MAX
-            and 0 <= entry_id <= I64_MAX
-            and -1 <= lac <= I64_MAX
-            and 0 <= length <= I64_MAX
-            and 0 <= digest <= U32_MAX
-        ):
-            return False
-        size = REQUEST_OVERHEAD_BYTES + len(payload)
-        if (
-            ledger_id % self.shard_count != self.shard_index
-            or self.forced_read_only
-            or self.disk_full
-            or len(payload) > self.limits.max_entry_bytes
-            or request_id in connection.inflight_ids
-            or self.inflight_bytes + size > self.limits.max_memory_bytes
-            or entry_digest(ledger_id, entry_id, lac, length, payload) != digest
-        ):
-            return False
-        started = time.perf_counter()
-        answer = (
-            connection, request_id, ledger_id, entry_id, size, started, len(payload), coalesce
-        )  # fmt: skip
-        future = add_fields(
-            ledger_id, entry_id, lac, length, digest, payload, master_key,
-            self._on_adds_durable, answer,
-        )  # fmt: skip
-        if future is None:
-            return False
-        self._fast_adds.add(future)
-        connection.inflight_ids.add(request_id)
-        self.inflight_requests += 1
-        self.inflight_bytes += size
-        connection.request_started(size)  # Last: it may pause reading.
-        return True
-
-    def take_add_batch(self, connection: BookieServerProtocol, body: list[Any], count: int) -> bool:
-        """Journal every add of an ADD_ENTRIES body at once, or none (False).
-
-        The same checks as `take_add_fields` for each add, with the ledger's done once; the
-        adds are journaled by one storage call and answered like the loop's. Anything that
-        would make one of them leave the fast path (or make reading pause within the frame)
-        returns False having changed nothing: the caller then takes them one by one. The
-        caller checked the frame's shape (`count` entries) and its request ids.
-        """
-        add_entries = self._add_entries_fields
-        if add_entries is None:
-            return False
-        request_id = body[1]
-        ledger_id = body[2]
-        flags = body[3]
-        master_key = body[4]
-        if not (
-            type(ledger_id) is int
-            and type(flags) is int
-            and flags == 0
-            and type(master_key) is bytes
-            and 0 <= ledger_id <= I64_MAX
-        ):
-            return False
-        end_id = request_id + count
-        if (
-            ledger_id % self.shard_count != self.shard_index
-            or self.forced_read_only
-            or self.disk_full
-            or connection.inflight + count >= self.limits.max_inflight_per_connection
-            or not connection.inflight_ids.isdisjoint(range(request_id, end_id))
-        ):
-            return False
-        max_entry_bytes = self.limits.max_entry_bytes
-        entries: list[list[Any]] = []
-        payload_sizes: list[int] = []
-        first_entry_id = body[_ADD_ENTRIES_HEAD_FIELDS]
-        expected_id = first_entry_id
-        for start in range(_ADD_ENTRIES_HEAD_FIELDS, len(body), _ADD_ENTRIES_ENTRY_FIELDS):
-            entry = body[start : start + _ADD_ENTRIES_ENTRY_FIELDS]
-            entry_id, lac, length, digest, payload = entry
-            # `take_add_fields`'s checks of one add, in one expression; and consecutive ids,
-            # so that one record answers the batch.
-            if not (
-                type(entry_id) is int
-                and type(lac) is int
-                and type(length) is int
-                and type(digest) is int
-                and type(payload) is bytes
-                and entry_id == expected_id
-                and 0 <= entry_id <= I64_MAX
-                and -1 <= lac <= I64_MAX
-                and 0 <= length <= I64_MAX
-                and 0 <= digest <= U32_MAX
-                and len(payload) <= max_entry_bytes
-                and entry_digest(ledger_id, entry_id, lac, length, payload) == digest
-            ):
-                return False
-            expected_id += 1
-            payload_sizes.append(len(payload))
-            entries.append(entry)
-        size = sum(payload_sizes) + count * REQUEST_OVERHEAD_BYTES
-        if self.inflight_bytes + size > self.limits.max_memory_bytes:
-            return False
-        # One answer record for the batch (7 fields; a single add's has 8): `_adds_durable`
-        # answers it as a whole, `_each_add` lists its adds where they are answered one by one.
-        answers = [
-            (connection, request_id, ledger_id, first_entry_id, count, time.perf_counter(),
-             payload_sizes)
-        ]  # fmt: skip
-        future = add_entries(ledger_id, master_key, entries, self._on_adds_durable, answers)
-        if future is None:
-            return False
-        self._fast_adds.add(future)
-        connection.inflight_ids.update(range(request_id, end_id))
-        self.inflight_requests += count
-        self.inflight_bytes += size
-        connection.requests_started(count)
-        return True
-
-    def _adds_durable(self, future: asyncio.Future[Any], answers: list[Any]) -> None:
-        """Answer the adds `take_add` journaled in one group, now durable (or failed)."""
-        self._fast_adds.discard(future)
-        if future.cancelled():  # The journal closed under them: nobody answers (as tasks).
-            for connection, request_id, _, _, size, _, _, _ in _each_add(answers):
-                connection.inflight_ids.discard(request_id)
-                self._finish(connection, size)
-            return
-        error = future.exception()
-        if error is not None:
-            if isinstance(error, BKError):
-                self.log.debug("request_failed", op="ADD_ENTRY", error=str(error))
-                status = error.status
-            else:
-                self.log.error("request_crashed", op="ADD_ENTRY", error=repr(error))
-                status = Status.INTERNAL_ERROR
-            for connection, request_id, ledger_id, entry_id, size, started, _, _ in _each_add(
-                answers
-            ):
-                response = AddEntryResponse(request_id, status, ledger_id, entry_id)
-                connection.inflight_ids.discard(request_id)
-                self._finish(connection, size)
-                connection.respond(response)
-                self.metrics.observe_request("add_entry", time.perf_counter() - started, False)
-            return
-        lac_waiters = self.lac_waiters
-        observe_add = self.metrics.observe_add
-        now = time.perf_counter()
-        added_bytes = 0
-        freed_bytes = 0
-        finished: dict[BookieServerProtocol, int] = {}  # Adds answered per connection.
-        # Per connection, the OK answers being coalesced: [first request id, ledger id, first
-        # entry id, count], extended while the next add continues both id sequences.
-        runs: dict[BookieServerProtocol, list[int]] = {}
-        observe_adds = self.metrics.observe_adds
-        for answer in answers:
-            if len(answer) == _BATCH_ANSWER_FIELDS:  # All the adds of an ADD_ENTRIES frame.
-                connection, request_id, ledger_id, entry_id, count, started, sizes = answer
-                payload_bytes = sum(sizes)
-                added_bytes += payload_bytes
-                freed_bytes += payload_bytes + count * REQUEST_OVERHEAD_BYTES
-                if lac_waiters:
-                    lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
-                connection.inflight_ids.difference_update(range(request_id, request_id + count))
-                finished[connection] = finished.get(connection, 0) + count
-                observe_adds(now - started, count)
-            else:
-                (
-                    connection, request_id, ledger_id, entry_id, size, started, payload_bytes,
-                    coalesce,
-                ) = answer  # fmt: skip
-                added_bytes += payload_bytes
-                freed_bytes += size
-                if lac_waiters:
-                    lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
-                connection.inflight_ids.discard(request_id)
-                finished[connection] = finished.get(connection, 0) + 1
-                observe_add(now - started)
-                if not coalesce:
-                    connection.respond_add_ok(request_id, ledger_id, entry_id)
-                    continue
-                count = 1
-            run = runs.get(connection)
-            if run is not None:
-                ran = run[3]
-                if run[0] + ran == request_id and run[2] + ran == entry_id and run[1] == ledger_id:
-                    run[3] = ran + count
-                    continue
-                connection.respond_adds_ok(run[0], run[1], run[2], ran)
-            runs[connection] = [request_id, ledger_id, entry_id, count]
-        for connection, (request_id, ledger_id, entry_id, count) in runs.items():
-            connection.respond_adds_ok(request_id, ledger_id, entry_id, count)
-        self.metrics.add_entry_bytes.inc(added_bytes)
-        # `_finish` for the whole batch: one update per connection, not one per add.
-        self.inflight_requests -= sum(finished.values())
-        self.inflight_bytes -= freed_bytes
-        for connection, count in finished.items():
-            connection.requests_finished(count)
-        self._resume_after_memory()
-
-    def _add_fast(
-        self, connection: BookieServerProtocol, request: AddEntryRequest, size: int, started: float
-    ) -> Callable[[Any], Awaitable[Response]] | None:
-        """Journal an add without a task; None when answered or in flight, else a handler.
-
-        The answer is queued by a done-callback of the journal future: after the group's
-        fdatasync, and after storage applied the entry (its callback was added first). An add
-        the fast path cannot take (first of its ledger, possible duplicate, full cache or
-        journal group) gets the returned handler, run as a task like every other request.
-        """
-        assert self._add_nowait is not None
-        try:
-            entry, recovery = self._prepare_add(request)
-            # Only a ledger whose key storage holds takes the fast path: for it,
-            # `_check_ledger_key` has nothing to verify, and storage compares the key.
-            on_done = partial(self._add_durable, connection, request, size, started)
-            future = self._add_nowait(entry, request.master_key, recovery=recovery, on_done=on_done)
-        except BKError as error:
-            self.log.debug("request_failed", op=request.op.name, error=str(error))
-            self._answer(connection, request, size, started, request.error_response(error.status))
-            return None
-        except Exception:
-            self.log.exception("request_crashed", op=request.op.name)
-            self._answer(
-                connection, request, size, started, request.error_response(Status.INTERNAL_ERROR)
-            )
-            return None
-        if future is None:
-            return partial(self._add_prepared, entry, recovery)
-        self._fast_adds.add(future)
-        return None
-
-    def _add_durable(
-        self,
-        connection: BookieServerProtocol,
-        request: AddEntryRequest,
-        size: int,
-        started: float,
-        future: asyncio.Future[Any],
-    ) -> None:
-        self._fast_adds.discard(future)
-        if future.cancelled():  # The journal closed under it: nobody answers (as a task).
-            connection.inflight_ids.discard(request.request_id)
-            self._finish(connection, size)
-            return
-        error = future.exception()
-        if error is None:
-            self._add_ok(connection, request, size, started)
-            return
-        if isinstance(error, BKError):
-            self.log.debug("request_failed", op=request.op.name, error=str(error))
-            response = request.error_response(error.status)
-        else:
-            self.log.error("request_crashed", op=request.op.name, error=repr(error))
-            response = request.error_response(Status.INTERNAL_ERROR)
-        self._answer(connection, request, size, started, response)
-
-    def _add_ok(
-        self,
-        connection: BookieServerProtocol,
-        request: AddEntryRequest,
-        size: int,
-        started: float,
-    ) -> None:
-        """`_added` + `_answer` for a durable fast-path add, without a response object."""
-        ledger_id = request.ledger_id
-        request_id = request.request_id
-        self.metrics.add_entry_bytes.inc(len(request.payload))
-        if self.lac_waiters:
-            self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
-        connection.inflight_ids.discard(request_id)
-        self._finish(connection, size)
-        connection.respond_add_ok(request_id, ledger_id, request.entry_id)
-        self.metrics.observe_add(time.perf_counter() - started)
-
-    def _answer(
-        self,
-        connection: BookieServerProtocol,
-        request: AddEntryRequest,
-        size: int,
-        started: float,
-        response: Response,
-    ) -> None:
-        connection.inflight_ids.discard(request.request_id)
-        self._finish(connection, size)
-        connection.respond(response)
-        self.metrics.observe_request(
-            "add_entry", time.perf_counter() - started, response.status is Status.OK
-        )
-
-    def _prepare_add(self, request: AddEntryRequest) -> tuple[StoredEntry, bool]:
-        """The checks of an add that need no I/O; the entry to store and the recovery flag."""
-        ledger_id = request.ledger_id
-        self._check_shard(ledger_id)
-        recovery = int.__and__(request.flags, _RECOVERY_ADD_BIT) != 0
-        if not recovery and self.read_only:
-            self.metrics.requests_rejected.labels(reason="read_only").inc()
-            raise ReadOnlyBookieError(f"{self.config.bookie_id} shard {self.shard_index}")
-        payload = request.payload
-        if len(payload) > self.limits.max_entry_bytes:
-            self.metrics.limit_hit("max_entry_bytes")
-            raise InvalidArgumentError(
-                f"ledger {ledger_id}: entry {request.entry_id} has a {len(payload)}-byte payload, "
-                f"above server.max_entry_bytes={self.limits.max_entry_bytes}"
-            )
-        digest = entry_digest(ledger_id, request.entry_id, request.lac, request.length, payload)
-        if digest != request.digest:
-            self.metrics.requests_rejected.labels(reason="bad_digest").inc()
-            raise BadDigestError(
-                f"ledger {ledger_id}: entry {request.entry_id} digest {request.digest:#010x} "
-                f"does not match its bytes ({digest:#010x})"
-            )
-        entry = StoredEntry(
-            ledger_id, request.entry_id, request.lac, request.length, request.digest, payload
-        )
-        return entry, recovery
-
-    async def _add_entry(self, request: AddEntryRequest) -> Response:
-        entry, recovery = self._prepare_add(request)
-        return await self._add_prepared(entry, recovery, request)
-
-    async def _add_prepared(
-        self, entry: StoredEntry, recovery: bool, request: AddEntryRequest
-    ) -> Response:
-        await self._check_ledger_key(entry.ledger_id, request.master_key)
-        await self.storage.add_entry(entry, request.master_key, recovery=recovery)
-        return self._added(request)
-
-    def _added(self, request: AddEntryRequest) -> Response:
-        """The OK answer to a durable add, and what it tells metrics and long polls."""
-        ledger_id = request.ledger_id
-        self.metrics.add_entry_bytes.inc(len(request.payload))
-        if self.lac_waiters:
-            self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
-        return AddEntryResponse(request.request_id, Status.OK, ledger_id, request.entry_id)
+    # --- operations other than adds (bkaio/bookie/adds.py) -----------------------------------
 
     async def _read_entry(self, request: ReadEntryRequest) -> Response:
         ledger_id = request.ledger_id
@@ -831,7 +387,7 @@ class ShardServer:
         if request.flags & Flag.FENCE:
             await self._fence(ledger_id, request.master_key)
         try:
-            stored = await self.storage.read_entry(ledger_id, request.entry_id)
+            (stored,) = await self.storage.read_range(ledger_id, request.entry_id, 1, _NO_LIMIT)
         except NoSuchEntryError:
             return ReadEntryResponse(
                 request.request_id,
@@ -929,22 +485,29 @@ class ShardServer:
     async def drain(self, timeout_seconds: float) -> None:
         """Stop reading, answer long polls, let in-flight requests finish (up to the timeout)."""
         self.stopping = True
-        for connection in list(self.connections):
-            connection.stop_reading()
+        for peer in list(self.connections):
+            peer.stop_reading()
         self.lac_waiters.wake_all()
-        # Journaled fast-path adds are waited for too (answered when durable), never cancelled.
-        pending: set[asyncio.Future[Any]] = set(self.tasks) | self._fast_adds
+        # Journaled adds are waited for too (answered when durable), never cancelled.
+        pending: set[asyncio.Future[Any]] = set(self.tasks)
+        if self._adds_in_flight:
+            self._adds_idle = self._loop.create_future()
+            pending.add(self._adds_idle)
         if pending:
             _, still_running = await asyncio.wait(pending, timeout=timeout_seconds)
             if still_running:
-                self.log.warning("drain_timed_out", unfinished_requests=len(still_running))
+                self.log.warning(
+                    "drain_timed_out",
+                    unfinished_requests=len(still_running),
+                    unanswered_add_batches=self._adds_in_flight,
+                )
                 tasks = [task for task in still_running if task in self.tasks]
                 for task in tasks:
                     task.cancel()
                 if tasks:
                     await asyncio.wait(tasks, timeout=1.0)
-        for connection in list(self.connections):
-            connection.close_after_flush()
+        for peer in list(self.connections):
+            peer.close_after_flush()
         await asyncio.sleep(0)  # Let the flush callbacks run.
 
     def sweep(self, now: float) -> None:

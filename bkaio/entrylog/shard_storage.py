@@ -20,12 +20,13 @@ import dataclasses
 import random
 import shutil
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -34,8 +35,14 @@ from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.cookie import Cookie, expected_cookie, verify_or_stamp
 from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory, encode_record
 from bkaio.entrylog.index import LedgerIndex
-from bkaio.entrylog.types import CompactionReport, DiskUsage, LedgerState, StoredEntry
-from bkaio.entrylog.write_cache import ENTRY_OVERHEAD_BYTES, WriteCache, cached_bytes
+from bkaio.entrylog.types import (
+    AddBatch,
+    CompactionReport,
+    DiskUsage,
+    LedgerState,
+    StoredEntry,
+)
+from bkaio.entrylog.write_cache import ENTRY_OVERHEAD_BYTES, WriteCache
 from bkaio.errors import (
     BKError,
     BookieIOError,
@@ -49,7 +56,6 @@ from bkaio.errors import (
 from bkaio.journal.config import JournalConfig
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
-from bkaio.journal.errors import JournalFullError
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import (
     EntryRecord,
@@ -78,9 +84,13 @@ UsageFunction = Callable[[Path], tuple[int, int, int]]  # shutil.disk_usage: tot
 
 
 class JournalLike(Protocol):
-    """The part of `bkaio.journal.Journal` storage uses (a Fake* in unit tests)."""
+    """The part of `bkaio.journal.Journal` storage uses; stand-ins implement all of it."""
 
     def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]: ...
+
+    def append_entries(
+        self, ledger_id: int, entries: Sequence[StoredEntry]
+    ) -> tuple[asyncio.Future[JournalMark], int] | None: ...
 
     async def wait_for_room(self) -> None: ...
 
@@ -99,31 +109,19 @@ async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
     return await Journal.open(config, directory=directory)
 
 
-# `add_entry_fields`' callback: the batch's shared journal future and the answers of its adds
-# (whatever the caller passed with each), in add order.
-AnswersCallback = Callable[[asyncio.Future[JournalMark], list[Any]], None]
+_Batch = TypeVar("_Batch", bound=AddBatch)
 
 
-class _AddBatch:
-    """Adds appended back to back to one journal group, applied and answered together.
+class _AddGroup:
+    """Batches appended back to back to one journal group, applied and answered together.
 
-    They share the group's one future (`Journal.append_entry_shared`), so a group costs one
-    future callback however many adds it holds. A batch is sealed when the journal starts a new
-    group or another record (a key, a fence, a LAC) is appended after it, so its adds are
-    contiguous in the journal and one applied-marks slot covers them all.
+    They share the group's one future (`Journal.append_entries`), so a group costs one future
+    callback however many adds it holds. A group is sealed when the journal starts a new one or
+    another record (a key, a fence, a LAC) is appended after it, so its adds are contiguous in
+    the journal and one applied-marks slot covers them all.
     """
 
-    __slots__ = (
-        "answers",
-        "callbacks",
-        "end",
-        "entries",
-        "future",
-        "journal_index",
-        "on_answers",
-        "size",
-        "slot",
-    )
+    __slots__ = ("answers", "end", "entries", "future", "journal_index", "size", "slot")
 
     def __init__(
         self, future: asyncio.Future[JournalMark], journal_index: int, slot: MarkSlot
@@ -132,11 +130,9 @@ class _AddBatch:
         self.journal_index = journal_index
         self.slot = slot
         self.entries: list[StoredEntry] = []
-        self.callbacks: list[Callable[[asyncio.Future[JournalMark]], None]] = []
-        # `add_entry_fields`: one callback for the whole batch, given every add's answer.
-        self.on_answers: AnswersCallback | None = None
-        self.answers: list[Any] = []
-        self.end = 0  # Offset after the batch's last add, in the file of the group's mark.
+        # Per callback, its batches in add order; one callback in a bookie (the server's).
+        self.answers: list[tuple[Callable[[list[Any], BKError | None], None], list[Any]]] = []
+        self.end = 0  # Offset after the group's last add, in the file of the group's mark.
         self.size = 0  # Write-cache room reserved for its adds.
 
 
@@ -214,14 +210,9 @@ class ShardStorage:
         self.config = config
         self.cookie = cookie
         self._journals = journals
-        # `Journal.append_entry_shared` where the journal has it (fakes in unit tests may not).
-        self._append_entry_shared: list[
-            Callable[..., tuple[asyncio.Future[JournalMark], int]] | None
-        ] = [getattr(journal, "append_entry_shared", None) for journal in journals]
-        self._append_entries_shared: list[
-            Callable[..., tuple[asyncio.Future[JournalMark], int] | None] | None
-        ] = [getattr(journal, "append_entries_shared", None) for journal in journals]
-        self._batches: list[_AddBatch | None] = [None] * len(journals)  # The open one each.
+        # Per journal, the group adds are joining now (`_AddGroup`), or None.
+        self._groups: list[_AddGroup | None] = [None] * len(journals)
+        self._add_tasks: set[asyncio.Task[None]] = set()  # `_add_carefully`, one per batch.
         self._logs = logs
         self._indexes = indexes
         self._usage_function = usage_function
@@ -248,7 +239,6 @@ class ShardStorage:
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
         self._written_marks: list[JournalMark | None] = [None] * len(journals)
         self._pending: dict[tuple[int, int], tuple[StoredEntry, asyncio.Future[JournalMark]]] = {}
-        self._lac_waiters: dict[int, list[asyncio.Future[int]]] = {}
         self._flusher: asyncio.Task[None] | None = None
         # Journal files a checkpoint released are deleted by this task, off the flush path
         # (`_release_journal_files`); the marks of the newest checkpoint it has yet to act on.
@@ -415,6 +405,10 @@ class ShardStorage:
                 self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
+        for task in list(self._add_tasks):  # Waiting for room or a read: they fail now.
+            task.cancel()
+        if self._add_tasks:
+            await asyncio.wait(list(self._add_tasks))
         try:
             if self._pending:
                 await asyncio.wait([future for _entry, future in self._pending.values()])
@@ -425,11 +419,6 @@ class ShardStorage:
             if self._releaser is not None:  # Deletions in progress finish before the close.
                 await asyncio.wait([self._releaser])
             self._closed = True
-            for waiters in self._lac_waiters.values():
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.cancel()
-            self._lac_waiters.clear()
             try:
                 for journal in self._journals:
                     with contextlib.suppress(BKError):
@@ -445,370 +434,264 @@ class ShardStorage:
         if self._closed:
             raise BookieIOError("ledger storage is closed")
 
-    # -- adds, fencing, LAC ----------------------------------------------------------------
+    # -- adds --------------------------------------------------------------------------------
 
-    async def add_entry(
-        self, entry: StoredEntry, master_key: bytes, *, recovery: bool = False
+    def add_entries(
+        self, batch: _Batch, on_durable: Callable[[list[_Batch], BKError | None], None]
     ) -> None:
-        """Durable (journal fdatasync'ed) when it returns."""
-        self._check_open()
-        _check_ids(entry.ledger_id, entry.entry_id)
-        existing = self._check_add(entry, master_key, recovery)
-        if existing is None:
-            ledger = self._ledgers.get(entry.ledger_id)
-            if ledger is not None and entry.entry_id <= ledger.last_entry_id:
-                existing = await self._read_indexed(entry.ledger_id, entry.entry_id)
-        if existing is not None:
-            await self._accept_duplicate(entry, existing)
-            return
-        size = cached_bytes(entry)
-        await self._reserve(size, entry)
-        future: asyncio.Future[JournalMark] | None = None
-        try:
-            await self._journal_of(entry.ledger_id).wait_for_room()
-            # No await between these checks and the journal append: they see one state.
-            existing = self._check_add(entry, master_key, recovery)
-            if existing is None:
-                future = self._journal_entry(entry, master_key, size)
-        finally:
-            if future is None:  # Not journaled: give the cache room back.
-                self._reserved_bytes -= size
-                self._room_freed()
-        if future is None:
-            assert existing is not None
-            await self._accept_duplicate(entry, existing)
-            return
-        await asyncio.shield(future)
+        """Make `batch` durable; then `on_durable(batches of its journal group, error)`.
 
-    def add_entry_nowait(
-        self,
-        entry: StoredEntry,
-        master_key: bytes,
-        *,
-        recovery: bool = False,
-        on_done: Callable[[asyncio.Future[JournalMark]], None] | None = None,
-    ) -> asyncio.Future[JournalMark] | None:
-        """The common add without a coroutine: journal it now; durable when the future is done.
-
-        Returns None, having changed nothing, when the add needs `add_entry` instead: a ledger
-        this shard holds no key for yet, an entry at or below its last entry or already in flight
-        (a possible duplicate), a full write cache or a full journal group. Raises what
-        `add_entry` raises for a wrong key or a fenced ledger. The future fails with the
-        journal's error if the write or the sync fails. `on_done(future)` runs once it is done,
-        right after the entry was applied (in the same callback: no second hand-off per add);
-        callbacks the caller adds to the future run after that.
+        The one add path (`LedgerStorage.add_entries`). The common batch, to a ledger whose key
+        storage holds and the batch carries, not fenced (unless a recovery add), every entry
+        above the ledger's last one and none in flight, with room in the write cache and nobody
+        waiting for it, and room in the journal's filling group, is journaled before this
+        returns: no task, no future of its own. Once its group is durable its entries are put
+        in the write cache, in journal order, and `on_durable` runs once for every batch of the
+        group. Anything else goes to `_add_later`, one task for the batch. Never raises.
         """
-        if self._closed:
-            self._check_open()
-        ledger_id = entry.ledger_id
-        entry_id = entry.entry_id
+        ledger = self._ledgers.get(batch.ledger_id)
+        if (
+            ledger is not None
+            and not self._closed
+            and ledger.master_key
+            and ledger.master_key == batch.master_key
+            and (not ledger.fenced or batch.recovery)
+            and not self._room_waiters
+        ):
+            ledger_id = batch.ledger_id
+            entries = batch.entries
+            pending = self._pending
+            previous = ledger.last_entry_id
+            keys: list[tuple[int, int]] = []
+            size = 0
+            for entry in entries:
+                entry_id = entry.entry_id
+                key = (ledger_id, entry_id)
+                if entry_id <= previous or key in pending:
+                    break  # A possible duplicate: `_add_later` looks at it.
+                previous = entry_id
+                keys.append(key)
+                size += len(entry.payload)
+            else:
+                size += len(entries) * ENTRY_OVERHEAD_BYTES  # cached_bytes of each.
+                if self._cached_bytes() + size <= self.config.write_cache_bytes:
+                    journal_index = self.config.journal_of(ledger_id)
+                    try:
+                        appended = self._journals[journal_index].append_entries(ledger_id, entries)
+                    except BKError:
+                        appended = None  # `_add_later` meets the error again and reports it.
+                    if appended is not None:
+                        self._reserved_bytes += size
+                        self._join_group(
+                            journal_index, appended, batch, on_durable, entries, keys, size
+                        )
+                        return
+        self._add_later(batch, on_durable)
+
+    def holds_key(self, ledger_id: int) -> bool:
         ledger = self._ledgers.get(ledger_id)
-        if ledger is None or not ledger.master_key or entry_id <= ledger.last_entry_id:
-            return None
-        _check_ids(ledger_id, entry_id)
-        # `_check_add`, inlined: this runs for every add.
-        if ledger.master_key != master_key or (ledger.fenced and not recovery):
-            self._check_add(entry, master_key, recovery)  # Raises the precise error.
-        if (ledger_id, entry_id) in self._pending or self._cached(ledger_id, entry_id) is not None:
-            return None
-        size = len(entry.payload) + ENTRY_OVERHEAD_BYTES  # cached_bytes(entry)
-        if (
-            self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
-            > self.config.write_cache_bytes
-            or self._room_waiters
-        ):
-            return None
-        self._reserved_bytes += size
-        try:
-            return self._journal_entry(entry, master_key, size, on_done)
-        except JournalFullError:
-            self._reserved_bytes -= size
-            return None
-        except BaseException:
-            self._reserved_bytes -= size
-            self._room_freed()
-            raise
+        return ledger is not None and bool(ledger.master_key)
 
-    def add_entry_fields(
-        self,
-        ledger_id: int,
-        entry_id: int,
-        lac: int,
-        length: int,
-        digest: int,
-        payload: bytes,
-        master_key: bytes,
-        on_answers: AnswersCallback,
-        answer: Any,
-    ) -> asyncio.Future[JournalMark] | None:
-        """`add_entry_nowait` for the server's add loop: the entry as fields, never raising.
+    def _cached_bytes(self) -> int:
+        """Write-cache bytes held or promised: the active cache, the flushing one, reserved."""
+        return self._active.bytes + self._flushing.bytes + self._reserved_bytes
 
-        Journals a plain add (not recovery) to a ledger whose key storage holds, equal to
-        `master_key`, not fenced, above its last entry and not in flight, with room in the write
-        cache and the journal's group. Returns None, having changed nothing, for anything else:
-        the caller then takes the full path, which raises the precise error or waits for room.
-        Once the journal group is durable (or failed) and the batch's adds are applied,
-        `on_answers(future, answers)` runs once for the batch with every add's `answer`.
-        """
-        ledger = self._ledgers.get(ledger_id)
-        if (
-            ledger is None
-            or self._closed
-            or entry_id <= ledger.last_entry_id
-            or ledger.fenced
-            or not ledger.master_key
-            or ledger.master_key != master_key
-        ):
-            return None
-        key = (ledger_id, entry_id)
-        if key in self._pending or self._cached(ledger_id, entry_id) is not None:
-            return None
-        size = len(payload) + ENTRY_OVERHEAD_BYTES  # cached_bytes(entry)
-        if (
-            self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
-            > self.config.write_cache_bytes
-            or self._room_waiters
-        ):
-            return None
-        journal_index = self.config.journal_of(ledger_id)
-        append_shared = self._append_entry_shared[journal_index]
-        if append_shared is None:
-            return None
-        try:
-            # Checks everything before it changes anything (full group, failed journal, a
-            # field out of the record's range): on an error nothing was appended.
-            future, end = append_shared(ledger_id, entry_id, lac, length, digest, payload)
-        except BKError:
-            return None
-        self._reserved_bytes += size
-        entry = StoredEntry(ledger_id, entry_id, lac, length, digest, payload)
-        batch = self._join_batch(journal_index, future, entry, end, size)
-        if batch.on_answers is on_answers:
-            batch.answers.append(answer)
-        elif batch.on_answers is None:
-            batch.on_answers = on_answers
-            batch.answers.append(answer)
-        elif batch.on_answers == on_answers:  # The same bound method, fetched again.
-            batch.answers.append(answer)
-        else:  # A second caller in one batch (never in a bookie): answered on its own.
-            batch.callbacks.append(lambda done: on_answers(done, [answer]))
-        self._pending[key] = (entry, future)
-        return future
-
-    def add_entries_fields(
-        self,
-        ledger_id: int,
-        master_key: bytes,
-        entries: list[list[Any]],
-        on_answers: AnswersCallback,
-        answers: list[Any],
-    ) -> asyncio.Future[JournalMark] | None:
-        """`add_entry_fields` for several entries of one ledger at once, all or none.
-
-        `entries` are `[entry_id, lac, length, digest, payload]` each, checked by the caller,
-        their ids ascending; `answers` join the batch's (the bookie passes one record for all
-        of them), for `on_answers` once the group is durable. Journals them together when
-        `add_entry_fields` would take every one of them (same rules) and the journal's filling
-        group has room for all; else returns None having changed nothing, and the caller
-        takes them one by one.
-        """
-        ledger = self._ledgers.get(ledger_id)
-        if (
-            ledger is None
-            or self._closed
-            or ledger.fenced
-            or not ledger.master_key
-            or ledger.master_key != master_key
-        ):
-            return None
-        # Every entry above the ledger's last applied entry (so none is in the write cache:
-        # applying raises `last_entry_id`), ascending, and none in the journal already.
-        previous = ledger.last_entry_id
-        pending = self._pending
-        keys: list[tuple[int, int]] = []
-        size = 0
-        for entry in entries:
-            entry_id = entry[0]
-            key = (ledger_id, entry_id)
-            if entry_id <= previous or key in pending:
-                return None
-            previous = entry_id
-            keys.append(key)
-            size += len(entry[4])
-        size += len(entries) * ENTRY_OVERHEAD_BYTES  # cached_bytes of each
-        if (
-            self._active.bytes + self._flushing.bytes + self._reserved_bytes + size
-            > self.config.write_cache_bytes
-            or self._room_waiters
-        ):
-            return None
-        journal_index = self.config.journal_of(ledger_id)
-        append_many = self._append_entries_shared[journal_index]
-        if append_many is None:
-            return None
-        appended = append_many(ledger_id, entries)
-        if appended is None:
-            return None
-        future, end = appended
-        self._reserved_bytes += size
-        stored = [StoredEntry(ledger_id, *entry) for entry in entries]
-        batch = self._batches[journal_index]
-        if batch is None or batch.future is not future:
-            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
-            self._batches[journal_index] = batch
-            future.add_done_callback(partial(self._batch_durable, batch))
-        batch.entries += stored
-        batch.end = end
-        batch.size += size
-        if batch.on_answers is None:
-            batch.on_answers = on_answers
-        if batch.on_answers == on_answers:
-            batch.answers += answers
-        else:  # A second caller in one batch (never in a bookie): answered on its own.
-            batch.callbacks.append(lambda done: on_answers(done, answers))
-        pending.update(zip(keys, [(entry, future) for entry in stored], strict=True))
-        return future
-
-    def _check_add(
-        self, entry: StoredEntry, master_key: bytes, recovery: bool
-    ) -> StoredEntry | None:
-        ledger = self._ledgers.get(entry.ledger_id)
-        if ledger is not None:
-            if ledger.master_key != master_key:
-                raise UnauthorizedError(
-                    f"ledger {entry.ledger_id}: add of entry {entry.entry_id} with a master key "
-                    "that differs from the one recorded at creation"
-                )
-            if ledger.fenced and not recovery:
-                raise LedgerFencedError(
-                    f"ledger {entry.ledger_id} is fenced: entry {entry.entry_id} refused "
-                    "(only recovery adds are accepted)"
-                )
-        pending = self._pending.get((entry.ledger_id, entry.entry_id))
-        if pending is not None:
-            return pending[0]
-        return self._cached(entry.ledger_id, entry.entry_id)
-
-    async def _accept_duplicate(self, entry: StoredEntry, existing: StoredEntry) -> None:
-        if not entry.same_content(existing):
-            raise EntryConflictError(
-                f"ledger {entry.ledger_id}: entry {entry.entry_id} is already stored with "
-                f"digest {existing.digest:#010x}, {len(existing.payload)} bytes; the add carries "
-                f"digest {entry.digest:#010x}, {len(entry.payload)} bytes"
-            )
-        pending = self._pending.get((entry.ledger_id, entry.entry_id))
-        if pending is not None:  # Identical add in flight: durable when that one is.
-            await asyncio.shield(pending[1])
-
-    def _journal_entry(
-        self,
-        entry: StoredEntry,
-        master_key: bytes,
-        size: int,
-        on_done: Callable[[asyncio.Future[JournalMark]], None] | None = None,
-    ) -> asyncio.Future[JournalMark]:
-        ledger_id = entry.ledger_id
-        if ledger_id not in self._ledgers:
-            self._create_ledger(ledger_id, master_key)
-        key = (ledger_id, entry.entry_id)
-        journal_index = self.config.journal_of(ledger_id)
-        append_shared = self._append_entry_shared[journal_index]
-        if append_shared is None:  # A fake journal: one future per add.
-            return self._journal_entry_alone(entry, journal_index, size, on_done)
-        # The real journal: no record object and no future of its own per add.
-        future, end = append_shared(
-            ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
-        )
-        batch = self._join_batch(journal_index, future, entry, end, size)
-        if on_done is not None:
-            batch.callbacks.append(on_done)
-        self._pending[key] = (entry, future)
-        return future
-
-    def _join_batch(
+    def _join_group(
         self,
         journal_index: int,
-        future: asyncio.Future[JournalMark],
-        entry: StoredEntry,
-        end: int,
+        appended: tuple[asyncio.Future[JournalMark], int],
+        batch: AddBatch,
+        on_durable: Callable[[list[Any], BKError | None], None],
+        entries: list[StoredEntry],
+        keys: list[tuple[int, int]],
         size: int,
-    ) -> _AddBatch:
-        """Add a just-journaled entry to its group's batch (opened on the group's first add)."""
-        batch = self._batches[journal_index]
-        if batch is None or batch.future is not future:
-            batch = _AddBatch(future, journal_index, self._marks[journal_index].begin())
-            self._batches[journal_index] = batch
-            future.add_done_callback(partial(self._batch_durable, batch))
-        batch.entries.append(entry)
-        batch.end = end
-        batch.size += size
-        return batch
+    ) -> None:
+        """Add a just-journaled batch (`entries`: those of it that were journaled, `keys` theirs)
+        to its journal group's `_AddGroup` (opened on the group's first batch)."""
+        future, end = appended
+        group = self._groups[journal_index]
+        if group is None or group.future is not future:
+            group = _AddGroup(future, journal_index, self._marks[journal_index].begin())
+            self._groups[journal_index] = group
+            future.add_done_callback(partial(self._group_durable, group))
+        group.entries += entries
+        group.end = end
+        group.size += size
+        answers = group.answers
+        if answers and answers[-1][0] == on_durable:  # `==`: a bound method fetched again.
+            answers[-1][1].append(batch)
+        else:
+            answers.append((on_durable, [batch]))
+        if len(keys) == 1:
+            self._pending[keys[0]] = (entries[0], future)
+        else:
+            self._pending.update(zip(keys, zip(entries, repeat(future)), strict=True))
 
-    def _batch_durable(self, batch: _AddBatch, done: asyncio.Future[JournalMark]) -> None:
-        """A batch's group is durable (or failed): apply its adds in order, then answer them."""
-        if self._batches[batch.journal_index] is batch:
-            self._batches[batch.journal_index] = None
+    def _group_durable(self, group: _AddGroup, done: asyncio.Future[JournalMark]) -> None:
+        """A group is durable (or failed): apply its adds in order, then answer its batches."""
+        if self._groups[group.journal_index] is group:
+            self._groups[group.journal_index] = None
         pending = self._pending
-        entries = batch.entries
+        entries = group.entries
         for entry in entries:
             pending.pop((entry.ledger_id, entry.entry_id), None)
-        self._reserved_bytes -= batch.size
-        marks = self._marks[batch.journal_index]
-        if done.cancelled() or done.exception() is not None:
+        self._reserved_bytes -= group.size
+        marks = self._marks[group.journal_index]
+        error: BKError | None = None
+        if done.cancelled():
+            error = BookieIOError("the journal closed before the adds were durable")
+        else:
+            failure = done.exception()
+            if failure is not None:
+                error = failure if isinstance(failure, BKError) else BookieIOError(repr(failure))
+        if error is not None:
             self._room_freed()
-            marks.finish(batch.slot, None)
+            marks.finish(group.slot, None)
         else:
             self._apply_entries(entries)
-            marks.finish(batch.slot, JournalMark(done.result().file_id, batch.end))
-        if batch.on_answers is not None:
+            marks.finish(group.slot, JournalMark(done.result().file_id, group.end))
+        for on_durable, batches in group.answers:
             try:
-                batch.on_answers(done, batch.answers)
-            except Exception:
-                log.exception("add_callback_failed")
-        for on_done in batch.callbacks:
-            try:
-                on_done(done)
-            except Exception:  # One answer's failure must not leave the others unanswered.
+                on_durable(batches, error)
+            except Exception:  # One caller's failure must not leave the others unanswered.
                 log.exception("add_callback_failed")
 
-    def _journal_entry_alone(
-        self,
-        entry: StoredEntry,
-        journal_index: int,
-        size: int,
-        on_done: Callable[[asyncio.Future[JournalMark]], None] | None,
-    ) -> asyncio.Future[JournalMark]:
-        """`_journal_entry` on a journal without shared group futures (unit-test fakes)."""
-        key = (entry.ledger_id, entry.entry_id)
-        marks = self._marks[journal_index]
-        slot = marks.begin()
+    def _add_later(
+        self, batch: _Batch, on_durable: Callable[[list[_Batch], BKError | None], None]
+    ) -> None:
+        """The batch the common path did not take, in a task of its own (`_add_carefully`)."""
+        task = self._loop.create_task(self._add_carefully(batch, on_durable))
+        self._add_tasks.add(task)
+        task.add_done_callback(self._add_tasks.discard)
+
+    async def _add_carefully(
+        self, batch: _Batch, on_durable: Callable[[list[_Batch], BKError | None], None]
+    ) -> None:
         try:
-            future = self._journals[journal_index].append(
-                EntryRecord(
-                    entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest,
-                    entry.payload,
-                )
-            )  # fmt: skip
-        except BaseException:
-            marks.finish(slot, None)
+            joined = await self._add_checked(batch, on_durable)
+        except BKError as error:
+            on_durable([batch], error)
+        except asyncio.CancelledError:  # Storage is closing under it.
+            on_durable([batch], BookieIOError("ledger storage closed before the add"))
             raise
+        except Exception as error:
+            log.exception("add_failed", ledger_id=batch.ledger_id)
+            on_durable([batch], BookieIOError(f"add failed: {error!r}"))
+        else:
+            if not joined:  # Nothing to journal: every entry was there already.
+                on_durable([batch], None)
 
-        # One callback per add does what `_append_record`'s two did: apply, then mark applied.
-        def durable(done: asyncio.Future[JournalMark]) -> None:
-            self._pending.pop(key, None)
-            self._reserved_bytes -= size
-            if done.cancelled() or done.exception() is not None:
-                self._room_freed()
-                marks.finish(slot, None)
+    async def _add_checked(
+        self, batch: AddBatch, on_durable: Callable[[list[Any], BKError | None], None]
+    ) -> bool:
+        """Check the batch as a whole (key, fencing) and each entry (a re-add of a stored or
+        in-flight entry is fine when identical, a conflict when not), wait for write-cache and
+        journal room, journal what is new. True once the batch joined a journal group (its
+        answer then comes from there); False when there was nothing new to journal."""
+        ledger_id = batch.ledger_id
+        for entry in batch.entries:
+            _check_ids(ledger_id, entry.entry_id)
+        journal_index = self.config.journal_of(ledger_id)
+        journal = self._journals[journal_index]
+        while True:
+            self._check_open()
+            self._check_key(ledger_id, batch.master_key, batch.recovery)
+            fresh, in_flight = await self._new_entries(batch)
+            if not fresh:
+                if in_flight:  # Identical adds in flight: durable when those are.
+                    await asyncio.wait(in_flight)  # wait(), not gather(): never cancels them.
+                    for future in in_flight:
+                        if future.cancelled() or future.exception() is not None:
+                            raise BookieIOError(
+                                f"ledger {ledger_id}: the identical add in flight failed"
+                            )
+                return False
+            size = sum(len(entry.payload) for entry in fresh) + len(fresh) * ENTRY_OVERHEAD_BYTES
+            await self._reserve(size, ledger_id, fresh[0].entry_id)
+            joined = False
+            try:
+                await journal.wait_for_room()
+                # No await from these checks to the append: they see one state.
+                self._check_open()
+                self._check_key(ledger_id, batch.master_key, batch.recovery)
+                if self._any_stored_or_in_flight(ledger_id, fresh):
+                    continue  # Added meanwhile by someone else: look again.
+                if ledger_id not in self._ledgers:
+                    self._create_ledger(ledger_id, batch.master_key)
+                appended = journal.append_entries(ledger_id, fresh)
+                if appended is None:
+                    continue  # The key record filled the group: wait for room again.
+                keys = [(ledger_id, entry.entry_id) for entry in fresh]
+                self._join_group(journal_index, appended, batch, on_durable, fresh, keys, size)
+                joined = True
+                return True
+            finally:
+                if not joined:  # Not journaled: give the cache room back.
+                    self._reserved_bytes -= size
+                    self._room_freed()
+
+    def _check_key(self, ledger_id: int, master_key: bytes, recovery: bool) -> None:
+        """The one key and fencing check of an add (the common path inlines its condition)."""
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None:
+            return
+        if ledger.master_key != master_key:
+            raise UnauthorizedError(
+                f"ledger {ledger_id}: add with a master key that differs from the one "
+                "recorded at creation"
+            )
+        if ledger.fenced and not recovery:
+            raise LedgerFencedError(
+                f"ledger {ledger_id} is fenced: adds refused (only recovery adds are accepted)"
+            )
+
+    async def _new_entries(
+        self, batch: AddBatch
+    ) -> tuple[list[StoredEntry], list[asyncio.Future[JournalMark]]]:
+        """The batch's entries not stored or in flight yet, and the futures of the identical
+        ones in flight. A different entry under a stored id is a failure of that add alone
+        (`batch.failures`); an identical one is accepted as it is."""
+        ledger_id = batch.ledger_id
+        ledger = self._ledgers.get(ledger_id)
+        fresh: list[StoredEntry] = []
+        in_flight: list[asyncio.Future[JournalMark]] = []
+        failures: dict[int, BKError] = {}
+        for index, entry in enumerate(batch.entries):
+            entry_id = entry.entry_id
+            existing: StoredEntry | None = None
+            pending = self._pending.get((ledger_id, entry_id))
+            if pending is not None:
+                existing = pending[0]
             else:
-                self._apply_entry(entry)
-                marks.finish(slot, done.result())
-            if on_done is not None:
-                on_done(done)
+                existing = self._cached(ledger_id, entry_id)
+                if existing is None and ledger is not None and entry_id <= ledger.last_entry_id:
+                    existing = await self._read_indexed(ledger_id, entry_id)
+            if existing is None:
+                fresh.append(entry)
+            elif not entry.same_content(existing):
+                failures[index] = EntryConflictError(
+                    f"ledger {ledger_id}: entry {entry_id} is already stored with digest "
+                    f"{existing.digest:#010x}, {len(existing.payload)} bytes; the add carries "
+                    f"digest {entry.digest:#010x}, {len(entry.payload)} bytes"
+                )
+            elif pending is not None:
+                in_flight.append(pending[1])
+        batch.failures = failures or None
+        return fresh, in_flight
 
-        future.add_done_callback(durable)
-        self._pending[key] = (entry, future)
-        return future
+    def _any_stored_or_in_flight(self, ledger_id: int, entries: list[StoredEntry]) -> bool:
+        ledger = self._ledgers.get(ledger_id)
+        last = ledger.last_entry_id if ledger is not None else -1
+        pending = self._pending
+        for entry in entries:
+            entry_id = entry.entry_id
+            if (
+                entry_id <= last
+                or (ledger_id, entry_id) in pending
+                or self._cached(ledger_id, entry_id) is not None
+            ):
+                return True
+        return False
 
     def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
         """First sight of a ledger: its key is journaled before anything else of it."""
@@ -829,7 +712,7 @@ class ShardStorage:
         Records whose effect is applied in memory before they are durable (keys, fences,
         LACs) pass no `apply`: their mark counts as applied once durable."""
         journal_index = self.config.journal_of(ledger_id)
-        self._batches[journal_index] = None  # Later adds go after this record: a new batch.
+        self._groups[journal_index] = None  # Later adds go after this record: a new group.
         marks = self._marks[journal_index]
         slot = marks.begin()
         try:
@@ -897,12 +780,10 @@ class ShardStorage:
         self._raise_lac(ledger, lac)
 
     def _raise_lac(self, ledger: _Ledger, lac: int) -> None:
-        if lac <= ledger.lac:
-            return
-        ledger.lac = lac
-        self._wake_lac_waiters(ledger.ledger_id, lac)
+        if lac > ledger.lac:
+            ledger.lac = lac
 
-    async def _reserve(self, size: int, entry: StoredEntry) -> None:
+    async def _reserve(self, size: int, ledger_id: int, entry_id: int) -> None:
         """Wait for write-cache room, at most `write_cache_max_wait_seconds`; first come,
         first served."""
         limit = self.config.write_cache_bytes
@@ -929,7 +810,7 @@ class ShardStorage:
                 self._grant_room()  # Those behind it may fit.
                 self.stats.cache_full_rejections += 1
                 raise TooManyRequestsError(
-                    f"ledger {entry.ledger_id}: entry {entry.entry_id} waited "
+                    f"ledger {ledger_id}: entry {entry_id} waited "
                     f"{self.config.write_cache_max_wait_seconds}s for room in the "
                     f"{limit}-byte write cache; flushes are falling behind"
                 ) from None
@@ -991,7 +872,6 @@ class ShardStorage:
             ledger.fenced = True
             self._dirty.add(ledger_id)
             ledger.fence_durable = self._append_record(ledger_id, FenceRecord(ledger_id))
-            self._wake_lac_waiters(ledger_id, ledger.lac)
         if ledger.fence_durable is not None:
             await asyncio.shield(ledger.fence_durable)
         if earlier:
@@ -1020,44 +900,6 @@ class ShardStorage:
         if earlier:
             await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
 
-    # -- LAC watchers (long poll) ----------------------------------------------------------
-
-    def watch_lac(self, ledger_id: int, previous_lac: int) -> asyncio.Future[int]:
-        """A future resolved with the ledger's LAC once it exceeds `previous_lac` (at once if it
-        already does). Fencing and deletion resolve it with the current LAC so pollers return.
-        The caller cancels it on timeout; a cancelled waiter is simply dropped."""
-        self._check_open()
-        ledger = self._ledgers.get(ledger_id)
-        if ledger is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored on this bookie shard")
-        waiter: asyncio.Future[int] = self._loop.create_future()
-        if ledger.lac > previous_lac or ledger.fenced:
-            waiter.set_result(ledger.lac)
-            return waiter
-        self._lac_waiters.setdefault(ledger_id, []).append(waiter)
-        return waiter
-
-    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_seconds: float) -> int:
-        """The LAC once it exceeds `previous_lac`, or the current LAC after the timeout."""
-        waiter = self.watch_lac(ledger_id, previous_lac)
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                return await waiter
-        except TimeoutError:
-            return self.last_add_confirmed(ledger_id)
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-            waiters = self._lac_waiters.get(ledger_id)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
-
-    def _wake_lac_waiters(self, ledger_id: int, lac: int) -> None:
-        waiters = self._lac_waiters.pop(ledger_id, None)
-        for waiter in waiters or ():
-            if not waiter.done():
-                waiter.set_result(lac)
-
     # -- reads -----------------------------------------------------------------------------
 
     def ledger_state(self, ledger_id: int) -> LedgerState | None:
@@ -1079,26 +921,6 @@ class ShardStorage:
     def _cached(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
         entry = self._active.get(ledger_id, entry_id)
         return entry if entry is not None else self._flushing.get(ledger_id, entry_id)
-
-    async def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
-        """The stored entry; entry_id -1 is the last one stored."""
-        self._check_open()
-        ledger = self._ledger(ledger_id)
-        if entry_id == -1:
-            entry_id = ledger.last_entry_id
-            if entry_id < 0:
-                raise NoSuchEntryError(f"ledger {ledger_id} has no entries on this bookie shard")
-        elif entry_id < 0:
-            raise NoSuchEntryError(f"ledger {ledger_id}: entry id {entry_id} is invalid")
-        entry = self._cached(ledger_id, entry_id)
-        if entry is None:
-            entry = await self._read_indexed(ledger_id, entry_id)
-        if entry is None:
-            raise NoSuchEntryError(
-                f"ledger {ledger_id}: entry {entry_id} is not stored on this bookie shard "
-                f"(last entry {ledger.last_entry_id})"
-            )
-        return entry
 
     async def _read_indexed(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
         run = await self._loop.run_in_executor(
@@ -1147,11 +969,19 @@ class ShardStorage:
     async def read_range(
         self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
     ) -> list[StoredEntry]:
-        """Consecutive entries from `first_entry_id`, stopping at the first missing entry, at
-        `max_count`, or before going over `max_bytes` (the first entry is always returned).
-        NoSuchEntryError when `first_entry_id` itself is missing."""
+        """Consecutive entries from `first_entry_id` (-1: the last entry stored), stopping at
+        the first missing entry, at `max_count`, or before going over `max_bytes` (the first
+        entry is always returned). The one read of storage: a single entry is a range of one.
+        NoSuchLedgerError for a ledger not stored here; NoSuchEntryError when `first_entry_id`
+        itself is missing (never an empty list, unless `max_count` is 0)."""
         self._check_open()
-        self._ledger(ledger_id)
+        ledger = self._ledger(ledger_id)
+        if first_entry_id == -1:
+            first_entry_id = ledger.last_entry_id
+            if first_entry_id < 0:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entries on this bookie shard")
+        elif first_entry_id < 0:
+            raise NoSuchEntryError(f"ledger {ledger_id}: entry id {first_entry_id} is invalid")
         entries: list[StoredEntry] = []
         total_bytes = 0
         next_id = first_entry_id
@@ -1178,7 +1008,8 @@ class ShardStorage:
             next_id += len(batch)
         if not entries and max_count > 0:
             raise NoSuchEntryError(
-                f"ledger {ledger_id}: entry {first_entry_id} is not stored on this bookie shard"
+                f"ledger {ledger_id}: entry {first_entry_id} is not stored on this bookie shard "
+                f"(last entry {ledger.last_entry_id})"
             )
         return entries
 
@@ -1352,8 +1183,6 @@ class ShardStorage:
             removed = await self._loop.run_in_executor(
                 self._storage_thread, self._delete_blocking, doomed
             )
-        for ledger_id in doomed:
-            self._wake_lac_waiters(ledger_id, -1)
         self.stats.ledgers_deleted += len(doomed)
         log.info("ledgers_deleted", ledger_ids=doomed, index_entries=removed)
         return doomed

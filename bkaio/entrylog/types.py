@@ -5,26 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from bkaio.entries import AddBatch, StoredEntry
 
-# Not frozen, though never changed once built: a frozen dataclass's __init__ sets each field
-# through object.__setattr__, 0.78 µs against 0.20 µs, and every add builds one.
-@dataclass(slots=True)
-class StoredEntry:
-    ledger_id: int
-    entry_id: int
-    lac: int  # Piggybacked LAC the writer sent with this entry.
-    length: int  # Ledger length after this entry.
-    digest: int  # CRC32C as computed by the writer (bkaio.protocol.digest); stored verbatim.
-    payload: bytes
-
-    def same_content(self, other: StoredEntry) -> bool:
-        """Identical re-adds are allowed; anything else under the same id is a conflict."""
-        return (
-            self.digest == other.digest
-            and self.payload == other.payload
-            and self.lac == other.lac
-            and self.length == other.length
-        )
+__all__ = [
+    "AddBatch",
+    "CompactionReport",
+    "DiskUsage",
+    "LedgerState",
+    "StoredEntry",
+]
 
 
 @dataclass(frozen=True, slots=True)

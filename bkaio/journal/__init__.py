@@ -3,7 +3,7 @@ roll-over and checkpoint marks. Imports neither `protocol` nor `meta`.
 
 Typical use by ledger storage:
 
-    journal = await Journal.open(config.journal)             # or JournalSet.open(...)
+    journal = await Journal.open(config.journal, directory=directory)  # one per directory
     result = await loop.run_in_executor(None, journal.replay, checkpoint_mark)
     mark = await journal.append(EntryRecord(...))            # durable when it resolves
     ...
@@ -21,7 +21,6 @@ from bkaio.journal.errors import (
     TruncatedRecordError,
 )
 from bkaio.journal.journal import Journal, JournalStats
-from bkaio.journal.journal_set import JournalSet
 from bkaio.journal.records import (
     CheckpointRecord,
     EntryRecord,
@@ -52,7 +51,6 @@ __all__ = [
     "JournalMark",
     "JournalReader",
     "JournalRecord",
-    "JournalSet",
     "JournalStats",
     "LacRecord",
     "MasterKeyRecord",

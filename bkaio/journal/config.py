@@ -25,7 +25,8 @@ class JournalConfig:
     """How the journals of one bookie shard write.
 
     `directories`: one journal (one writer thread, its own files) per directory; ideally each
-    on its own disk. `JournalSet` routes a ledger's records to one of them.
+    on its own disk. Ledger storage routes a ledger's records to one of them
+    (`StorageConfig.journal_of`).
     `max_group_bytes` / `max_group_entries`: bounds of one group commit. They bound memory (at
     most two groups exist: one being written, one filling) and the size of one write.
     `max_file_bytes`: a journal file is rolled, after a sync, once it reaches this size.

@@ -7,10 +7,11 @@ group, so groups grow with load and a lone append on an idle journal commits at 
 is no timer in the commit path unless `adaptive_wait_us` asks for one.
 
 Limits: at most two groups exist (one being written, one filling), and the filling one is
-bounded by `max_group_bytes` (plus the one record that crossed it) and `max_group_entries`.
-Past a bound `append` raises `JournalFullError`; `await wait_for_room()` first, or use
-`append_and_wait`. A write or sync error fails the whole group with `BookieIOError`, and the
-journal stops: it never acknowledges a later record.
+bounded by `max_group_bytes` (plus the one record that crossed it) and `max_group_entries`
+(plus the one batch of `append_entries` that crossed it).
+Past a bound `append` raises `JournalFullError` and `append_entries` returns None;
+`await wait_for_room()` first, or use `append_and_wait`. A write or sync error fails the whole
+group with `BookieIOError`, and the journal stops: it never acknowledges a later record.
 
 This module must not import `protocol` or `meta`.
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Final, Literal, overload
+from typing import Final
 
 import structlog
 
@@ -46,7 +47,7 @@ from bkaio.journal.files import (
 from bkaio.journal.records import (
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
-    EntryRecord,
+    JournalEntry,
     JournalMark,
     JournalRecord,
     encode_entry_head,
@@ -181,7 +182,7 @@ class Journal:
 
         Does not replay: call `replay` (in an executor) for the files that were there. New
         appends go to a new file after every existing one. `directory` picks one of
-        `config.directories`; it may be omitted when there is only one (see `JournalSet`).
+        `config.directories`; it may be omitted when there is only one.
         `disk`, `crash_points` and `ack_policy` keep their production defaults except under a
         test entry point (bkaio.journal.disk, bkaio.journal.crash_points, JournalAckPolicy).
         """
@@ -189,7 +190,7 @@ class Journal:
             if len(config.directories) != 1:
                 raise ConfigError(
                     f"journal.directories has {len(config.directories)} entries: pass "
-                    "directory= to Journal.open, or use JournalSet"
+                    "directory= to Journal.open (one journal per directory)"
                 )
             directory = config.directories[0]
         elif directory not in config.directories:
@@ -283,79 +284,61 @@ class Journal:
     # -- Appending ------------------------------------------------------------------------
 
     def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]:
-        """Queue `record`; the future resolves to the mark after it once it is durable."""
-        if isinstance(record, EntryRecord):
-            return self.append_entry(
-                record.ledger_id,
-                record.entry_id,
-                record.lac,
-                record.length,
-                record.digest,
-                record.payload,
-            )
+        """Queue `record`; the future resolves to the mark after it once it is durable.
+
+        For keys, fences, LACs and tests; ledger storage journals entries with
+        `append_entries`, which costs no future and no record object per entry."""
         return self.append_encoded(encode_record(record))
 
-    def append_entry(
-        self, ledger_id: int, entry_id: int, lac: int, length: int, digest: int, payload: bytes
-    ) -> asyncio.Future[JournalMark]:
-        """`append(EntryRecord(...))` without building the record object (the add path)."""
-        head = encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
-        return self._enqueue(head, payload)
-
-    def append_entry_shared(
-        self, ledger_id: int, entry_id: int, lac: int, length: int, digest: int, payload: bytes
-    ) -> tuple[asyncio.Future[JournalMark], int]:
-        """`append_entry` without a future of its own: the group's shared future and the end.
-
-        Every record appended this way to one group shares one future, resolved with the mark
-        after the group's last record (or failed with the group). The int is the offset just
-        after this record, in the file of that mark. The add path uses this: one future and
-        one loop callback per group instead of one per entry.
-        """
-        head = encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
-        self._enqueue(head, payload, shared=True)
-        shared = self._shared
-        if shared is None:
-            shared = self._shared = self._loop.create_future()
-        return shared, self._tail_offset
-
-    def append_entries_shared(
-        self, ledger_id: int, entries: Sequence[Sequence[Any]]
+    def append_entries(
+        self, ledger_id: int, entries: Sequence[JournalEntry]
     ) -> tuple[asyncio.Future[JournalMark], int] | None:
-        """`append_entry_shared` for several entries of one ledger, all in the filling group.
+        """Append ENTRY records of one ledger, in order, to the filling group: the add path.
 
-        `entries` are `[entry_id, lac, length, digest, payload]` each. Returns the group's
-        shared future and the offset after the last record, or None having appended nothing:
-        the group has no room for them all, the journal is not usable, or a field does not fit
-        a record. The bookie's batched add path; the caller then appends them one by one.
+        Every entry appended this way to one group shares one future, resolved with the mark
+        after the group's last record (or failed with the group): one future and one loop
+        callback per group, however many entries it holds. Returns that future and the offset
+        just after the last of these records, in the file of that mark.
+
+        Returns None, having appended nothing, when the filling group is at one of its bounds:
+        `await wait_for_room()`, then call again with no await in between, and it appends. A
+        batch may cross a bound, as one record may cross the byte bound (so the group holds at
+        most one batch more than `max_group_entries`). Raises the journal's failure
+        (BookieIOError) or JournalError once it failed or is closing, and RecordError, having
+        appended nothing, when a field does not fit a record.
         """
-        if self._failure is not None or self._closing or self._closed:
-            return None
-        ends = self._ends
+        if self._failure is not None or self._closing:
+            self._check_usable()
         data = self._data
+        ends = self._ends
         config = self._config
-        if len(data) >= config.max_group_bytes or len(ends) + len(entries) > (
-            config.max_group_entries
-        ):
-            return None
-        try:
-            heads = [
-                encode_entry_head(ledger_id, entry_id, lac, length, digest, payload)
-                for entry_id, lac, length, digest, payload in entries
-            ]
-        except BKError:
-            return None
+        if len(data) >= config.max_group_bytes or len(ends) >= config.max_group_entries:
+            return None  # `_has_room`, inlined: this runs for every add.
         if not ends:
             self._start_group()
+        data_before = len(data)
+        ends_before = len(ends)
         offset = self._tail_offset
-        for head, entry in zip(heads, entries, strict=True):
-            payload = entry[4]
-            data += head
-            data += payload
-            offset += len(head) + len(payload)
-            ends.append(offset)
+        try:
+            for entry in entries:
+                payload = entry.payload
+                head = encode_entry_head(
+                    ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, payload
+                )
+                data += head
+                data += payload
+                offset += len(head) + len(payload)
+                ends.append(offset)
+        except BaseException:
+            del data[data_before:]
+            del ends[ends_before:]
+            raise
         self._tail_offset = offset
-        self._waiters += repeat(None, len(heads))
+        appended = len(ends) - ends_before
+        if appended == 1:
+            self._waiters.append(None)
+        else:
+            self._waiters += repeat(None, appended)
         if not self._writing:
             if not self._handoff_scheduled:
                 self._handoff_scheduled = True
@@ -377,25 +360,13 @@ class Journal:
             raise RecordError(
                 f"journal {self._directory}: {len(data)} bytes are not one encoded record"
             )
-        return self._enqueue(data, b"")
+        return self._enqueue(data)
 
-    @overload
-    def _enqueue(
-        self, head: bytes, tail: bytes, *, shared: Literal[False] = False
-    ) -> asyncio.Future[JournalMark]: ...
+    def _enqueue(self, data: bytes) -> asyncio.Future[JournalMark]:
+        """Add one encoded record to the filling group (`append`, `append_encoded`).
 
-    @overload
-    def _enqueue(self, head: bytes, tail: bytes, *, shared: Literal[True]) -> None: ...
-
-    def _enqueue(
-        self, head: bytes, tail: bytes, *, shared: bool = False
-    ) -> asyncio.Future[JournalMark] | None:
-        """Add one record (`head + tail`) to the filling group; the hot path of every append.
-
-        With `shared` the record gets no future of its own (None is returned): it is durable
-        when the group's shared future is done. Raises JournalFullError when the group is at a
-        bound (await `wait_for_room`), and the journal's failure (BookieIOError) or
-        JournalError once it failed or closed.
+        Raises JournalFullError when the group is at a bound (await `wait_for_room`), and the
+        journal's failure (BookieIOError) or JournalError once it failed or closed.
         """
         if self._failure is not None or self._closing:
             self._check_usable()
@@ -407,15 +378,10 @@ class Journal:
             )
         if not self._ends:
             self._start_group()
-        data = self._data
-        data += head
-        if tail:
-            data += tail
-        self._tail_offset += len(head) + len(tail)
+        self._data += data
+        self._tail_offset += len(data)
         self._ends.append(self._tail_offset)
-        waiter: asyncio.Future[JournalMark] | None = None
-        if not shared:
-            waiter = self._loop.create_future()
+        waiter: asyncio.Future[JournalMark] = self._loop.create_future()
         self._waiters.append(waiter)
         if not self._writing:
             if not self._handoff_scheduled:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Final, Protocol
 
 from crc32c import crc32c
 
@@ -57,6 +57,21 @@ class JournalMark:
 
     file_id: int
     offset: int
+
+
+class JournalEntry(Protocol):
+    """An entry as `Journal.append_entries` reads it (ledger storage's `StoredEntry`)."""
+
+    @property
+    def entry_id(self) -> int: ...
+    @property
+    def lac(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def digest(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)

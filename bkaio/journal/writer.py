@@ -48,7 +48,7 @@ class Group:
     # Touched only on the loop thread. One per record; None for a record on `shared` instead.
     waiters: list[asyncio.Future[JournalMark] | None]
     trigger: str
-    # Resolved with the mark after the group's last record (`Journal.append_entry_shared`).
+    # Resolved with the mark after the group's last record (`Journal.append_entries`).
     shared: asyncio.Future[JournalMark] | None = None
 
 

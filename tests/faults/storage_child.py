@@ -21,6 +21,7 @@ from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.shard_storage import ShardStorage, StoredEntry
 from bkaio.journal.config import JournalConfig
 from bkaio.logs import configure_logging
+from tests.fixtures.storage import add_entry
 
 MASTER_KEY = b"m" * 32
 TASKS = 4
@@ -65,7 +66,7 @@ async def _append_forever(storage: ShardStorage, seed: int, ledger_id: int) -> N
 
     async def add(entry_id: int) -> None:
         _say(f"ADD {ledger_id} {entry_id}")
-        await storage.add_entry(expected_entry(seed, ledger_id, entry_id), MASTER_KEY)
+        await add_entry(storage, expected_entry(seed, ledger_id, entry_id), MASTER_KEY)
         _say(f"ACK {ledger_id} {entry_id}")
 
     while True:

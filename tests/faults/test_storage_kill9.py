@@ -27,6 +27,7 @@ from tests.faults.storage_child import (
     expected_entry,
     storage_config,
 )
+from tests.fixtures.storage import read_entry
 
 ROUNDS = 20
 CHILD = Path(__file__).with_name("storage_child.py")
@@ -94,7 +95,7 @@ async def _check(storage: ShardStorage, seed: int, history: History, ledgers: li
             assert not acked, f"ledger {ledger_id} with acknowledged entries is gone"
             continue
         for entry_id in sorted(acked):
-            entry = await storage.read_entry(ledger_id, entry_id)
+            entry = await read_entry(storage, ledger_id, entry_id)
             assert entry == expected_entry(seed, ledger_id, entry_id), (ledger_id, entry_id)
             checked += 1
         for first, last in await storage.list_entries(ledger_id):

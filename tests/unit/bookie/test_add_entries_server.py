@@ -2,7 +2,7 @@
 of one connection coalesced into one ADD_ENTRIES answer, errors answered per add, malformed
 frames refused, reading paused within a frame, and the HELLO feature.
 
-In process, as in test_take_add.py: real `ShardStorage` and journal (sync off) in a tmp dir,
+In process, as in test_add_path.py: real `ShardStorage` and journal (sync off) in a tmp dir,
 `BookieServerProtocol`s on fake transports that decode what the server wrote.
 """
 
@@ -27,6 +27,7 @@ from bkaio.protocol import U64_MAX, FrameEncoder, Op, Status
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import HelloRequest
 from tests.fixtures.shard import served_shard
+from tests.fixtures.storage import read_entry
 from tests.fixtures.transports import FakeServerTransport
 
 KEY = b"k" * 32
@@ -145,7 +146,7 @@ class Bookie:
         stored = []
         for entry_id in entry_ids:
             try:
-                entry = await self.storage.read_entry(LEDGER, entry_id)
+                entry = await read_entry(self.storage, LEDGER, entry_id)
             except NoSuchEntryError:
                 continue
             assert entry.payload == PAYLOAD
@@ -409,3 +410,16 @@ async def test_features_depend_on_max_frame_bytes(
         _, features = await bookie.hello()
     assert ("add_entries" in features) is offered
     assert {"read_range", "long_poll", "fence", "write_lac", "list_entries"} <= set(features)
+
+
+async def test_adds_in_the_same_read_as_the_hello_take_the_add_path(bookie: Bookie) -> None:
+    """HELLO, an ADD_ENTRY and an ADD_ENTRIES frame in one read: all answered OK."""
+    peer = bookie.connect()
+    encoder = FrameEncoder()
+    encoder.add(HelloRequest(1, 1, "test", None))
+    encoder.add(add_body(10, 0))
+    encoder.add(adds_body(11, range(1, 4)))
+    peer.connection.data_received(encoder.take())
+    answers = await peer.answers_for([1, 10, 11, 12, 13])
+    assert all(answer[2] == Status.OK for answer in answers), answers
+    assert await bookie.stored_ids(range(0, 4)) == [0, 1, 2, 3]

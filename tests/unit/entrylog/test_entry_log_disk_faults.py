@@ -28,6 +28,7 @@ from bkaio.journal.files import list_file_ids
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import JournalMark
 from bkaio.testing.disk import FakeDisk, disk_from_spec
+from tests.fixtures.storage import add_entry, read_entry
 from tests.unit.entrylog.conftest import KEY, OpenStorage, make_config, make_entry
 
 LEDGERS = (3, 4, 5, 10)  # Both disks of make_config (ledger_id % 2).
@@ -79,13 +80,13 @@ def _synced_journal(config: StorageConfig) -> StorageConfig:
 
 async def _add(storage: ShardStorage, entry_ids: range) -> list[StoredEntry]:
     entries = [make_entry(ledger_id, e) for ledger_id in LEDGERS for e in entry_ids]
-    await asyncio.gather(*(storage.add_entry(entry, KEY) for entry in entries))
+    await asyncio.gather(*(add_entry(storage, entry, KEY) for entry in entries))
     return entries
 
 
 async def _assert_read_back(storage: ShardStorage, entries: list[StoredEntry]) -> None:
     for entry in entries:
-        assert await storage.read_entry(entry.ledger_id, entry.entry_id) == entry
+        assert await read_entry(storage, entry.ledger_id, entry.entry_id) == entry
 
 
 def _marks(config: StorageConfig) -> list[JournalMark | None]:

@@ -19,6 +19,7 @@ from bkaio.errors import (
 )
 from bkaio.journal.files import SUFFIX
 from bkaio.journal.records import JournalMark
+from tests.fixtures.storage import add_entry, read_entry
 from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
 
 LEDGERS = (3, 4, 5, 10)  # Spread over disks by ledger_id % disks.
@@ -26,14 +27,14 @@ LEDGERS = (3, 4, 5, 10)  # Spread over disks by ledger_id % disks.
 
 async def _fill(storage: ShardStorage, ledgers: tuple[int, ...], count: int) -> None:
     await asyncio.gather(
-        *(storage.add_entry(make_entry(lid, e), KEY) for lid in ledgers for e in range(count))
+        *(add_entry(storage, make_entry(lid, e), KEY) for lid in ledgers for e in range(count))
     )
 
 
 async def _check_all(storage: ShardStorage, ledgers: tuple[int, ...], count: int) -> None:
     for ledger_id in ledgers:
         for entry_id in range(count):
-            assert await storage.read_entry(ledger_id, entry_id) == make_entry(ledger_id, entry_id)
+            assert await read_entry(storage, ledger_id, entry_id) == make_entry(ledger_id, entry_id)
 
 
 @pytest.mark.parametrize("disks", [2, 3])
@@ -55,10 +56,10 @@ async def test_entries_read_back_from_cache_and_after_flush(
 async def test_read_last_entry_range_and_list(open_storage: OpenStorage) -> None:
     storage = await open_storage()
     for entry_id in (*range(0, 5), *range(7, 10)):
-        await storage.add_entry(make_entry(1, entry_id), KEY)
+        await add_entry(storage, make_entry(1, entry_id), KEY)
     await storage.checkpoint()
-    await storage.add_entry(make_entry(1, 10), KEY)  # This one stays in the cache.
-    assert (await storage.read_entry(1, -1)).entry_id == 10
+    await add_entry(storage, make_entry(1, 10), KEY)  # This one stays in the cache.
+    assert (await read_entry(storage, 1, -1)).entry_id == 10
     assert await storage.list_entries(1) == [(0, 4), (7, 10)]
     found = await storage.read_range(1, 0, 100, 1 << 20)
     assert [e.entry_id for e in found] == [0, 1, 2, 3, 4]  # Stops at the first gap.
@@ -74,7 +75,7 @@ async def test_read_last_entry_range_and_list(open_storage: OpenStorage) -> None
 async def test_missing_ledger_and_entry(open_storage: OpenStorage) -> None:
     storage = await open_storage()
     with pytest.raises(NoSuchLedgerError):
-        await storage.read_entry(99, 0)
+        await read_entry(storage, 99, 0)
     with pytest.raises(NoSuchLedgerError):
         storage.last_add_confirmed(99)
     with pytest.raises(NoSuchLedgerError):
@@ -82,20 +83,20 @@ async def test_missing_ledger_and_entry(open_storage: OpenStorage) -> None:
     assert storage.ledger_state(99) is None
     await storage.fence(99, KEY)  # A fence creates the ledger, with no entries.
     with pytest.raises(NoSuchEntryError):
-        await storage.read_entry(99, -1)
-    await storage.add_entry(make_entry(7, 0), KEY)
+        await read_entry(storage, 99, -1)
+    await add_entry(storage, make_entry(7, 0), KEY)
     with pytest.raises(NoSuchEntryError, match="entry 1 is not stored"):
-        await storage.read_entry(7, 1)
+        await read_entry(storage, 7, 1)
     await storage.checkpoint()
     with pytest.raises(NoSuchEntryError):
-        await storage.read_entry(7, 1)
+        await read_entry(storage, 7, 1)
 
 
 async def test_master_key_and_fencing(open_storage: OpenStorage) -> None:
     storage = await open_storage()
-    await storage.add_entry(make_entry(2, 0), KEY)
+    await add_entry(storage, make_entry(2, 0), KEY)
     with pytest.raises(UnauthorizedError):
-        await storage.add_entry(make_entry(2, 1), OTHER_KEY)
+        await add_entry(storage, make_entry(2, 1), OTHER_KEY)
     with pytest.raises(UnauthorizedError):
         await storage.fence(2, OTHER_KEY)
     with pytest.raises(UnauthorizedError):
@@ -103,8 +104,8 @@ async def test_master_key_and_fencing(open_storage: OpenStorage) -> None:
     await storage.fence(2, KEY)
     await storage.fence(2, KEY)  # Idempotent.
     with pytest.raises(LedgerFencedError):
-        await storage.add_entry(make_entry(2, 1), KEY)
-    await storage.add_entry(make_entry(2, 1), KEY, recovery=True)
+        await add_entry(storage, make_entry(2, 1), KEY)
+    await add_entry(storage, make_entry(2, 1), KEY, recovery=True)
     state = storage.ledger_state(2)
     assert state is not None and state.fenced and state.master_key == KEY
     assert state.last_entry_id == 1
@@ -112,52 +113,48 @@ async def test_master_key_and_fencing(open_storage: OpenStorage) -> None:
 
 async def test_conflicting_and_identical_re_adds(open_storage: OpenStorage) -> None:
     storage = await open_storage()
-    await storage.add_entry(make_entry(3, 0), KEY)
-    await storage.add_entry(make_entry(3, 0), KEY)  # Identical: fine.
+    await add_entry(storage, make_entry(3, 0), KEY)
+    await add_entry(storage, make_entry(3, 0), KEY)  # Identical: fine.
     with pytest.raises(EntryConflictError):
-        await storage.add_entry(make_entry(3, 0, payload=b"other"), KEY)
+        await add_entry(storage, make_entry(3, 0, payload=b"other"), KEY)
     await storage.checkpoint()
-    await storage.add_entry(make_entry(3, 0), KEY, recovery=True)
+    await add_entry(storage, make_entry(3, 0), KEY, recovery=True)
     with pytest.raises(EntryConflictError):
-        await storage.add_entry(make_entry(3, 0, payload=b"other"), KEY)
+        await add_entry(storage, make_entry(3, 0, payload=b"other"), KEY)
     # Two concurrent adds of one id with different payloads: exactly one wins.
     results = await asyncio.gather(
-        storage.add_entry(make_entry(3, 1), KEY),
-        storage.add_entry(make_entry(3, 1, payload=b"other"), KEY),
+        add_entry(storage, make_entry(3, 1), KEY),
+        add_entry(storage, make_entry(3, 1, payload=b"other"), KEY),
         return_exceptions=True,
     )
     assert results[0] is None and isinstance(results[1], EntryConflictError)
-    assert await storage.read_entry(3, 1) == make_entry(3, 1)
+    assert await read_entry(storage, 3, 1) == make_entry(3, 1)
 
 
-async def test_lac_piggyback_explicit_and_watchers(open_storage: OpenStorage) -> None:
+async def test_lac_piggyback_and_explicit(open_storage: OpenStorage) -> None:
+    # Long polls wait in the server (bkaio/bookie/lac_waiters.py), not in storage.
     storage = await open_storage()
-    await storage.add_entry(make_entry(4, 0, lac=-1), KEY)
+    await add_entry(storage, make_entry(4, 0, lac=-1), KEY)
     assert storage.last_add_confirmed(4) == -1
-    waiter = storage.watch_lac(4, -1)
-    assert not waiter.done()
-    await storage.add_entry(make_entry(4, 1, lac=0), KEY)
-    assert await waiter == 0
-    await storage.add_entry(make_entry(4, 2, lac=-1), KEY)  # LAC never goes back.
+    await add_entry(storage, make_entry(4, 1, lac=0), KEY)
+    assert storage.last_add_confirmed(4) == 0
+    await add_entry(storage, make_entry(4, 2, lac=-1), KEY)  # LAC never goes back.
     assert storage.last_add_confirmed(4) == 0
     await storage.write_lac(4, KEY, 2)
     assert storage.last_add_confirmed(4) == 2
-    assert await storage.wait_for_lac(4, 2, timeout_seconds=0.01) == 2  # Timed out: current.
-    poll = asyncio.ensure_future(storage.wait_for_lac(4, 2, timeout_seconds=30))
-    await asyncio.sleep(0)
-    await storage.fence(4, KEY)  # Fencing wakes long polls.
-    assert await poll == 2
+    await storage.fence(4, KEY)
+    assert storage.last_add_confirmed(4) == 2
 
 
 async def test_delete_ledger(open_storage: OpenStorage, tmp_path: Path) -> None:
     storage = await open_storage()
     await _fill(storage, (6, 8), 10)
     await storage.checkpoint()
-    await storage.add_entry(make_entry(6, 10), KEY)  # One in the cache too.
+    await add_entry(storage, make_entry(6, 10), KEY)  # One in the cache too.
     await storage.delete_ledger(6)
     await storage.delete_ledger(6)  # Idempotent.
     with pytest.raises(NoSuchLedgerError):
-        await storage.read_entry(6, 0)
+        await read_entry(storage, 6, 0)
     assert storage.ledger_ids() == [8]
     await storage.close(checkpoint=False)
     reopened = await open_storage()  # Replay must not bring it back.
@@ -173,7 +170,7 @@ async def test_compaction_frees_space_and_keeps_live_entries(
     live, dead = (11, 13), (21, 23)  # All on disk 1, interleaved in the same entry logs.
     for entry_id in range(40):
         for ledger_id in (*live, *dead):
-            await storage.add_entry(make_entry(ledger_id, entry_id), KEY)
+            await add_entry(storage, make_entry(ledger_id, entry_id), KEY)
         if entry_id % 10 == 9:
             await storage.checkpoint()
     logs_dir = tmp_path / "ledgers1" / "logs"
@@ -243,9 +240,9 @@ async def test_write_cache_full_refuses_after_the_wait(
 ) -> None:
     config = make_config(tmp_path, write_cache_bytes=1000, write_cache_max_wait_seconds=0.0)
     storage = await open_storage(config)
-    await storage.add_entry(make_entry(1, 0, payload=b"x" * 700), KEY)
+    await add_entry(storage, make_entry(1, 0, payload=b"x" * 700), KEY)
     with pytest.raises(TooManyRequestsError, match="write cache"):
-        await storage.add_entry(make_entry(1, 1, payload=b"y" * 700), KEY)
+        await add_entry(storage, make_entry(1, 1, payload=b"y" * 700), KEY)
 
 
 async def test_a_full_cache_is_flushed_for_waiting_adds(
@@ -263,7 +260,7 @@ async def test_periodic_flush_writes_a_checkpoint(
     storage = await open_storage(make_config(tmp_path, flush_interval_seconds=0.01))
     mark_file = tmp_path / "ledgers0" / "lastMark"
     first = mark_file.read_bytes()
-    await storage.add_entry(make_entry(2, 0), KEY)
+    await add_entry(storage, make_entry(2, 0), KEY)
     for _ in range(500):
         if mark_file.read_bytes() != first:
             break
@@ -309,7 +306,7 @@ async def test_closed_storage_refuses(open_storage: OpenStorage) -> None:
     await storage.close()
     await storage.close()
     with pytest.raises(Exception, match="closed"):
-        await storage.add_entry(make_entry(1, 0), KEY)
+        await add_entry(storage, make_entry(1, 0), KEY)
 
 
 async def test_a_torn_journal_tail_is_a_warning_and_loses_nothing_acknowledged(
@@ -344,12 +341,12 @@ async def test_flushes_do_not_wait_for_journal_files_being_deleted(
         return await real_delete(mark)
 
     monkeypatch.setattr(journal, "delete_files_before", slow_delete)
-    await storage.add_entry(make_entry(21, 0), KEY)
+    await add_entry(storage, make_entry(21, 0), KEY)
     first = asyncio.ensure_future(storage.checkpoint())
     async with asyncio.timeout(5):
         await started.wait()
     assert not first.done()  # Waiting for the deletion...
-    await storage.add_entry(make_entry(21, 1), KEY)
+    await add_entry(storage, make_entry(21, 1), KEY)
     async with asyncio.timeout(5), storage._flush_lock:  # ...but not holding the flush lock.
         await storage._checkpoint_locked()
     assert not first.done()

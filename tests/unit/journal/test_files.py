@@ -11,16 +11,11 @@ import pytest
 
 from bkaio.errors import ConfigError
 from bkaio.journal import (
-    CheckpointRecord,
     EntryRecord,
-    FenceRecord,
     Journal,
     JournalConfig,
     JournalError,
     JournalMark,
-    JournalSet,
-    RecordError,
-    record_ledger_id,
 )
 from bkaio.journal.files import HEADER_BYTES, delete_gradually, file_name, list_file_ids
 from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
@@ -133,34 +128,9 @@ def test_the_writer_switches_to_a_prepared_file(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.prealloc"))
 
 
-async def test_a_journal_set_routes_by_ledger(tmp_path: Path) -> None:
-    config = JournalConfig(directories=(tmp_path / "a", tmp_path / "b"), sync=False)
-    journals = await JournalSet.open(config, ledger_stride=2)
-    try:
-        # A shard of a 2-shard bookie sees only even ledgers: the stride spreads them.
-        for ledger_id in (0, 2, 4, 6):
-            await journals.append(FenceRecord(ledger_id))
-        with pytest.raises(RecordError, match="no ledger"):
-            journals.append(CheckpointRecord(JournalMark(1, 32)))
-        marks = await journals.force_all()
-        assert marks == journals.durable_marks()
-        assert [journals.index_for(ledger_id) for ledger_id in (0, 2, 4, 6)] == [0, 1, 0, 1]
-    finally:
-        await journals.close()
-    reopened = await JournalSet.open(config, ledger_stride=2)
-    try:
-        results = reopened.replay([None, None])
-        ledgers = [[record_ledger_id(r) for _m, r in result.records] for result in results]
-        assert ledgers == [[0, 4], [2, 6]]
-        deleted = await reopened.delete_files_before(reopened.durable_marks())
-        assert len(deleted) == 2
-    finally:
-        await reopened.close()
-
-
 async def test_journal_open_needs_a_directory_when_there_are_several(tmp_path: Path) -> None:
     config = JournalConfig(directories=(tmp_path / "a", tmp_path / "b"), sync=False)
-    with pytest.raises(ConfigError, match="JournalSet"):
+    with pytest.raises(ConfigError, match="pass directory="):
         await Journal.open(config)
     journal = await Journal.open(config, directory=tmp_path / "b")
     await journal.close()

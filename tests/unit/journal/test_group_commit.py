@@ -311,18 +311,22 @@ async def test_shared_appends_of_one_group_wait_on_one_future_resolved_at_its_en
     journal = await Journal.open(config, sync_function=sync)
     try:
         first = await hold_first_sync(journal, sync)
-        shared = [journal.append_entry_shared(1, i, i - 1, i, 0, bytes(10)) for i in range(5)]
+        shared = [journal.append_entries(1, [_entry(i)]) for i in range(5)]
         alone = journal.append(FenceRecord(ledger_id=1))  # Its own future, same group.
-        futures = {id(future) for future, _end in shared}
+        assert all(appended is not None for appended in shared)
+        futures = {id(appended[0]) for appended in shared if appended is not None}
         assert len(futures) == 1
-        ends = [end for _future, end in shared]
+        ends = [appended[1] for appended in shared if appended is not None]
         assert ends == sorted(ends) and len(set(ends)) == 5
         sync.release()
         await first
+        assert shared[0] is not None
         group_mark = await shared[0][0]
         assert group_mark == journal.durable_mark == await alone
         assert group_mark.offset > ends[-1]  # The group ends after the fence record.
-        later, _end = journal.append_entry_shared(1, 5, 4, 5, 0, bytes(10))
+        appended = journal.append_entries(1, [_entry(5)])
+        assert appended is not None
+        later = appended[0]
         assert later is not shared[0][0]  # A new group, a new future.
         assert (await later) == journal.durable_mark
     finally:
@@ -332,10 +336,65 @@ async def test_shared_appends_of_one_group_wait_on_one_future_resolved_at_its_en
 async def test_a_failed_group_fails_its_shared_future(config: JournalConfig) -> None:
     journal = await Journal.open(config, sync_function=FailingSync(fail_on_call=1))
     try:
-        future, _end = journal.append_entry_shared(1, 0, -1, 10, 0, bytes(10))
+        appended = journal.append_entries(1, [_entry(0)])
+        assert appended is not None
         with pytest.raises(BookieIOError):
-            await future
+            await appended[0]
         with pytest.raises(BookieIOError):
-            journal.append_entry_shared(1, 1, 0, 20, 0, bytes(10))
+            journal.append_entries(1, [_entry(1)])
     finally:
         await journal.close()
+
+
+def _entry(entry_id: int, payload: bytes = bytes(10)) -> EntryRecord:
+    return EntryRecord(1, entry_id, entry_id - 1, (entry_id + 1) * len(payload), 0, payload)
+
+
+async def test_a_batch_of_entries_shares_the_group_and_may_cross_the_entry_bound(
+    config: JournalConfig,
+) -> None:
+    """`append_entries` takes a whole batch while the group has room (crossing the bound by
+    that batch, as one record crosses the byte bound), and None at the bound: nothing is
+    appended then; after `wait_for_room` the same call appends."""
+    sync = FakeGatedSync()
+    journal = await Journal.open(replace(config, max_group_entries=4), sync_function=sync)
+    try:
+        first = await hold_first_sync(journal, sync)
+        crossing = journal.append_entries(1, [_entry(i) for i in range(3)])
+        assert crossing is not None
+        more = journal.append_entries(1, [_entry(i) for i in range(3, 6)])  # 3 + 3 > 4.
+        assert more is not None and more[0] is crossing[0] and more[1] > crossing[1]
+        assert journal.append_entries(1, [_entry(6)]) is None  # At the bound: nothing taken.
+        sync.release()
+        await first
+        await journal.wait_for_room()
+        after = journal.append_entries(1, [_entry(6)])
+        assert after is not None and after[0] is not crossing[0]
+        assert await crossing[0] < await after[0]
+    finally:
+        await journal.close()
+    reopened = await Journal.open(config)
+    try:
+        replayed = reopened.replay(None).records
+        assert [r.entry_id for _m, r in replayed if isinstance(r, EntryRecord)] == list(range(7))
+    finally:
+        await reopened.close()
+
+
+async def test_a_batch_with_a_field_out_of_range_appends_nothing(config: JournalConfig) -> None:
+    journal = await Journal.open(config, sync_function=FakeCountingSync())
+    try:
+        bad = EntryRecord(1, 1, 0, -5, 0, b"x")  # A negative length does not fit a record.
+        with pytest.raises(RecordError):
+            journal.append_entries(1, [_entry(0), bad])
+        appended = journal.append_entries(1, [_entry(0)])
+        assert appended is not None
+        await appended[0]
+    finally:
+        await journal.close()
+    reopened = await Journal.open(config)
+    try:
+        entries = [r for _m, r in reopened.replay(None).records if isinstance(r, EntryRecord)]
+        assert [r.entry_id for r in entries] == [0]
+    finally:
+        await reopened.close()

@@ -1,5 +1,6 @@
-"""The bookie's add loop (`ShardServer.take_add`): plain adds straight from their fields,
-everything else left, untouched, to the full request path with its precise answer.
+"""The bookie's one add path (`decode_adds` -> `ShardServer.add` -> storage -> journal) for
+ADD_ENTRY frames: plain adds journaled with no task per add, everything else answered on the
+same path with its precise status.
 
 In process: real `ShardStorage` and journal (sync off) in tmp dirs, one `BookieServerProtocol`
 on a fake transport that records what the server wrote.
@@ -16,12 +17,16 @@ from typing import Any
 import pytest
 
 from bkaio.bookie.connection import BookieServerProtocol
+from bkaio.bookie.interfaces import AddRequests
 from bkaio.bookie.server import ShardServer
 from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.errors import ProtocolError
 from bkaio.protocol import FrameEncoder, Op, Status
+from bkaio.protocol.adds import decode_adds
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.messages import HelloRequest
 from tests.fixtures.shard import served_shard
+from tests.fixtures.storage import read_entry
 from tests.fixtures.transports import FakeServerTransport
 
 KEY = b"k" * 32
@@ -110,16 +115,17 @@ def _unchanged(shard: Shard) -> tuple[Any, ...]:
 
 async def test_plain_adds_are_taken_journaled_applied_and_answered(shard: Shard) -> None:
     bodies = [shard.add_body(entry_id) for entry_id in range(1, 6)]
-    assert all(shard.server.take_add(shard.connection, body) for body in bodies)
+    for body in bodies:
+        shard.server.add(shard.connection, decode_adds(body, 4096, AddRequests))
     assert shard.server.inflight_requests == 5
-    assert not shard.server.tasks  # No task per add.
+    assert not shard.server.tasks and not shard.storage._add_tasks  # No task per add.
     answers = await shard.answers(5)
     for body in bodies:
         assert answers[body[1]] == [int(Op.ADD_ENTRY), body[1], Status.OK, LEDGER, body[3]]
     assert shard.server.inflight_requests == 0
     assert shard.server.inflight_bytes == 0
     assert not shard.connection.inflight_ids
-    stored = await shard.storage.read_entry(LEDGER, 5)
+    stored = await read_entry(shard.storage, LEDGER, 5)
     assert stored.payload == PAYLOAD
     state = shard.storage.ledger_state(LEDGER)
     assert state is not None and state.last_entry_id == 5
@@ -135,32 +141,47 @@ async def test_plain_adds_are_taken_journaled_applied_and_answered(shard: Shard)
         ({"flags": 1}, Status.OK),  # A recovery add.
     ],
 )
-async def test_unusual_adds_are_left_to_the_full_path_untouched(
+async def test_unusual_adds_get_their_precise_answer_on_the_one_path(
     shard: Shard, change: dict[str, Any], status: Status
 ) -> None:
     entry_id = 0 if "ledger_id" in change else 1
     body = shard.add_body(entry_id, **change)
-    before = _unchanged(shard)
-    assert not shard.server.take_add(shard.connection, body)
-    assert _unchanged(shard) == before
-    shard.send(body)  # The same bytes through the connection: the full path answers.
+    shard.send(body)
     answer = (await shard.answers(1))[body[1]]
     assert answer[2] == status
+    assert shard.server.inflight_requests == 0 and not shard.connection.inflight_ids
 
 
-async def test_fields_of_the_wrong_type_or_range_are_left_to_the_decoder(shard: Shard) -> None:
-    for index, value in [(6, 1.5), (6, -2), (3, True), (5, "key"), (9, bytearray(b"x"))]:
-        body = shard.add_body(1)
-        body[index] = value
-        before = _unchanged(shard)
-        assert not shard.server.take_add(shard.connection, body)
-        assert _unchanged(shard) == before
+@pytest.mark.parametrize(
+    ("index", "value", "field"),
+    [
+        (6, 1.5, "lac"),
+        (6, -2, "lac"),
+        (3, True, "entry_id"),
+        (5, "key", "master_key"),
+        (9, bytearray(b"x"), "payload"),
+    ],
+)
+async def test_fields_of_the_wrong_type_or_range_are_named_and_change_nothing(
+    shard: Shard, index: int, value: Any, field: str
+) -> None:
+    body = shard.add_body(1)
+    body[index] = value
+    before = _unchanged(shard)
+    with pytest.raises(ProtocolError, match=rf"ADD_ENTRY field {index} \({field}\)"):
+        decode_adds(body, 4096, AddRequests)
+    if type(value) is bytearray:
+        return  # msgpack sends it as bytes: only a caller in process can pass one.
+    shard.send(body)  # Through the connection: one ERROR answer naming it, then close.
+    (answer,) = (await shard.answers(1)).values()
+    assert answer[0] == int(Op.ERROR) and answer[2] == Status.BAD_REQUEST and field in answer[3]
+    assert _unchanged(shard) == before
+    assert shard.transport.closing
 
 
 async def test_a_fenced_ledger_refuses_plain_adds(shard: Shard) -> None:
     await shard.storage.fence(LEDGER, KEY)
     body = shard.add_body(1)
-    assert not shard.server.take_add(shard.connection, body)
     shard.send(body)
     assert (await shard.answers(1))[body[1]][2] == Status.FENCED
 
@@ -178,7 +199,6 @@ async def test_a_duplicate_request_id_in_flight_is_refused_by_the_full_path(shar
 async def test_a_read_only_shard_refuses_plain_adds(shard: Shard) -> None:
     shard.server.set_read_only(forced=True)
     body = shard.add_body(1)
-    assert not shard.server.take_add(shard.connection, body)
     shard.send(body)
     assert (await shard.answers(1))[body[1]][2] == Status.READ_ONLY
 
