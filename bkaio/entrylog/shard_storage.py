@@ -212,6 +212,8 @@ class ShardStorage:
         self._journals = journals
         # Per journal, the group adds are joining now (`_AddGroup`), or None.
         self._groups: list[_AddGroup | None] = [None] * len(journals)
+        self._journal_count = len(journals)
+        self._ledger_stride = config.ledger_stride  # `config.journal_of`, for the add path.
         self._add_tasks: set[asyncio.Task[None]] = set()  # `_add_carefully`, one per batch.
         self._logs = logs
         self._indexes = indexes
@@ -474,8 +476,14 @@ class ShardStorage:
                 size += len(entry.payload)
             else:
                 size += len(entries) * ENTRY_OVERHEAD_BYTES  # cached_bytes of each.
-                if self._cached_bytes() + size <= self.config.write_cache_bytes:
-                    journal_index = self.config.journal_of(ledger_id)
+                # `_cached_bytes` and `config.journal_of`, inlined: this runs for every add.
+                cached = self._active.bytes + self._flushing.bytes + self._reserved_bytes
+                if cached + size <= self.config.write_cache_bytes:
+                    journal_index = (
+                        0
+                        if self._journal_count == 1
+                        else (ledger_id // self._ledger_stride) % self._journal_count
+                    )
                     try:
                         appended = self._journals[journal_index].append_entries(ledger_id, entries)
                     except BKError:
