@@ -1,732 +1,140 @@
-"""Messages of the wire protocol v1 (docs/protocol.md, "Operations"): typed bodies both ways.
+"""Decoding of the wire protocol v1 (docs/protocol.md, "Operations"): bodies back into messages.
 
     request   [op, request_id, *fields]
     response  [op, request_id, status, *fields]
 
-One frozen dataclass per request and per response; `to_body()` gives the msgpack array and
-`decode_request` / `decode_response` turn a decoded array back into a message through explicit
-tables keyed by `Op`. Decoding checks the field count and every field's type and range (ints
-are ints and never bools, ids fit their width, flags fit `Flag`), so a malformed body raises
-`ProtocolError` naming the operation, the field and the problem, and nothing else escapes.
+The messages are one frozen dataclass per request and per response (`message_types`, with
+`to_body()` for the msgpack array), the codes in `codes`; this module re-exports both, where the
+codec's users find them. `decode_request` / `decode_response` turn a decoded array back into a
+message through explicit tables keyed by `Op`. Decoding checks the field count and every field's
+type and range (`fields`: ints are ints and never bools, ids fit their width, flags fit `Flag`),
+so a malformed body raises `ProtocolError` naming the operation, the field and the problem, and
+nothing else escapes.
 
-Pure Python: imports only bkaio.errors and the Status enum; no msgpack, no I/O.
+Pure Python: imports only bkaio.errors, the Status enum and the codec's own modules; no
+msgpack, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from enum import IntEnum, IntFlag
-from typing import Any, ClassVar, NoReturn, TypeAlias
+from dataclasses import fields
+from typing import Any, NoReturn
 
 from bkaio import errors  # Module reference: see the import note in frames.py.
-from bkaio.protocol.status import Status
-
-PROTOCOL_VERSION = 1
-
-U32_MAX = 2**32 - 1
-I64_MAX = 2**63 - 1
-U64_MAX = 2**64 - 1
-
-
-class Op(IntEnum):
-    """Operation codes. Values are wire format: never renumber."""
-
-    ERROR = 0
-    HELLO = 1
-    ADD_ENTRY = 2
-    READ_ENTRY = 3
-    READ_RANGE = 4
-    READ_LAC = 5
-    WRITE_LAC = 6
-    FORCE = 7
-    GET_BOOKIE_INFO = 8
-    LIST_ENTRIES = 9
-    PING = 10
-    ADD_ENTRIES = 11  # Several adds of one ledger in one frame; bookie feature "add_entries".
-
-
-class Flag(IntFlag):
-    """Request flags. Values are wire format: never renumber."""
-
-    NONE = 0
-    FENCE = 1  # READ_ENTRY / READ_RANGE / READ_LAC: fence the ledger; needs master_key.
-    RECOVERY_ADD = 2  # ADD_ENTRY: allowed on a fenced ledger (recovery re-writes).
-    LONG_POLL = 4  # READ_LAC: reply once the LAC exceeds previous_lac, or at timeout_ms.
-
-
-FLAG_MASK = int(Flag.FENCE | Flag.RECOVERY_ADD | Flag.LONG_POLL)
-assert FLAG_MASK & (FLAG_MASK + 1) == 0, "flags are contiguous low bits: a tuple indexes them"
-_FLAGS: tuple[Flag, ...] = tuple(Flag(value) for value in range(FLAG_MASK + 1))
-_STATUSES: tuple[Status, ...] = tuple(Status)
-assert all(status.value == index for index, status in enumerate(_STATUSES)), "dense statuses"
-
-
-# --- Messages -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WireEntry:
-    """One stored entry as it travels in a read response; `digest` covers all the other fields."""
-
-    entry_id: int
-    lac: int  # The writer's LAC when it sent this entry (piggybacked).
-    length: int  # Ledger length after this entry: cumulative payload bytes of entries 0..entry_id.
-    digest: int
-    payload: bytes = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class HelloRequest:
-    op: ClassVar[Op] = Op.HELLO
-    request_id: int
-    protocol_version: int
-    client_id: str
-    auth_token: str | None
-
-    def to_body(self) -> list[Any]:
-        return [Op.HELLO, self.request_id, self.protocol_version, self.client_id, self.auth_token]
-
-    def error_response(self, status: Status) -> HelloResponse:
-        """The reply with a non-OK `status`: our protocol version, every other field empty."""
-        assert status is not Status.OK, self
-        return HelloResponse(self.request_id, status, PROTOCOL_VERSION, "", 0, 0, ())
-
-
-@dataclass(frozen=True, slots=True)
-class HelloResponse:
-    op: ClassVar[Op] = Op.HELLO
-    request_id: int
-    status: Status
-    protocol_version: int
-    bookie_id: str
-    shard_index: int
-    shard_count: int
-    features: tuple[str, ...]
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.HELLO,
-            self.request_id,
-            self.status,
-            self.protocol_version,
-            self.bookie_id,
-            self.shard_index,
-            self.shard_count,
-            list(self.features),
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class AddEntryRequest:
-    op: ClassVar[Op] = Op.ADD_ENTRY
-    request_id: int
-    ledger_id: int
-    entry_id: int
-    flags: Flag
-    master_key: bytes = field(repr=False)  # A secret: kept out of logs.
-    lac: int
-    length: int
-    digest: int
-    payload: bytes = field(repr=False)
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.ADD_ENTRY,
-            self.request_id,
-            self.ledger_id,
-            self.entry_id,
-            self.flags,
-            self.master_key,
-            self.lac,
-            self.length,
-            self.digest,
-            self.payload,
-        ]
-
-    def error_response(self, status: Status) -> AddEntryResponse:
-        assert status is not Status.OK, self
-        return AddEntryResponse(self.request_id, status, self.ledger_id, self.entry_id)
-
-
-@dataclass(frozen=True, slots=True)
-class AddEntryResponse:
-    op: ClassVar[Op] = Op.ADD_ENTRY
-    request_id: int
-    status: Status
-    ledger_id: int
-    entry_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.ADD_ENTRY, self.request_id, self.status, self.ledger_id, self.entry_id]
-
-
-@dataclass(frozen=True, slots=True)
-class AddEntriesRequest:
-    """Adds of one ledger in one frame: entry i has request id `request_id + i` and is handled
-    exactly as if it had come as its own ADD_ENTRY (same checks, same durability, same answer
-    unless the bookie coalesces OK answers into an `AddEntriesResponse`)."""
-
-    op: ClassVar[Op] = Op.ADD_ENTRIES
-    request_id: int
-    ledger_id: int
-    flags: Flag
-    master_key: bytes = field(repr=False)  # A secret: kept out of logs.
-    entries: tuple[WireEntry, ...] = field(repr=False)
-
-    def to_body(self) -> list[Any]:
-        body: list[Any] = [
-            Op.ADD_ENTRIES, self.request_id, self.ledger_id, self.flags, self.master_key,
-        ]  # fmt: skip
-        for entry in self.entries:
-            body += (entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload)
-        return body
-
-    def split(self) -> list[AddEntryRequest]:
-        """The ADD_ENTRY requests this frame stands for, in order."""
-        return [
-            AddEntryRequest(
-                self.request_id + index,
-                self.ledger_id,
-                entry.entry_id,
-                self.flags,
-                self.master_key,
-                entry.lac,
-                entry.length,
-                entry.digest,
-                entry.payload,
-            )
-            for index, entry in enumerate(self.entries)
-        ]
-
-    def error_response(self, status: Status) -> AddEntriesResponse:
-        assert status is not Status.OK, self
-        return AddEntriesResponse(
-            self.request_id, status, self.ledger_id, self.entries[0].entry_id, len(self.entries)
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class AddEntriesResponse:
-    """One answer for `count` adds: request ids `request_id ..` and entry ids `entry_id ..` of
-    `ledger_id`, each `count` long and consecutive, all with `status`."""
-
-    op: ClassVar[Op] = Op.ADD_ENTRIES
-    request_id: int
-    status: Status
-    ledger_id: int
-    entry_id: int
-    count: int
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.ADD_ENTRIES, self.request_id, self.status, self.ledger_id, self.entry_id,
-            self.count,
-        ]  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class ReadEntryRequest:
-    op: ClassVar[Op] = Op.READ_ENTRY
-    request_id: int
-    ledger_id: int
-    entry_id: int  # -1: the last entry this bookie stores.
-    flags: Flag
-    master_key: bytes | None = field(repr=False)  # Needed with Flag.FENCE; a secret.
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.READ_ENTRY,
-            self.request_id,
-            self.ledger_id,
-            self.entry_id,
-            self.flags,
-            self.master_key,
-        ]
-
-    def error_response(self, status: Status) -> ReadEntryResponse:
-        assert status is not Status.OK, self
-        return ReadEntryResponse(self.request_id, status, self.ledger_id, self.entry_id, -1, None)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadEntryResponse:
-    op: ClassVar[Op] = Op.READ_ENTRY
-    request_id: int
-    status: Status
-    ledger_id: int
-    entry_id: int
-    lac: int  # The bookie's known LAC for the ledger.
-    entry: WireEntry | None  # On the wire: [lac, length, digest, payload] or nil.
-
-    def to_body(self) -> list[Any]:
-        entry = self.entry
-        wire_entry: list[Any] | None = None
-        if entry is not None:
-            assert entry.entry_id == self.entry_id, (entry.entry_id, self.entry_id)
-            wire_entry = [entry.lac, entry.length, entry.digest, entry.payload]
-        return [
-            Op.READ_ENTRY,
-            self.request_id,
-            self.status,
-            self.ledger_id,
-            self.entry_id,
-            self.lac,
-            wire_entry,
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadRangeRequest:
-    op: ClassVar[Op] = Op.READ_RANGE
-    request_id: int
-    ledger_id: int
-    first_entry_id: int
-    max_count: int
-    max_bytes: int
-    flags: Flag
-    master_key: bytes | None = field(repr=False)
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.READ_RANGE,
-            self.request_id,
-            self.ledger_id,
-            self.first_entry_id,
-            self.max_count,
-            self.max_bytes,
-            self.flags,
-            self.master_key,
-        ]
-
-    def error_response(self, status: Status) -> ReadRangeResponse:
-        assert status is not Status.OK, self
-        return ReadRangeResponse(self.request_id, status, self.ledger_id, -1, ())
-
-
-@dataclass(frozen=True, slots=True)
-class ReadRangeResponse:
-    op: ClassVar[Op] = Op.READ_RANGE
-    request_id: int
-    status: Status
-    ledger_id: int
-    lac: int
-    entries: tuple[WireEntry, ...]  # Consecutive from the request's first_entry_id.
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.READ_RANGE,
-            self.request_id,
-            self.status,
-            self.ledger_id,
-            self.lac,
-            [[e.entry_id, e.lac, e.length, e.digest, e.payload] for e in self.entries],
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadLacRequest:
-    op: ClassVar[Op] = Op.READ_LAC
-    request_id: int
-    ledger_id: int
-    flags: Flag
-    master_key: bytes | None = field(repr=False)
-    previous_lac: int  # With Flag.LONG_POLL: reply once the LAC exceeds this.
-    timeout_ms: int  # With Flag.LONG_POLL: reply with the current LAC after this long.
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.READ_LAC,
-            self.request_id,
-            self.ledger_id,
-            self.flags,
-            self.master_key,
-            self.previous_lac,
-            self.timeout_ms,
-        ]
-
-    def error_response(self, status: Status) -> ReadLacResponse:
-        assert status is not Status.OK, self
-        return ReadLacResponse(self.request_id, status, self.ledger_id, -1, -1)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadLacResponse:
-    op: ClassVar[Op] = Op.READ_LAC
-    request_id: int
-    status: Status
-    ledger_id: int
-    lac: int
-    last_entry_id: int  # -1 when the bookie stores no entry of the ledger.
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.READ_LAC,
-            self.request_id,
-            self.status,
-            self.ledger_id,
-            self.lac,
-            self.last_entry_id,
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class WriteLacRequest:
-    op: ClassVar[Op] = Op.WRITE_LAC
-    request_id: int
-    ledger_id: int
-    master_key: bytes = field(repr=False)  # A secret: kept out of logs.
-    lac: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.WRITE_LAC, self.request_id, self.ledger_id, self.master_key, self.lac]
-
-    def error_response(self, status: Status) -> WriteLacResponse:
-        assert status is not Status.OK, self
-        return WriteLacResponse(self.request_id, status, self.ledger_id)
-
-
-@dataclass(frozen=True, slots=True)
-class WriteLacResponse:
-    op: ClassVar[Op] = Op.WRITE_LAC
-    request_id: int
-    status: Status
-    ledger_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.WRITE_LAC, self.request_id, self.status, self.ledger_id]
-
-
-@dataclass(frozen=True, slots=True)
-class ForceRequest:
-    op: ClassVar[Op] = Op.FORCE
-    request_id: int
-    ledger_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.FORCE, self.request_id, self.ledger_id]
-
-    def error_response(self, status: Status) -> ForceResponse:
-        assert status is not Status.OK, self
-        return ForceResponse(self.request_id, status, self.ledger_id)
-
-
-@dataclass(frozen=True, slots=True)
-class ForceResponse:
-    op: ClassVar[Op] = Op.FORCE
-    request_id: int
-    status: Status
-    ledger_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.FORCE, self.request_id, self.status, self.ledger_id]
-
-
-@dataclass(frozen=True, slots=True)
-class GetBookieInfoRequest:
-    op: ClassVar[Op] = Op.GET_BOOKIE_INFO
-    request_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.GET_BOOKIE_INFO, self.request_id]
-
-    def error_response(self, status: Status) -> GetBookieInfoResponse:
-        assert status is not Status.OK, self
-        return GetBookieInfoResponse(self.request_id, status, 0, 0, 0, 0, False)
-
-
-@dataclass(frozen=True, slots=True)
-class GetBookieInfoResponse:
-    op: ClassVar[Op] = Op.GET_BOOKIE_INFO
-    request_id: int
-    status: Status
-    total_bytes: int
-    free_bytes: int
-    shard_index: int
-    shard_count: int
-    read_only: bool
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.GET_BOOKIE_INFO,
-            self.request_id,
-            self.status,
-            self.total_bytes,
-            self.free_bytes,
-            self.shard_index,
-            self.shard_count,
-            self.read_only,
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class ListEntriesRequest:
-    op: ClassVar[Op] = Op.LIST_ENTRIES
-    request_id: int
-    ledger_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.LIST_ENTRIES, self.request_id, self.ledger_id]
-
-    def error_response(self, status: Status) -> ListEntriesResponse:
-        assert status is not Status.OK, self
-        return ListEntriesResponse(self.request_id, status, self.ledger_id, ())
-
-
-@dataclass(frozen=True, slots=True)
-class ListEntriesResponse:
-    op: ClassVar[Op] = Op.LIST_ENTRIES
-    request_id: int
-    status: Status
-    ledger_id: int
-    ranges: tuple[tuple[int, int], ...]  # Inclusive [first, last] entry ids, ascending.
-
-    def to_body(self) -> list[Any]:
-        return [
-            Op.LIST_ENTRIES,
-            self.request_id,
-            self.status,
-            self.ledger_id,
-            [[first, last] for first, last in self.ranges],
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class PingRequest:
-    op: ClassVar[Op] = Op.PING
-    request_id: int
-
-    def to_body(self) -> list[Any]:
-        return [Op.PING, self.request_id]
-
-    def error_response(self, status: Status) -> PingResponse:
-        assert status is not Status.OK, self
-        return PingResponse(self.request_id, status)
-
-
-@dataclass(frozen=True, slots=True)
-class PingResponse:
-    op: ClassVar[Op] = Op.PING
-    request_id: int
-    status: Status
-
-    def to_body(self) -> list[Any]:
-        return [Op.PING, self.request_id, self.status]
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorResponse:
-    """Sent by a bookie for a frame it could not decode; request_id is the decoded one, or 0."""
-
-    op: ClassVar[Op] = Op.ERROR
-    request_id: int
-    status: Status
-    message: str
-
-    def to_body(self) -> list[Any]:
-        return [Op.ERROR, self.request_id, self.status, self.message]
-
-
-Request: TypeAlias = (
-    HelloRequest
-    | AddEntryRequest
-    | AddEntriesRequest
-    | ReadEntryRequest
-    | ReadRangeRequest
-    | ReadLacRequest
-    | WriteLacRequest
-    | ForceRequest
-    | GetBookieInfoRequest
-    | ListEntriesRequest
-    | PingRequest
+from bkaio.protocol.codes import (
+    _STATUSES,
+    FLAG_MASK,
+    I64_MAX,
+    PROTOCOL_VERSION,
+    U32_MAX,
+    U64_MAX,
+    Flag,
+    Op,
 )
-Response: TypeAlias = (
-    HelloResponse
-    | AddEntryResponse
-    | AddEntriesResponse
-    | ReadEntryResponse
-    | ReadRangeResponse
-    | ReadLacResponse
-    | WriteLacResponse
-    | ForceResponse
-    | GetBookieInfoResponse
-    | ListEntriesResponse
-    | PingResponse
-    | ErrorResponse
+from bkaio.protocol.fields import (
+    _RANGE_ENTRY_CHECKS,
+    _RANGE_ENTRY_NAMES,
+    Check,
+    _check_bool,
+    _check_bytes,
+    _check_bytes_or_nil,
+    _check_count,
+    _check_digest,
+    _check_entries,
+    _check_entry_id,
+    _check_entry_id_or_last,
+    _check_entry_or_nil,
+    _check_flags,
+    _check_items,
+    _check_lac,
+    _check_ledger_id,
+    _check_ranges,
+    _check_request_id,
+    _check_status,
+    _check_str,
+    _check_str_list,
+    _check_str_or_nil,
+    _check_u32,
+    _FieldError,
+    _int_text,
+    _type_name,
 )
-Message: TypeAlias = Request | Response
+from bkaio.protocol.message_types import (
+    AddEntriesRequest,
+    AddEntriesResponse,
+    AddEntryRequest,
+    AddEntryResponse,
+    ErrorResponse,
+    ForceRequest,
+    ForceResponse,
+    GetBookieInfoRequest,
+    GetBookieInfoResponse,
+    HelloRequest,
+    HelloResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    Message,
+    PingRequest,
+    PingResponse,
+    ReadEntryRequest,
+    ReadEntryResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRangeRequest,
+    ReadRangeResponse,
+    Request,
+    Response,
+    WireEntry,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from bkaio.status import Status
 
-
-# --- Field checks -------------------------------------------------------------------------------
-# A check returns the field's value (converted where the message holds a richer type) or raises
-# _FieldError with the problem; the table decoder adds the operation and the field's name.
-
-
-class _FieldError(Exception):
-    """Internal: one field failed its check. Never leaves this module."""
-
-
-Check = Callable[[Any], Any]
-
-
-def _type_name(value: object) -> str:
-    return "nil" if value is None else type(value).__name__
-
-
-def _int_text(value: int) -> str:
-    """An int for an error message; a huge one (only possible off the wire) by its size."""
-    return str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit int"
-
-
-def _int_between(low: int, high: int) -> Check:
-    def check(value: Any) -> int:
-        if type(value) is not int:  # Exactly int: a bool is an int to isinstance, not to us.
-            raise _FieldError(f"must be int, got {_type_name(value)}")
-        if not low <= value <= high:
-            raise _FieldError(f"must be in [{low}, {high}], got {_int_text(value)}")
-        return value
-
-    return check
-
-
-_check_request_id = _int_between(0, U64_MAX)
-_check_ledger_id = _int_between(0, I64_MAX)
-_check_entry_id = _int_between(0, I64_MAX)
-_check_entry_id_or_last = _int_between(-1, I64_MAX)  # -1 = the last entry stored / none.
-_check_lac = _int_between(-1, I64_MAX)  # -1 = nothing confirmed yet.
-_check_count = _int_between(0, I64_MAX)  # Lengths, limits and byte counts.
-_check_digest = _int_between(0, U32_MAX)
-_check_u32 = _int_between(0, U32_MAX)
-
-
-def _check_flags(value: Any) -> Flag:
-    if type(value) is not int:
-        raise _FieldError(f"must be int, got {_type_name(value)}")
-    if not 0 <= value <= FLAG_MASK:
-        raise _FieldError(
-            f"must be a combination of Flag bits (mask {FLAG_MASK}), got {_int_text(value)}"
-        )
-    return _FLAGS[value]
-
-
-def _check_status(value: Any) -> Status:
-    if type(value) is not int:
-        raise _FieldError(f"must be int, got {_type_name(value)}")
-    if not 0 <= value < len(_STATUSES):
-        raise _FieldError(f"is not a known Status, got {_int_text(value)}")
-    return _STATUSES[value]
-
-
-def _check_bytes(value: Any) -> bytes:
-    if type(value) is not bytes:
-        raise _FieldError(f"must be bytes, got {_type_name(value)}")
-    return value
-
-
-def _check_bytes_or_nil(value: Any) -> bytes | None:
-    if value is not None and type(value) is not bytes:
-        raise _FieldError(f"must be bytes or nil, got {_type_name(value)}")
-    return value
-
-
-def _check_str(value: Any) -> str:
-    if type(value) is not str:
-        raise _FieldError(f"must be str, got {_type_name(value)}")
-    return value
-
-
-def _check_str_or_nil(value: Any) -> str | None:
-    if value is not None and type(value) is not str:
-        raise _FieldError(f"must be str or nil, got {_type_name(value)}")
-    return value
-
-
-def _check_bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise _FieldError(f"must be bool, got {_type_name(value)}")
-    return value
-
-
-def _check_list(value: Any) -> list[Any]:
-    if type(value) is not list:
-        raise _FieldError(f"must be an array, got {_type_name(value)}")
-    return value
-
-
-def _check_str_list(value: Any) -> tuple[str, ...]:
-    for index, item in enumerate(_check_list(value)):
-        if type(item) is not str:
-            raise _FieldError(f"item {index} must be str, got {_type_name(item)}")
-    return tuple(value)
-
-
-def _check_items(
-    value: Any, index: int, names: Sequence[str], checks: Sequence[Check]
-) -> list[Any]:
-    """Check one array item of a fixed shape (a nested entry or range)."""
-    if type(value) is not list:
-        raise _FieldError(f"item {index} must be an array, got {_type_name(value)}")
-    if len(value) != len(names):
-        raise _FieldError(
-            f"item {index} has {len(value)} fields, expected {len(names)} ({', '.join(names)})"
-        )
-    checked = []
-    for position, (name, check, item) in enumerate(zip(names, checks, value, strict=True)):
-        try:
-            checked.append(check(item))
-        except _FieldError as error:
-            raise _FieldError(f"item {index} field {position} ({name}) {error}") from None
-    return checked
-
-
-_RANGE_NAMES = ("first", "last")
-_RANGE_CHECKS = (_check_entry_id, _check_entry_id)
-
-
-def _check_ranges(value: Any) -> tuple[tuple[int, int], ...]:
-    ranges: list[tuple[int, int]] = []
-    previous_last = -1
-    for index, item in enumerate(_check_list(value)):
-        first, last = _check_items(item, index, _RANGE_NAMES, _RANGE_CHECKS)
-        if first > last:
-            raise _FieldError(f"item {index} has first {first} above last {last}")
-        if first <= previous_last:
-            raise _FieldError(f"item {index} starts at {first}, not after {previous_last}")
-        ranges.append((first, last))
-        previous_last = last
-    return tuple(ranges)
-
-
-_ENTRY_NAMES = ("lac", "length", "digest", "payload")
-_ENTRY_CHECKS = (_check_lac, _check_count, _check_digest, _check_bytes)
-
-
-def _check_entry_or_nil(value: Any) -> tuple[int, int, int, bytes] | None:
-    if value is None:
-        return None
-    if type(value) is not list:
-        raise _FieldError(f"must be an array or nil, got {_type_name(value)}")
-    lac, length, digest, payload = _check_items(value, 0, _ENTRY_NAMES, _ENTRY_CHECKS)
-    return lac, length, digest, payload
-
-
-_RANGE_ENTRY_NAMES = ("entry_id", *_ENTRY_NAMES)
-_RANGE_ENTRY_CHECKS = (_check_entry_id, *_ENTRY_CHECKS)
-
-
-def _check_entries(value: Any) -> tuple[WireEntry, ...]:
-    entries: list[WireEntry] = []
-    for index, item in enumerate(_check_list(value)):
-        entry_id, lac, length, digest, payload = _check_items(
-            item, index, _RANGE_ENTRY_NAMES, _RANGE_ENTRY_CHECKS
-        )
-        if entries and entry_id != entries[-1].entry_id + 1:
-            raise _FieldError(
-                f"item {index} has entry_id {entry_id}, expected {entries[-1].entry_id + 1}"
-            )
-        entries.append(WireEntry(entry_id, lac, length, digest, payload))
-    return tuple(entries)
-
+# The messages and codes are defined in `message_types` and `codes`; this module is where the
+# codec's users have always found them, with the decoding.
+__all__ = [
+    "ADD_ENTRIES_ENTRY_FIELDS",
+    "ADD_ENTRIES_HEAD_FIELDS",
+    "FLAG_MASK",
+    "I64_MAX",
+    "PROTOCOL_VERSION",
+    "U32_MAX",
+    "U64_MAX",
+    "AddEntriesRequest",
+    "AddEntriesResponse",
+    "AddEntryRequest",
+    "AddEntryResponse",
+    "ErrorResponse",
+    "Flag",
+    "ForceRequest",
+    "ForceResponse",
+    "GetBookieInfoRequest",
+    "GetBookieInfoResponse",
+    "HelloRequest",
+    "HelloResponse",
+    "ListEntriesRequest",
+    "ListEntriesResponse",
+    "Message",
+    "Op",
+    "PingRequest",
+    "PingResponse",
+    "ReadEntryRequest",
+    "ReadEntryResponse",
+    "ReadLacRequest",
+    "ReadLacResponse",
+    "ReadRangeRequest",
+    "ReadRangeResponse",
+    "Request",
+    "Response",
+    "Status",
+    "WireEntry",
+    "WriteLacRequest",
+    "WriteLacResponse",
+    "decode_request",
+    "decode_response",
+    "request_id_of",
+]
 
 # --- Decoding tables ----------------------------------------------------------------------------
 
@@ -994,10 +402,11 @@ assert set(_REQUEST_TABLE) == set(Op) - {Op.ERROR}, "every op but ERROR has a re
 assert set(_RESPONSE_TABLE) == set(Op), "every op has a response decoder"
 
 
-# --- Fast paths ---------------------------------------------------------------------------------
-# ADD_ENTRY is most of the traffic. These check the same rules as the table with inline type
-# tests and no per-field calls; anything they do not accept goes to the table decoder, which
-# either accepts it too (it never should) or names the exact problem.
+# --- Fast path ----------------------------------------------------------------------------------
+# ADD_ENTRY answers are most of what a client decodes. This checks the same rules as the table
+# with inline type tests and no per-field calls; anything it does not accept goes to the table
+# decoder, which either accepts it too (it never should) or names the exact problem. (A bookie
+# reads adds with `bkaio.protocol.adds.decode_adds`.)
 
 
 def _slot_setters(cls: type, names: Sequence[str]) -> tuple[Callable[[Any, Any], None], ...]:
@@ -1008,63 +417,6 @@ def _slot_setters(cls: type, names: Sequence[str]) -> tuple[Callable[[Any, Any],
     """
     assert tuple(field.name for field in fields(cls)) == tuple(names), (cls, names)
     return tuple(cls.__dict__[name].__set__ for name in names)
-
-
-def _make_fast_add_entry_request() -> Decoder:
-    new = object.__new__
-    cls = AddEntryRequest
-    (
-        set_request_id,
-        set_ledger_id,
-        set_entry_id,
-        set_flags,
-        set_master_key,
-        set_lac,
-        set_length,
-        set_digest,
-        set_payload,
-    ) = _slot_setters(cls, [name for name, _ in _ADD_ENTRY_REQUEST_FIELDS])
-    flag_values = _FLAGS
-    slow = _REQUEST_TABLE[Op.ADD_ENTRY]
-
-    def decode(body: list[Any]) -> Any:
-        if len(body) == 10:
-            _, request_id, ledger_id, entry_id, flags, master_key, lac, length, digest, payload = (
-                body
-            )
-            int_ = int
-            if (
-                type(request_id) is int_
-                and type(ledger_id) is int_
-                and type(entry_id) is int_
-                and type(flags) is int_
-                and type(lac) is int_
-                and type(length) is int_
-                and type(digest) is int_
-                and type(master_key) is bytes
-                and type(payload) is bytes
-                and 0 <= request_id <= U64_MAX
-                and 0 <= ledger_id <= I64_MAX
-                and 0 <= entry_id <= I64_MAX
-                and 0 <= flags <= FLAG_MASK
-                and -1 <= lac <= I64_MAX
-                and 0 <= length <= I64_MAX
-                and 0 <= digest <= U32_MAX
-            ):
-                request = new(cls)
-                set_request_id(request, request_id)
-                set_ledger_id(request, ledger_id)
-                set_entry_id(request, entry_id)
-                set_flags(request, flag_values[flags])
-                set_master_key(request, master_key)
-                set_lac(request, lac)
-                set_length(request, length)
-                set_digest(request, digest)
-                set_payload(request, payload)
-                return request
-        return slow(body)
-
-    return decode
 
 
 def _make_fast_add_entry_response() -> Decoder:
@@ -1102,10 +454,9 @@ def _make_fast_add_entry_response() -> Decoder:
     return decode
 
 
-_fast_add_entry_request = _make_fast_add_entry_request()
 _fast_add_entry_response = _make_fast_add_entry_response()
 
-_REQUEST_DECODERS: dict[int, Decoder] = {**_REQUEST_TABLE, Op.ADD_ENTRY: _fast_add_entry_request}
+_REQUEST_DECODERS: dict[int, Decoder] = _REQUEST_TABLE
 _RESPONSE_DECODERS: dict[int, Decoder] = {
     **_RESPONSE_TABLE,
     Op.ADD_ENTRY: _fast_add_entry_response,
