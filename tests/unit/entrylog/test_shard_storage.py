@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from bkaio.entrylog.shard_storage import FLUSH_JITTER_FRACTION, ShardStorage
+from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.entrylog.state import FLUSH_JITTER_FRACTION
 from bkaio.errors import (
     EntryConflictError,
     LedgerFencedError,

@@ -1,0 +1,130 @@
+"""The read path of ledger storage: `read_range` (a single entry is a range of one) and
+`list_entries`, from the write caches, else the index and entry logs on the reader pool.
+
+Part of `ShardStorage` (a mixin over `StorageState`, see state.py).
+"""
+
+from __future__ import annotations
+
+from bkaio.entrylog.entry_log import EntryLocation
+from bkaio.entrylog.state import StorageState
+from bkaio.entrylog.types import StoredEntry
+from bkaio.errors import BookieIOError, NoSuchEntryError
+
+
+def _ranges(ids: list[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for entry_id in ids:
+        if ranges and ranges[-1][1] == entry_id - 1:
+            ranges[-1] = (ranges[-1][0], entry_id)
+        else:
+            ranges.append((entry_id, entry_id))
+    return ranges
+
+
+class StorageReads(StorageState):
+    """The read path of `ShardStorage`."""
+
+    async def read_range(
+        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredEntry]:
+        """Consecutive entries from `first_entry_id` (-1: the last entry stored), stopping at
+        the first missing entry, at `max_count`, or before going over `max_bytes` (the first
+        entry is always returned). The one read of storage: a single entry is a range of one.
+        NoSuchLedgerError for a ledger not stored here; NoSuchEntryError when `first_entry_id`
+        itself is missing (never an empty list, unless `max_count` is 0)."""
+        self._check_open()
+        ledger = self._ledger(ledger_id)
+        if first_entry_id == -1:
+            first_entry_id = ledger.last_entry_id
+            if first_entry_id < 0:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entries on this bookie shard")
+        elif first_entry_id < 0:
+            raise NoSuchEntryError(f"ledger {ledger_id}: entry id {first_entry_id} is invalid")
+        entries: list[StoredEntry] = []
+        total_bytes = 0
+        next_id = first_entry_id
+        while len(entries) < max_count:
+            cached = self._cached(ledger_id, next_id)
+            if cached is not None:
+                batch = [cached]
+            else:
+                batch = await self._loop.run_in_executor(
+                    self._reader_pool,
+                    self._read_run_blocking,
+                    ledger_id,
+                    next_id,
+                    max_count - len(entries),
+                    max(max_bytes - total_bytes, 1),
+                )
+                if not batch:
+                    break
+            for entry in batch:
+                if entries and total_bytes + len(entry.payload) > max_bytes:
+                    return entries
+                entries.append(entry)
+                total_bytes += len(entry.payload)
+            next_id += len(batch)
+        if not entries and max_count > 0:
+            raise NoSuchEntryError(
+                f"ledger {ledger_id}: entry {first_entry_id} is not stored on this bookie shard "
+                f"(last entry {ledger.last_entry_id})"
+            )
+        return entries
+
+    async def _read_indexed(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
+        run = await self._loop.run_in_executor(
+            self._reader_pool, self._read_run_blocking, ledger_id, entry_id, 1, 1
+        )
+        return run[0] if run else None
+
+    def _read_run_blocking(
+        self, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
+    ) -> list[StoredEntry]:
+        """Consecutive indexed entries from `first_entry_id` (reader pool)."""
+        disk = self.config.disk_of(ledger_id)
+        index = self._indexes[disk]
+        entries: list[StoredEntry] = []
+        total_bytes = 0
+        for location in index.get_run(ledger_id, first_entry_id, max_count):
+            entry_id = first_entry_id + len(entries)
+            entry = self._read_location_blocking(ledger_id, entry_id, location)
+            if entry is None:
+                break
+            total_bytes += len(entry.payload)
+            if entries and total_bytes > max_bytes:
+                break
+            entries.append(entry)
+        return entries
+
+    def _read_location_blocking(
+        self, ledger_id: int, entry_id: int, location: EntryLocation | None
+    ) -> StoredEntry | None:
+        disk = self.config.disk_of(ledger_id)
+        for _attempt in range(3):  # Compaction may move the entry between lookup and read.
+            if location is None:
+                return None
+            entry = self._logs[disk].read(location)
+            if entry is not None:
+                if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
+                    raise BookieIOError(
+                        f"{self._logs[disk].directory}: location {location} of ledger "
+                        f"{ledger_id} entry {entry_id} holds ledger {entry.ledger_id} entry "
+                        f"{entry.entry_id}: index and entry log disagree"
+                    )
+                return entry
+            location = self._indexes[disk].get(ledger_id, entry_id)
+        raise BookieIOError(f"ledger {ledger_id}: entry {entry_id} keeps moving under compaction")
+
+    async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
+        """The entries of the ledger stored here, as ascending inclusive ranges."""
+        self._check_open()
+        self._ledger(ledger_id)
+        disk = self.config.disk_of(ledger_id)
+        indexed = await self._loop.run_in_executor(
+            self._reader_pool, self._indexes[disk].entry_ids, ledger_id
+        )
+        ids = set(indexed)
+        ids.update(self._active.entry_ids(ledger_id))
+        ids.update(self._flushing.entry_ids(ledger_id))
+        return _ranges(sorted(ids))
