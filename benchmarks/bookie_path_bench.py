@@ -35,6 +35,7 @@ from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ShardServer
 from bkaio.config import load_bookie_config
 from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.journal import open_journal
 from bkaio.protocol.digest import entry_digest, master_key
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.messages import AddEntryRequest, Flag, HelloRequest
@@ -103,7 +104,11 @@ async def bench(
         )
         config = load_bookie_config(config_path, env={})
         storage = await ShardStorage.open(
-            config.storage[0], bookie_id="bench", shard_index=0, shard_count=1
+            config.storage[0],
+            bookie_id="bench",
+            shard_index=0,
+            shard_count=1,
+            journal_factory=open_journal,
         )
         try:
             server = ShardServer(config, 0, storage, ShardMetrics())

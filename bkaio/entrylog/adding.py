@@ -29,7 +29,7 @@ from bkaio.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from bkaio.journal.records import JournalMark
+from bkaio.wal.records import JournalMark
 
 log = structlog.get_logger(__name__)
 

@@ -23,7 +23,7 @@ import crc32c
 
 from bkaio.entrylog.cookie import fsync_directory
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
-from bkaio.journal.records import JournalMark
+from bkaio.wal.records import JournalMark
 
 LAST_MARK_FILE = "lastMark"
 _COUNT = struct.Struct(">I")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bkaio.errors import ConfigError
-from bkaio.journal.config import JournalConfig
+from bkaio.wal.config import JournalConfig
 
 # Entry locations keep a 32-bit byte offset, so an entry log must stay below 4 GiB.
 MAX_ENTRY_LOG_BYTES = (1 << 32) - 1

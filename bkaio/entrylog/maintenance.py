@@ -22,7 +22,7 @@ from bkaio.entrylog.state import FLUSH_JITTER_FRACTION, SLOW_FLUSH_SECONDS, Stor
 from bkaio.entrylog.types import CompactionReport, DiskUsage, LedgerState
 from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BKError
-from bkaio.journal.records import JournalMark
+from bkaio.wal.records import JournalMark
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import shutil
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,7 +36,6 @@ from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.maintenance import StorageMaintenance
 from bkaio.entrylog.reading import StorageReads
 from bkaio.entrylog.state import (
-    JournalLike,
     StorageStats,
     UsageFunction,
     _AddGroup,
@@ -56,11 +55,10 @@ from bkaio.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from bkaio.journal.config import JournalConfig
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
-from bkaio.journal.journal import Journal
-from bkaio.journal.records import (
+from bkaio.wal import JournalFactory, JournalLike
+from bkaio.wal.records import (
     EntryRecord,
     FenceRecord,
     JournalMark,
@@ -81,14 +79,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-
-JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
-
-
-async def open_journal(config: JournalConfig, directory: Path) -> JournalLike:
-    """The real journal of one directory (ledgers go to journal `config.journal_of(ledger_id)`)."""
-    return await Journal.open(config, directory=directory)
 
 
 class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
@@ -160,7 +150,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         shard_index: int,
         shard_count: int,
         instance_id: str = "",
-        journal_factory: JournalFactory = open_journal,
+        journal_factory: JournalFactory,  # bkaio.journal.open_journal in a bookie.
         usage_function: UsageFunction = shutil.disk_usage,
         entry_log_disk: Disk = OS_DISK,
         crash_points: CrashPoints = NO_CRASH_POINTS,

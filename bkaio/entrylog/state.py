@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bkaio.entrylog.checkpoint import AppliedMarks, MarkSlot
 from bkaio.entrylog.config import StorageConfig
@@ -26,8 +26,8 @@ from bkaio.entrylog.types import LedgerState, StoredEntry
 from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
 from bkaio.journal.crash_points import CrashPoints
-from bkaio.journal.records import JournalMark, JournalRecord
-from bkaio.journal.replay import ReplayResult
+from bkaio.wal import JournalLike
+from bkaio.wal.records import JournalMark, JournalRecord
 
 UsageFunction = Callable[[Path], tuple[int, int, int]]  # shutil.disk_usage: total, used, free.
 
@@ -93,24 +93,6 @@ def _check_ids(ledger_id: int, entry_id: int) -> None:
         raise NoSuchLedgerError(f"ledger id {ledger_id} is outside [0, 2**63)")
     if not 0 <= entry_id < 1 << 63:
         raise NoSuchEntryError(f"ledger {ledger_id}: entry id {entry_id} is outside [0, 2**63)")
-
-
-class JournalLike(Protocol):
-    """The part of `bkaio.journal.Journal` storage uses; stand-ins implement all of it."""
-
-    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]: ...
-
-    def append_entries(
-        self, ledger_id: int, entries: Sequence[StoredEntry]
-    ) -> tuple[asyncio.Future[JournalMark], int] | None: ...
-
-    async def wait_for_room(self) -> None: ...
-
-    def replay(self, after: JournalMark | None) -> ReplayResult: ...
-
-    async def delete_files_before(self, mark: JournalMark) -> object: ...
-
-    async def close(self) -> None: ...
 
 
 class _AddGroup:

@@ -20,7 +20,7 @@ from bkaio.journal.errors import (
     RecordError,
     TruncatedRecordError,
 )
-from bkaio.journal.journal import Journal, JournalStats
+from bkaio.journal.journal import Journal, JournalStats, open_journal
 from bkaio.journal.records import (
     CheckpointRecord,
     EntryRecord,
@@ -35,7 +35,8 @@ from bkaio.journal.records import (
     encode_record,
     record_ledger_id,
 )
-from bkaio.journal.replay import Corruption, JournalReader, ReplayResult, TornTail
+from bkaio.journal.replay import JournalReader
+from bkaio.wal.records import Corruption, ReplayResult, TornTail
 
 __all__ = [
     "CheckpointRecord",
@@ -62,5 +63,6 @@ __all__ = [
     "decode_record",
     "encode_entry",
     "encode_record",
+    "open_journal",
     "record_ledger_id",
 ]

@@ -53,7 +53,7 @@ from bkaio.journal.records import (
     encode_entry_head,
     encode_record,
 )
-from bkaio.journal.replay import JournalReader, ReplayResult
+from bkaio.journal.replay import JournalReader
 from bkaio.journal.writer import (
     ACK_AFTER_SYNC,
     Group,
@@ -63,6 +63,7 @@ from bkaio.journal.writer import (
 )
 from bkaio.journal.writer_thread import WriterThread
 from bkaio.journal.zero_fill import ZeroFiller
+from bkaio.wal.records import ReplayResult
 
 log = structlog.get_logger(__name__)
 
@@ -718,3 +719,9 @@ class Journal:
 def _copy_error(error: BKError) -> BKError:
     """A fresh exception per waiter, so tracebacks do not pile up on one shared object."""
     return type(error)(*error.args)
+
+
+async def open_journal(config: JournalConfig, directory: Path) -> Journal:
+    """The journal of one of `config.directories`: the `JournalFactory` (bkaio/wal) a bookie
+    hands its ledger storage."""
+    return await Journal.open(config, directory=directory)

@@ -20,13 +20,45 @@ region is never a valid header either. This module imports neither `protocol` no
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final, Protocol
+from typing import Final
 
 from crc32c import crc32c
 
 from bkaio.journal.errors import CorruptRecordError, RecordError, TruncatedRecordError
+from bkaio.wal.records import (
+    CheckpointRecord,
+    EntryRecord,
+    FenceRecord,
+    JournalEntry,
+    JournalMark,
+    JournalRecord,
+    LacRecord,
+    MasterKeyRecord,
+)
+
+# The records themselves are defined in `bkaio.wal.records`, where ledger storage finds them
+# without importing the journal; this module holds their byte format.
+__all__ = [
+    "MAX_RECORD_BODY_BYTES",
+    "RECORD_HEADER",
+    "RECORD_HEADER_BYTES",
+    "CheckpointRecord",
+    "EntryRecord",
+    "FenceRecord",
+    "JournalEntry",
+    "JournalMark",
+    "JournalRecord",
+    "LacRecord",
+    "MasterKeyRecord",
+    "RecordKind",
+    "check_record",
+    "decode_record",
+    "encode_entry",
+    "encode_entry_head",
+    "encode_record",
+    "record_ledger_id",
+]
 
 RECORD_HEADER: Final = struct.Struct(">IIB")
 RECORD_HEADER_BYTES: Final = RECORD_HEADER.size
@@ -51,65 +83,6 @@ class RecordKind(IntEnum):
     CHECKPOINT = 5
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class JournalMark:
-    """A position in the journal: byte `offset` in file `file_id`. Marks order like positions."""
-
-    file_id: int
-    offset: int
-
-
-class JournalEntry(Protocol):
-    """An entry as `Journal.append_entries` reads it (ledger storage's `StoredEntry`)."""
-
-    @property
-    def entry_id(self) -> int: ...
-    @property
-    def lac(self) -> int: ...
-    @property
-    def length(self) -> int: ...
-    @property
-    def digest(self) -> int: ...
-    @property
-    def payload(self) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EntryRecord:
-    ledger_id: int
-    entry_id: int
-    lac: int  # The writer's piggybacked LAC.
-    length: int  # Ledger length after this entry.
-    digest: int  # CRC32C as the writer computed it; stored, not checked, by the journal.
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class MasterKeyRecord:
-    ledger_id: int
-    master_key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class FenceRecord:
-    ledger_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class LacRecord:
-    """An explicit LAC (WRITE_LAC)."""
-
-    ledger_id: int
-    lac: int
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRecord:
-    """Informational: ledger storage held everything up to `mark` when this was written."""
-
-    mark: JournalMark
-
-
 # Bytes of each kind's fixed fields; ENTRY and MASTER_KEY carry a variable tail after them.
 _FIXED_BODY_BYTES: Final[dict[int, int]] = {
     RecordKind.ENTRY: _ENTRY.size,
@@ -119,8 +92,6 @@ _FIXED_BODY_BYTES: Final[dict[int, int]] = {
     RecordKind.CHECKPOINT: _CHECKPOINT.size,
 }
 _EXACT_KINDS: Final = frozenset({RecordKind.FENCE, RecordKind.LAC, RecordKind.CHECKPOINT})
-
-JournalRecord = EntryRecord | MasterKeyRecord | FenceRecord | LacRecord | CheckpointRecord
 
 
 def _seal(kind: RecordKind, body_head: bytes, tail: bytes = b"") -> bytes:

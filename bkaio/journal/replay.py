@@ -19,7 +19,6 @@ import mmap
 import os
 import re
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -32,6 +31,7 @@ from bkaio.journal.records import (
     check_record,
     decode_record,
 )
+from bkaio.wal.records import Corruption, ReplayResult, TornTail
 
 # A record header has a length below 2**25 (top byte 0 or 1) and a known kind: finding these
 # with one C-level regex scan keeps the search for the next valid record fast even in
@@ -41,35 +41,6 @@ _CANDIDATE: Final = re.compile(
     re.DOTALL,
 )
 _NON_ZERO: Final = re.compile(b"[^\\x00]")
-
-
-@dataclass(frozen=True, slots=True)
-class TornTail:
-    """Where a journal file stops being readable, and why. Records from here were never acked."""
-
-    file: Path
-    offset: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Corruption:
-    """A bad record with valid records after it: data that was once synced is damaged."""
-
-    file: Path
-    offset: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    records: list[tuple[JournalMark, JournalRecord]]  # Mark = position just after the record.
-    end_mark: JournalMark  # After the last replayed record; `after` (or 0:0) when none.
-    torn_tail: TornTail | None  # Of the last file replayed: where the crash cut it.
-    corruption: list[Corruption]
-    # Tails of earlier files: left by earlier crashes (a restarted journal writes a new file)
-    # or zeros after the last record of a preallocated file. Expected, listed for operators.
-    earlier_torn_tails: list[TornTail] = field(default_factory=list)
 
 
 def find_next_record(buffer: memoryview, start: int) -> int | None:

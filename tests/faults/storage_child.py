@@ -19,6 +19,7 @@ import crc32c
 
 from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.shard_storage import ShardStorage, StoredEntry
+from bkaio.journal import open_journal
 from bkaio.journal.config import JournalConfig
 from bkaio.logs import configure_logging
 from tests.fixtures.storage import add_entry
@@ -77,7 +78,11 @@ async def _append_forever(storage: ShardStorage, seed: int, ledger_id: int) -> N
 
 async def main(root: Path, seed: int, round_number: int) -> None:
     storage = await ShardStorage.open(
-        storage_config(root), bookie_id=BOOKIE_ID, shard_index=0, shard_count=1
+        storage_config(root),
+        bookie_id=BOOKIE_ID,
+        shard_index=0,
+        shard_count=1,
+        journal_factory=open_journal,
     )
     _say("READY")
     tasks = [

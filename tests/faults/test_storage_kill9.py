@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bkaio.entrylog.shard_storage import ShardStorage
+from bkaio.journal import open_journal
 from tests.faults.storage_child import (
     BOOKIE_ID,
     TASKS,
@@ -117,7 +118,11 @@ async def test_acknowledged_entries_survive_kill_9(tmp_path: Path) -> None:
             output = await _run_child(tmp_path, seed, round_number, rng.uniform(0.05, 0.6))
             history.read_output(output)
             storage = await ShardStorage.open(
-                storage_config(tmp_path), bookie_id=BOOKIE_ID, shard_index=0, shard_count=1
+                storage_config(tmp_path),
+                bookie_id=BOOKIE_ID,
+                shard_index=0,
+                shard_count=1,
+                journal_factory=open_journal,
             )
             try:
                 ledgers = [round_number * 100 + task for task in range(TASKS)]
@@ -127,7 +132,11 @@ async def test_acknowledged_entries_survive_kill_9(tmp_path: Path) -> None:
             finally:
                 await storage.close()
         storage = await ShardStorage.open(
-            storage_config(tmp_path), bookie_id=BOOKIE_ID, shard_index=0, shard_count=1
+            storage_config(tmp_path),
+            bookie_id=BOOKIE_ID,
+            shard_index=0,
+            shard_count=1,
+            journal_factory=open_journal,
         )
         try:
             await _check(storage, seed, history, sorted(history.tried))

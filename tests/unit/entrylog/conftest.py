@@ -12,6 +12,7 @@ import pytest
 
 from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.shard_storage import ShardStorage, StoredEntry
+from bkaio.journal import open_journal
 from bkaio.journal.config import JournalConfig
 
 KEY = b"k" * 32
@@ -66,6 +67,7 @@ async def open_storage(tmp_path: Path) -> AsyncIterator[OpenStorage]:
             bookie_id=kwargs.pop("bookie_id", BOOKIE_ID),
             shard_index=kwargs.pop("shard_index", 0),
             shard_count=kwargs.pop("shard_count", 1),
+            journal_factory=kwargs.pop("journal_factory", open_journal),
             **kwargs,
         )
         opened.append(storage)

@@ -20,7 +20,7 @@ import structlog
 from bkaio.entrylog.checkpoint import read_last_mark
 from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.entry_log import EntryLogDirectory, encode_record
-from bkaio.entrylog.shard_storage import JournalFactory, JournalLike, ShardStorage, StoredEntry
+from bkaio.entrylog.shard_storage import ShardStorage, StoredEntry
 from bkaio.errors import BookieIOError, ConfigError
 from bkaio.journal.config import JournalConfig
 from bkaio.journal.disk import OS_DISK, Disk
@@ -28,6 +28,7 @@ from bkaio.journal.files import list_file_ids
 from bkaio.journal.journal import Journal
 from bkaio.journal.records import JournalMark
 from bkaio.testing.disk import FakeDisk, disk_from_spec
+from bkaio.wal import JournalFactory, JournalLike
 from tests.fixtures.storage import add_entry, read_entry
 from tests.unit.entrylog.conftest import KEY, OpenStorage, make_config, make_entry
 

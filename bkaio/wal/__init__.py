@@ -1,0 +1,78 @@
+"""The write-ahead log as ledger storage sees it: the narrow interface between `bkaio.entrylog`
+and `bkaio.journal`, in a neutral place below both.
+
+`JournalLike` is what ledger storage asks of a journal; `bkaio.journal.Journal` implements it,
+and the bookie (or a test) hands storage a factory of them. The records, marks and replay
+results travel between the two (`records`), and the journal's configuration is part of the
+storage configuration (`config`). Nothing here imports either package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from bkaio.wal.config import JournalConfig
+from bkaio.wal.records import (
+    CheckpointRecord,
+    Corruption,
+    EntryRecord,
+    FenceRecord,
+    JournalEntry,
+    JournalMark,
+    JournalRecord,
+    LacRecord,
+    MasterKeyRecord,
+    ReplayResult,
+    TornTail,
+)
+
+__all__ = [
+    "CheckpointRecord",
+    "Corruption",
+    "EntryRecord",
+    "FenceRecord",
+    "JournalConfig",
+    "JournalEntry",
+    "JournalFactory",
+    "JournalLike",
+    "JournalMark",
+    "JournalRecord",
+    "LacRecord",
+    "MasterKeyRecord",
+    "ReplayResult",
+    "TornTail",
+]
+
+
+class JournalLike(Protocol):
+    """The journal of one directory as ledger storage uses it; stand-ins implement all of it."""
+
+    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]:
+        """Queue a record (a key, a fence, a LAC); the future: its mark once durable."""
+        ...
+
+    def append_entries(
+        self, ledger_id: int, entries: Sequence[JournalEntry]
+    ) -> tuple[asyncio.Future[JournalMark], int] | None:
+        """Append entries of one ledger to the filling group (the add path): the group's shared
+        future and the offset after them; None, appending nothing, at a bound."""
+        ...
+
+    async def wait_for_room(self) -> None:
+        """Return once the filling group can take a record."""
+        ...
+
+    def replay(self, after: JournalMark | None) -> ReplayResult:
+        """Every record after `after` (blocking: run it in an executor)."""
+        ...
+
+    async def delete_files_before(self, mark: JournalMark) -> object: ...
+
+    async def close(self) -> None: ...
+
+
+# Opens the journal of one of `config.directories` (ledger storage opens one per directory).
+JournalFactory = Callable[[JournalConfig, Path], Awaitable[JournalLike]]
