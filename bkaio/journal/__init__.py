@@ -20,7 +20,7 @@ from bkaio.journal.errors import (
     RecordError,
     TruncatedRecordError,
 )
-from bkaio.journal.journal import Journal, JournalStats, open_journal
+from bkaio.journal.journal import Journal, open_journal
 from bkaio.journal.records import (
     CheckpointRecord,
     EntryRecord,
@@ -36,6 +36,7 @@ from bkaio.journal.records import (
     record_ledger_id,
 )
 from bkaio.journal.replay import JournalReader
+from bkaio.journal.stats import JournalStats
 from bkaio.wal.records import Corruption, ReplayResult, TornTail
 
 __all__ = [

@@ -13,7 +13,9 @@ Past a bound `append` raises `JournalFullError` and `append_entries` returns Non
 `await wait_for_room()` first, or use `append_and_wait`. A write or sync error fails the whole
 group with `BookieIOError`, and the journal stops: it never acknowledges a later record.
 
-This module must not import `protocol` or `meta`.
+This module must not import `protocol` or `meta`. Near 700 lines, on purpose: one class whose
+methods share one state machine (the filling group, the hand-off to the writer thread, the
+room waiters and the failure), which reads best in one place; its counters are in stats.py.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Final
@@ -54,6 +55,7 @@ from bkaio.journal.records import (
     encode_record,
 )
 from bkaio.journal.replay import JournalReader
+from bkaio.journal.stats import JournalStats
 from bkaio.journal.writer import (
     ACK_AFTER_SYNC,
     Group,
@@ -68,44 +70,6 @@ from bkaio.wal.records import ReplayResult
 log = structlog.get_logger(__name__)
 
 SLOW_SYNC_SECONDS: Final = 0.05  # A sync this slow stalls every add behind it: say so.
-# Group sizes are counted in power-of-two buckets: 1, 2, 4, ... up to this many records.
-_GROUP_BUCKETS: Final = 16
-
-
-@dataclass(slots=True)
-class JournalStats:
-    """Counters of one journal, updated once per group on the loop thread."""
-
-    records: int = 0
-    bytes_written: int = 0
-    groups: int = 0
-    syncs: int = 0
-    rolls: int = 0
-    # Why each group was handed to the writer (BookKeeper counts the same triggers).
-    trigger_bytes: int = 0  # It reached max_group_bytes.
-    trigger_entries: int = 0  # It reached max_group_entries.
-    trigger_queue_empty: int = 0  # The writer was free (the usual case, no timer).
-    trigger_wait: int = 0  # The adaptive wait ran out.
-    max_group_records: int = 0
-    max_group_bytes: int = 0
-    sync_seconds_total: float = 0.0
-    max_sync_seconds: float = 0.0
-    # group_records_histogram[i]: groups of 2**(i-1) < records <= 2**i (the last: any more).
-    group_records_histogram: list[int] = field(default_factory=lambda: [0] * _GROUP_BUCKETS)
-
-    def count_group(self, group: Group, sync_seconds: float, *, synced: bool) -> None:
-        records = len(group.ends)
-        self.records += records
-        self.bytes_written += len(group.data)
-        self.groups += 1
-        self.syncs += 1 if synced else 0
-        self.rolls += 1 if group.new_file else 0
-        self.max_group_records = max(self.max_group_records, records)
-        self.max_group_bytes = max(self.max_group_bytes, len(group.data))
-        self.sync_seconds_total += sync_seconds
-        self.max_sync_seconds = max(self.max_sync_seconds, sync_seconds)
-        bucket = min((records - 1).bit_length(), _GROUP_BUCKETS - 1)
-        self.group_records_histogram[bucket] += 1
 
 
 class Journal:
