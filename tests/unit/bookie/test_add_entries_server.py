@@ -423,3 +423,33 @@ async def test_adds_in_the_same_read_as_the_hello_take_the_add_path(bookie: Book
     answers = await peer.answers_for([1, 10, 11, 12, 13])
     assert all(answer[2] == Status.OK for answer in answers), answers
     assert await bookie.stored_ids(range(0, 4)) == [0, 1, 2, 3]
+
+
+async def test_adds_of_a_frame_whose_ids_are_in_flight_are_refused_alone(bookie: Bookie) -> None:
+    """A frame reusing request ids still in flight: those adds get BAD_REQUEST at once and are
+    not executed; the adds around them are taken and answered OK."""
+    peer = await ledger_with_entry_0(bookie)
+    # Entry 1 as request 101, in the same read as a frame that reuses 101: it is in flight
+    # (journaled, not yet durable) when the frame is taken.
+    peer.send(add_body(101, 1), adds_body(100, range(2, 5)))
+    answers = await peer.answers_for([100, 101, 102])
+    refused = [answer for answer in answers if answer[2] == Status.BAD_REQUEST]
+    assert refused == [[ADD_ENTRY, 101, Status.BAD_REQUEST, LEDGER, 3]]
+    ok = Counter(i for answer in answers if answer[2] == Status.OK for i in answered_ids(answer))
+    assert ok == Counter([100, 101, 102])
+    assert await bookie.stored_ids(range(1, 5)) == [1, 2, 4]  # Entry 3 was not executed.
+
+
+async def test_drain_waits_for_journaled_adds_and_answers_them(bookie: Bookie) -> None:
+    """Shutdown: reading stops, and the adds already journaled are answered before the drain
+    returns (never dropped)."""
+    peer = await ledger_with_entry_0(bookie)
+    peer.send(adds_body(100, range(1, 21)))
+    assert bookie.server.inflight_requests == 20
+    await bookie.server.drain(10.0)
+    assert bookie.server.inflight_requests == 0
+    answers = await peer.answers_for(range(100, 120))
+    assert Counter(i for answer in answers for i in answered_ids(answer)) == Counter(
+        range(100, 120)
+    )
+    assert all(answer[2] == Status.OK for answer in answers)
