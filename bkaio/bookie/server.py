@@ -21,6 +21,7 @@ import structlog
 
 from bkaio.config import BookieConfig
 from bkaio.entrylog.api import LedgerStorage
+from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import (
     BKError,
     NoSuchEntryError,
@@ -382,12 +383,12 @@ class ShardServer(AddPath):
     # --- operations other than adds (bkaio/bookie/adds.py) -----------------------------------
 
     async def _read_entry(self, request: ReadEntryRequest) -> Response:
+        """A READ_ENTRY is a read of a range of one (`_read`)."""
         ledger_id = request.ledger_id
-        self._check_shard(ledger_id)
-        if request.flags & Flag.FENCE:
-            await self._fence(ledger_id, request.master_key)
         try:
-            (stored,) = await self.storage.read_range(ledger_id, request.entry_id, 1, _NO_LIMIT)
+            (stored,) = await self._read(
+                ledger_id, request.flags, request.master_key, request.entry_id, 1, _NO_LIMIT
+            )
         except NoSuchEntryError:
             return ReadEntryResponse(
                 request.request_id,
@@ -397,7 +398,6 @@ class ShardServer(AddPath):
                 self._lac_of(ledger_id),
                 None,
             )
-        self.metrics.read_entry_bytes.inc(len(stored.payload))
         wire = WireEntry(stored.entry_id, stored.lac, stored.length, stored.digest, stored.payload)
         return ReadEntryResponse(
             request.request_id, Status.OK, ledger_id, stored.entry_id, self._lac_of(ledger_id), wire
@@ -405,30 +405,51 @@ class ShardServer(AddPath):
 
     async def _read_range(self, request: ReadRangeRequest) -> Response:
         ledger_id = request.ledger_id
-        self._check_shard(ledger_id)
-        if request.flags & Flag.FENCE:
-            await self._fence(ledger_id, request.master_key)
         max_count = min(request.max_count, self.limits.max_read_range_count)
         max_bytes = min(request.max_bytes, self.limits.max_read_range_bytes)
         if max_count < request.max_count:
             self.metrics.limit_hit("max_read_range_count")
         if max_bytes < request.max_bytes:
             self.metrics.limit_hit("max_read_range_bytes")
-        stored = await self.storage.read_range(
-            ledger_id, request.first_entry_id, max_count, max_bytes
+        stored = await self._read(
+            ledger_id,
+            request.flags,
+            request.master_key,
+            request.first_entry_id,
+            max_count,
+            max_bytes,
         )
         entries = tuple(WireEntry(e.entry_id, e.lac, e.length, e.digest, e.payload) for e in stored)
-        self.metrics.read_entry_bytes.inc(sum(len(e.payload) for e in entries))
         status = Status.OK if entries or max_count == 0 else Status.NO_SUCH_ENTRY
         return ReadRangeResponse(
             request.request_id, status, ledger_id, self._lac_of(ledger_id), entries
         )
 
+    async def _read(
+        self,
+        ledger_id: int,
+        flags: Flag,
+        master_key: bytes | None,
+        first_entry_id: int,
+        max_count: int,
+        max_bytes: int,
+    ) -> list[StoredEntry]:
+        """The one read of the shard (READ_ENTRY, READ_RANGE): routing, the fence a recovery
+        read asks for, then storage's `read_range`."""
+        await self._route_and_fence(ledger_id, flags, master_key)
+        stored = await self.storage.read_range(ledger_id, first_entry_id, max_count, max_bytes)
+        self.metrics.read_entry_bytes.inc(sum(len(entry.payload) for entry in stored))
+        return stored
+
+    async def _route_and_fence(self, ledger_id: int, flags: Flag, master_key: bytes | None) -> None:
+        """What every read-side request does first: the shard check, and FENCE when asked."""
+        self._check_shard(ledger_id)
+        if flags & Flag.FENCE:
+            await self._fence(ledger_id, master_key)
+
     async def _read_lac(self, request: ReadLacRequest) -> Response:
         ledger_id = request.ledger_id
-        self._check_shard(ledger_id)
-        if request.flags & Flag.FENCE:
-            await self._fence(ledger_id, request.master_key)
+        await self._route_and_fence(ledger_id, request.flags, request.master_key)
         long_poll = bool(request.flags & Flag.LONG_POLL)
         if not long_poll and self.storage.ledger_state(ledger_id) is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} is not on {self.config.bookie_id}")
