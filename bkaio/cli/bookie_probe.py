@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from bkaio.errors import ProtocolError, error_for_status
 from bkaio.protocol.frames import FrameDecoder, frame_parts
 from bkaio.protocol.messages import PROTOCOL_VERSION, Op
-from bkaio.protocol.status import Status
+from bkaio.status import Status
 
 PROBE_TIMEOUT_SECONDS = 3.0
 PROBE_MAX_FRAME_BYTES = 64 * 1024  # Control replies only; anything bigger is a broken peer.

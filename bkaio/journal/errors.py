@@ -7,7 +7,7 @@ Defined here, in the journal's own package, until the lead decides whether they 
 from __future__ import annotations
 
 from bkaio.errors import BKError, TooManyRequestsError
-from bkaio.protocol.status import Status
+from bkaio.status import Status
 
 
 class JournalError(BKError):

@@ -98,3 +98,41 @@ def test_ledger_storage_does_not_import_the_journal() -> None:
         and target not in ENTRYLOG_MAY_IMPORT_FROM_JOURNAL
     }
     assert reached == set()
+
+
+def _reaches(imports: dict[str, set[str]], importer: str, imported: str) -> set[str]:
+    """The imports of modules of package `importer` into package `imported`."""
+
+    def inside(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return {
+        f"{module} -> {target}"
+        for module, targets in imports.items()
+        if inside(module, importer)
+        for target in targets
+        if inside(target, imported)
+    }
+
+
+def test_the_layers_import_only_downwards() -> None:
+    """The codec knows no storage, journal, client or bookie; storage and the journal know no
+    codec and no metadata (docs/architecture.md)."""
+    imports = _bkaio_imports()
+    forbidden = [
+        ("bkaio.protocol", "bkaio.entrylog"),
+        ("bkaio.protocol", "bkaio.journal"),
+        ("bkaio.protocol", "bkaio.ledger_client"),
+        ("bkaio.protocol", "bkaio.bookie"),
+        ("bkaio.entrylog", "bkaio.protocol"),
+        ("bkaio.entrylog", "bkaio.meta"),
+        ("bkaio.journal", "bkaio.protocol"),
+        ("bkaio.journal", "bkaio.meta"),
+        ("bkaio.journal", "bkaio.entrylog"),
+        ("bkaio.wal", "bkaio.journal"),
+        ("bkaio.wal", "bkaio.entrylog"),
+        ("bkaio.ledger_client", "bkaio.stream"),
+        ("bkaio.errors", "bkaio.protocol"),
+    ]
+    found = sorted(edge for a, b in forbidden for edge in _reaches(imports, a, b))
+    assert found == []
