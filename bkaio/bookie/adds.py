@@ -188,7 +188,7 @@ class AddPath:
                 added_bytes += batch.size - count * REQUEST_OVERHEAD_BYTES
                 if lac_waiters:
                     lac_waiters.notify(batch.ledger_id, self._lac_of(batch.ledger_id))
-                if batch.batched and batch.consecutive:
+                if batch.coalesce:
                     peer.respond_adds_ok(request_id, batch.ledger_id, entries[0].entry_id, count)
                 elif count == 1:
                     peer.respond_add_ok(request_id, batch.ledger_id, entries[0].entry_id)

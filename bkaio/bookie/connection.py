@@ -167,27 +167,32 @@ class BookieServerProtocol(asyncio.Protocol):
         server = self._server
         backlog = self._backlog
         limits = server.limits
+        max_entry_bytes = limits.max_entry_bytes
+        max_inflight = limits.max_inflight_per_connection
         for index, body in enumerate(bodies):
             if self._closing or self._close_after_flush or self._refused:
                 return
             if self._reading_paused:
                 backlog.extend(itertools.islice(bodies, index, None))
                 return
-            if isinstance(body, AddRequests):  # The rest of a frame split at the in-flight cap.
-                frame = body
-            elif body and body[0] in ADD_OPS and self._hello_done:
+            if type(body) is list:
+                if not (body and body[0] in ADD_OPS and self._hello_done):
+                    self._handle_body(server, body)
+                    continue
                 try:
-                    frame = decode_adds(body, limits.max_entry_bytes, AddRequests)
+                    frame = decode_adds(body, max_entry_bytes, AddRequests)
                 except ProtocolError as error:
                     self._fail(request_id_of(body), str(error))
                     return
-            else:
-                self._handle_body(server, body)
+            else:  # The rest of a frame split at the in-flight cap.
+                frame = cast(AddRequests, body)
+            if len(frame.entries) < max_inflight - self._inflight:
+                server.add(self, frame)  # The common case: it fits under the cap.
                 continue
             # Past the in-flight cap only the first adds of a frame are taken; the rest wait
             # in the backlog, ahead of the bodies after it, until reading resumes.
             while True:
-                room = limits.max_inflight_per_connection - self._inflight
+                room = max_inflight - self._inflight
                 count = len(frame.entries)
                 if count <= room or room <= 0:
                     server.add(self, frame)

@@ -15,7 +15,6 @@ storage keeps), no message object and no call per field. Sans-IO like the rest o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, Final, TypeVar
 
 from bkaio import errors  # Module reference: see the import note in frames.py.
@@ -42,7 +41,9 @@ _ADD_ENTRIES: Final = int(Op.ADD_ENTRIES)
 _RECOVERY_ADD: Final = int(Flag.RECOVERY_ADD)
 _HEAD: Final = ADD_ENTRIES_HEAD_FIELDS
 _FIELDS: Final = ADD_ENTRIES_ENTRY_FIELDS
-ADD_OPS: Final = frozenset({_ADD_ENTRY, _ADD_ENTRIES})  # The ops `decode_adds` reads.
+# The ops `decode_adds` reads. A tuple: `op in ADD_OPS` compares, and an op of any msgpack type
+# (a list, a map) is never hashed.
+ADD_OPS: Final = (_ADD_ENTRY, _ADD_ENTRIES)
 
 
 @dataclass(slots=True, eq=False)
@@ -52,14 +53,13 @@ class AddFrame(AddBatch):
 
     Add i is `entries[i]`, with request id `request_id + i`. `refused` maps the index of an add
     refused on its own to its status (BAD_REQUEST: payload over the limit; BAD_DIGEST); None
-    when every add passed. `batched`: it came as ADD_ENTRIES, so its OK answers may be one
-    ADD_ENTRIES answer, when `consecutive` (entry ids follow each other). The bookie decodes
+    when every add passed. `coalesce`: it came as ADD_ENTRIES and its entry ids follow each
+    other, so its OK answers may be one ADD_ENTRIES answer. The bookie decodes
     into its subclass (`decode_adds`' `frame_type`), which adds what answering takes.
     """
 
     request_id: int
-    batched: bool
-    consecutive: bool
+    coalesce: bool
     payload_bytes: int
     refused: dict[int, Status] | None = None
 
@@ -75,9 +75,7 @@ class AddFrame(AddBatch):
             self.recovery,
             entries,
             self.request_id + start,
-            self.batched,
-            self.consecutive
-            or all(later.entry_id == earlier.entry_id + 1 for earlier, later in pairwise(entries)),
+            self.coalesce,  # A run of a frame whose ids follow each other: so do the run's.
             sum(len(entry.payload) for entry in entries),
             refused or None,
         )
@@ -124,7 +122,6 @@ def decode_adds(body: list[Any], max_entry_bytes: int, frame_type: type[_Frame])
                     [StoredEntry(ledger_id, entry_id, lac, length, digest, payload)],
                     request_id,
                     False,
-                    True,
                     len(payload),
                 )
                 if len(payload) > max_entry_bytes:
@@ -208,7 +205,6 @@ def _entries_of(
         flags & _RECOVERY_ADD != 0,
         entries,
         request_id,
-        True,
         consecutive,
         payload_bytes,
         refused,

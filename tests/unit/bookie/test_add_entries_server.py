@@ -453,3 +453,13 @@ async def test_drain_waits_for_journaled_adds_and_answers_them(bookie: Bookie) -
         range(100, 120)
     )
     assert all(answer[2] == Status.OK for answer in answers)
+
+
+@pytest.mark.parametrize("op", [[1, 2], {"a": 1}, b"x", 2.0, None])
+async def test_a_body_whose_op_is_not_an_int_gets_error_and_closes(bookie: Bookie, op: Any) -> None:
+    """Whatever msgpack value stands where the op should (a list, a map: unhashable), one
+    ERROR answer and a close, nothing raised out of the connection."""
+    peer, _ = await bookie.hello()
+    peer.send([op, 5, 6])
+    await peer.wait_until(lambda bodies: any(b[0] == ERROR for b in bodies))
+    assert peer.transport.closing
