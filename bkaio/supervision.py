@@ -17,6 +17,13 @@ the task's policy:
   fsync). The supervisor resolves `fatal` once; the service's main coroutine waits on it beside
   its stop signal, shuts down and exits with `EXIT_TASK_FAILED`, so systemd restarts it.
 
+One-shot jobs of a long-lived object (a ledger handle's ensemble change or explicit-LAC write,
+a stream writer's roll) are not services' tasks: there are many of them, each ends, and the
+object that starts one tracks it. `spawn_job(name, job, kind=..., on_failure=...)` runs one:
+an unexpected exception is logged and counted the same way (under `task=kind`, so the metric's
+labels stay few however many objects there are) and handed to `on_failure`, which puts the
+object into a safe state (a failed handle). Nothing restarts.
+
 A run that returns normally is over: logged at INFO (`task_finished`), not restarted. The event
 loop's exception handler (callbacks, done-callbacks and futures nobody awaited that raised) is
 routed here too by `install_loop_exception_handler`: logged at ERROR and counted under the task
@@ -32,7 +39,7 @@ import asyncio
 import enum
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -295,3 +302,46 @@ class Supervisor:
         _done, pending = await asyncio.wait(tasks, timeout=timeout_seconds)
         for task in pending:
             self._log.error("task_did_not_stop", task=task.get_name(), timeout=timeout_seconds)
+
+
+def spawn_job(
+    name: str,
+    job: Coroutine[Any, Any, object],
+    *,
+    kind: str,
+    on_failure: Callable[[BaseException], None],
+    registry: CollectorRegistry = REGISTRY,
+) -> asyncio.Task[None]:
+    """Run `job` once as the task `name` (see the module doc); the caller keeps the task.
+
+    An exception other than a cancellation is logged at ERROR (`task_failed`, with `name`),
+    counted in `bkaio_task_failures_total{task=kind}` and passed to `on_failure`; the task then
+    ends normally, so nothing reaches the event loop's handler.
+    """
+    counter = task_failures_counter(registry)
+
+    async def run() -> None:
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # Reported, then handed to the owner.
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            counter.labels(task=kind).inc()
+            log.error(
+                "task_failed",
+                task=name,
+                kind=kind,
+                error=f"{type(error).__name__}: {error}",
+                exc_info=error,
+            )
+            try:
+                on_failure(error)
+            except Exception as hook_error:  # The owner's safe state is broken: say so.
+                counter.labels(task=kind).inc()
+                log.error(
+                    "task_failure_hook_failed", task=name, error=str(hook_error), exc_info=True
+                )
+
+    return asyncio.get_running_loop().create_task(run(), name=name)

@@ -38,6 +38,7 @@ from bkaio.errors import (
     ProtocolError,
     error_for_status,
 )
+from bkaio.ledger_client.tls_diagnosis import explain_connect_error, explain_refusal
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol import (
     I64_MAX,
@@ -54,6 +55,7 @@ from bkaio.protocol import (
     Status,
     decode_response,
 )
+from bkaio.supervision import spawn_job
 
 log = structlog.get_logger(__name__)
 
@@ -142,6 +144,7 @@ class BookieConnection(asyncio.Protocol):
         self._tick: asyncio.TimerHandle | None = None
         self._retry_at = 0.0
         self._backoff = config.reconnect_backoff_min
+        self._last_failure = ""  # Why the connection last failed (told while backing off).
         self._hello_request_id = 0
         self._closed = False
         # Adds go out as ADD_ENTRIES frames: the bookie said so in its HELLO answer. False
@@ -299,7 +302,8 @@ class BookieConnection(asyncio.Protocol):
                 self._loop.call_soon(
                     callback,
                     BookieUnavailableError(
-                        f"{self._label} is unreachable; next attempt in {self._retry_at - now:.2f}s"
+                        f"{self._label} is unreachable ({self._last_failure}); next attempt "
+                        f"in {self._retry_at - now:.2f}s"
                     ),
                 )
                 return False
@@ -403,9 +407,8 @@ class BookieConnection(asyncio.Protocol):
                 )
         except (OSError, TimeoutError) as error:
             self._connect_task = None
-            self._connection_failed(
-                BookieUnavailableError(f"cannot connect to {self._label}: {error!r}")
-            )
+            message = explain_connect_error(self._label, error, tls=self._tls is not None)
+            self._connection_failed(BookieUnavailableError(message))
             return
         self._connect_task = None
 
@@ -445,7 +448,13 @@ class BookieConnection(asyncio.Protocol):
             return  # The connection is already failing every waiter.
         assert isinstance(result, HelloResponse)
         if result.status is not Status.OK:
-            self._abort(error_for_status(result.status, f"{self._label} refused HELLO"))
+            hint = (
+                ": the bookie wants another auth token (auth_token= of BookKeeper.connect, "
+                "BKAIO_AUTH_TOKEN for the command line)"
+                if result.status is Status.UNAUTHORIZED
+                else ""
+            )
+            self._abort(error_for_status(result.status, f"{self._label} refused HELLO{hint}"))
         elif result.shard_index != self._shard_index:
             self._abort(
                 ProtocolError(
@@ -556,10 +565,39 @@ class BookieConnection(asyncio.Protocol):
         self._transport = None
         self._connected = False
         self._paused = False
+        if self._hello_request_id in self._waiters and not self._closed:
+            # Closed before answering HELLO: often a TLS mismatch, which is worth telling.
+            # Requests sent meanwhile queue behind this job, as behind a connect.
+            self._connect_task = spawn_job(
+                f"diagnose-{self.bookie_id}-{self._shard_index}",
+                self._diagnose_refusal(exc),
+                kind="connection_diagnosis",
+                on_failure=lambda error: self._refusal_told(
+                    f"bookie {self._label} closed the connection before answering HELLO"
+                ),
+            )
+            return
         reason = f"lost connection to {self._label}" + (f": {exc!r}" if exc else "")
         self._connection_failed(BookieUnavailableError(reason))
 
+    async def _diagnose_refusal(self, exc: Exception | None) -> None:
+        message = await explain_refusal(
+            self._label,
+            self._host,
+            self._port,
+            exc,
+            tls=self._tls is not None,
+            timeout_seconds=self._config.connect_timeout,
+        )
+        self._refusal_told(message)
+
+    def _refusal_told(self, message: str) -> None:
+        self._connect_task = None
+        if not self._closed:
+            self._connection_failed(BookieUnavailableError(message))
+
     def _connection_failed(self, error: BKError) -> None:
+        self._last_failure = str(error)
         self.batches_adds = False
         self._paused = False
         if self._writable_waiters:  # After the waiters below failed.

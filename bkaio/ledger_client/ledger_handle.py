@@ -8,7 +8,11 @@ The add path (BookKeeper's PendingAddOp, docs/client.md):
   each resolution advances the LAC.
 - A bookie that fails an add (error, timeout, lost connection) starts an ensemble change: a
   replacement takes its slot in a new segment starting at LAC + 1 (metadata CAS), and pending
-  entries are re-sent to it. Nothing completes while a change is in flight.
+  entries are re-sent to it. Nothing completes while a change is in flight. Which bookie, and
+  when there is none so that the handle fails with NotEnoughBookiesError, is
+  ensemble_change.py's decision: without progress each bookie is tried once, so a writer that
+  cannot write fails after at most as many changes as there are bookies. Changes after the
+  first back off (jittered); the change runs as a supervised job.
 - Fencing (FENCED from any bookie, or metadata no longer OPEN) is fatal for the handle.
 Imports no transport or codec code: bookies are reached through `ClientContext.ops`.
 """
@@ -19,38 +23,44 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from types import MethodType, TracebackType
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import (
     BKError,
     LedgerClosedError,
     LedgerFencedError,
+    MetadataError,
     MetadataVersionError,
     NotEnoughBookiesError,
     TooManyRequestsError,
     UnauthorizedError,
 )
 from bkaio.ledger_client.context import ClientContext
+from bkaio.ledger_client.ensemble_change import (
+    BookieFailures,
+    not_enough_bookies,
+    plan_replacements,
+)
 from bkaio.ledger_client.errors import InvalidArgumentError, copy_error
-from bkaio.ledger_client.placement import BookieCandidate
 from bkaio.ledger_client.quorum import with_new_segment, write_set
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bkaio.protocol.digest import entry_digest
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FIXARRAY_HEADER_BYTES, FrameEncoder
+from bkaio.supervision import spawn_job
 
 log = structlog.get_logger(__name__)
 
 # Errors after which the same bookie can never take this ledger's adds: the handle stops.
 _FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
-# A bookie that failed an add is passed over as a replacement for this long (BookKeeper's
-# quarantine), then it is a candidate again: after a rolling restart every bookie has failed
-# once, and a writer that shunned them for good would run out of bookies.
-BOOKIE_QUARANTINE_SECONDS = 30.0
+# Compare-and-swaps one ensemble change may try: each lost one means another client changed
+# the record (a recovery, which fences this writer) or the store lost the answer.
+_MAX_METADATA_ATTEMPTS = 8
 
 
 class _PendingAdd:
@@ -140,8 +150,12 @@ class LedgerHandle:
         self._idle.set()
         self._is_idle = True  # Mirrors `_idle`, so that `append` calls no Event method.
         self._failed: dict[int, str] = {}  # Ensemble index -> bookie to replace.
-        self._failed_at: dict[str, float] = {}  # Bookie -> loop time of its last failed add.
+        self._failures = BookieFailures(context.config.bookie_quarantine_seconds)
         self._down_mask = 0  # Indexes that failed with no replacement; adds skip them.
+        self._change_backoff = Backoff(
+            context.config.ensemble_change_backoff_min, context.config.ensemble_change_backoff_max
+        )
+        self._last_change_at: float | None = None  # Loop time of the last ensemble change.
         self._changing = False
         self._change_task: asyncio.Task[None] | None = None
         self._error: BKError | None = None
@@ -300,14 +314,15 @@ class LedgerHandle:
         if down_mask:  # With every slot up the write set (Qw >= Qa bookies) is reachable.
             live = self._write_set_masks[add.entry_id % self._ensemble_size] & ~down_mask
             if (live | add.acked).bit_count() < self._ack_quorum:
-                self._fail(
-                    NotEnoughBookiesError(
-                        f"ledger {self.ledger_id}: entry {add.entry_id} can reach only "
-                        f"{(live | add.acked).bit_count()} of ack quorum {self._ack_quorum}: "
-                        f"bookies {self._down_bookies()} failed and no writable bookie "
-                        f"replaces them"
-                    )
+                down = self._down_bookies()
+                error = NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: entry {add.entry_id} can reach only "
+                    f"{(live | add.acked).bit_count()} of ack quorum {self._ack_quorum}: "
+                    f"bookies {down} failed and no writable bookie replaces them. Why: "
+                    f"{self._failures.describe(down) or 'unknown'}"
                 )
+                error.__cause__ = self._failures.last_cause
+                self._fail(error)
                 return
             mask &= ~down_mask
         if add.lac > self._max_piggybacked_lac:
@@ -486,6 +501,8 @@ class LedgerHandle:
         if last is not None:
             self._lac = last.entry_id
             self._acked_length = last.length
+            if self._failures.since_progress:
+                self._failures.progress()
             if self._lac_timer is None:
                 self._schedule_explicit_lac()
         if self._waiting:
@@ -551,17 +568,28 @@ class LedgerHandle:
             error_type=type(error).__name__,
         )
         self._failed[index] = bookie_id
-        self._failed_at[bookie_id] = self._loop.time()
+        self._failures.failed(bookie_id, error, self._loop.time())
         if self._change_task is None:
             self._changing = True
-            self._change_task = self._loop.create_task(
-                self._change_ensemble(), name=f"ledger-{self.ledger_id}-ensemble-change"
+            self._change_task = spawn_job(
+                f"ledger-{self.ledger_id}-ensemble-change",
+                self._change_ensemble(),
+                kind="ensemble_change",
+                on_failure=self._job_failed,
             )
+
+    def _job_failed(self, error: BaseException) -> None:
+        """A background job of this handle broke (a bug, logged by the supervisor): stop."""
+        failure = BKError(f"ledger {self.ledger_id}: internal error: {type(error).__name__}")
+        failure.__cause__ = error
+        self._fail(failure)
 
     async def _change_ensemble(self) -> None:
         try:
             while self._failed and self._error is None:
-                await self._change_ensemble_once(dict(self._failed))
+                await self._back_off_before_change()
+                if self._error is None:
+                    await self._change_ensemble_once(dict(self._failed))
         except BKError as error:
             self._fail(error)
         finally:
@@ -570,52 +598,49 @@ class LedgerHandle:
             if self._error is None:
                 self._drain()
 
-    def _replacement(
-        self,
-        bookies: Sequence[BookieCandidate],
-        ensemble: list[str],
-        index: int,
-        failed: dict[int, str],
-    ) -> str:
-        """A bookie for `index`: one that has not failed lately, else any but the failing ones."""
+    async def _back_off_before_change(self) -> None:
+        """The first change in a quarantine period goes at once; later ones wait a jittered,
+        growing delay, so a flapping cluster cannot make a writer rewrite its metadata fast."""
         now = self._loop.time()
-        quarantined = {
-            bookie_id
-            for bookie_id, failed_at in self._failed_at.items()
-            if now - failed_at < BOOKIE_QUARANTINE_SECONDS
-        }
-        try:
-            return self._ctx.placement.replace_bookie(
-                bookies, ensemble, index, self._write_quorum, exclude=quarantined
-            )
-        except NotEnoughBookiesError:
-            return self._ctx.placement.replace_bookie(
-                bookies, ensemble, index, self._write_quorum, exclude=set(failed.values())
-            )
+        last = self._last_change_at
+        if last is None or now - last >= self._failures.quarantine_seconds:
+            self._change_backoff.reset()
+        else:
+            await asyncio.sleep(self._change_backoff.next_delay())
+        self._last_change_at = self._loop.time()
 
     async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
         # Appends not sent yet go to the ensemble they were appended under, like the rest:
         # the re-send below then covers them as it covers every pending add.
         self._send_unsent()
-        new_ensemble = list(self._ensemble)
-        replaced: list[int] = []
-        bookies = self._ctx.bookies()
+        plan = plan_replacements(
+            placement=self._ctx.placement,
+            bookies=self._ctx.bookies(),
+            ensemble=self._ensemble,
+            failed=failed.keys(),
+            down_mask=self._down_mask,
+            write_quorum=self._write_quorum,
+            ack_quorum=self._ack_quorum,
+            failures=self._failures,
+            now=self._loop.time(),
+        )
         for index in sorted(failed):
-            try:
-                new_ensemble[index] = self._replacement(bookies, new_ensemble, index, failed)
-            except NotEnoughBookiesError:
-                self._down_mask |= 1 << index
+            if plan.down_mask >> index & 1:
                 self._log.warning(
                     "bookie_not_replaced", bookie_id=failed[index], ensemble_index=index
                 )
-            else:
-                replaced.append(index)
+        if not plan.ack_quorum_reachable(self._write_quorum, self._ack_quorum):
+            # Fail before writing anything: no metadata version for a change that cannot help.
+            raise not_enough_bookies(self.ledger_id, plan, self._ack_quorum, self._failures)
+        replaced = plan.replaced
+        self._down_mask = plan.down_mask
         if replaced:
-            await self._write_ensemble(new_ensemble)
+            old = self._ensemble
+            await self._write_ensemble(list(plan.ensemble))
             self._log.info(
                 "ensemble_changed",
                 first_entry_id=self._lac + 1,
-                replaced={failed[i]: new_ensemble[i] for i in replaced},
+                replaced={old[i]: plan.ensemble[i] for i in replaced},
             )
         for index, bookie_id in failed.items():
             if self._failed.get(index) == bookie_id:
@@ -637,7 +662,7 @@ class LedgerHandle:
         ledgers = self._ctx.ledgers
         md = self._md
         first_entry_id = self._lac + 1
-        while True:
+        for _attempt in range(_MAX_METADATA_ATTEMPTS):
             if md.state is not LedgerState.OPEN:
                 raise LedgerFencedError(
                     f"ledger {self.ledger_id} is {md.state.name} in metadata: another client "
@@ -660,6 +685,10 @@ class LedgerHandle:
             self._md = updated
             self._set_ensemble(new_ensemble)
             return
+        raise MetadataError(
+            f"ledger {self.ledger_id}: ensemble change not recorded after "
+            f"{_MAX_METADATA_ATTEMPTS} compare-and-swap attempts"
+        )
 
     # ----------------------------------------------------------------- explicit LAC
 
@@ -674,7 +703,12 @@ class LedgerHandle:
         if lac <= self._max_piggybacked_lac or self._error is not None or self._closed:
             return
         self._max_piggybacked_lac = lac
-        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
+        task = spawn_job(
+            f"ledger-{self.ledger_id}-lac",
+            self._write_lac(lac),
+            kind="explicit_lac",
+            on_failure=self._job_failed,
+        )
         self._lac_tasks.add(task)
         task.add_done_callback(self._lac_tasks.discard)
 

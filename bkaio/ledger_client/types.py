@@ -100,6 +100,14 @@ class ClientConfig:
     """Options of one `BookKeeper` client (keyword options of `BookKeeper.connect`)."""
 
     add_timeout: float = 5.0  # Per bookie add; past it the bookie counts as failed.
+    # A bookie that failed an add of a ledger handle is no replacement candidate for that
+    # handle for this long (BookKeeper's bookieQuarantineTime); when every candidate is in
+    # quarantine the handle fails with NotEnoughBookiesError instead of trying them again.
+    bookie_quarantine_seconds: float = 30.0
+    # Ensemble changes of one handle after the first (with no add completed in between) wait
+    # a jittered, doubling delay from the min up to the max.
+    ensemble_change_backoff_min: float = 0.05
+    ensemble_change_backoff_max: float = 2.0
     read_timeout: float = 5.0  # Per bookie read.
     placement: str = "default"
     client_id: str = "bkaio-client"
@@ -124,7 +132,7 @@ class ClientConfig:
     max_frame_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("add_timeout", "read_timeout", "connect_timeout"):
+        for name in ("add_timeout", "read_timeout", "connect_timeout", "bookie_quarantine_seconds"):
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
@@ -144,6 +152,11 @@ class ClientConfig:
             raise ConfigError(f"read_batch_entries={self.read_batch_entries} must be >= 1")
         if self.read_batch_bytes < 1:
             raise ConfigError(f"read_batch_bytes={self.read_batch_bytes} must be >= 1")
+        if not 0 < self.ensemble_change_backoff_min <= self.ensemble_change_backoff_max:
+            raise ConfigError(
+                f"ensemble_change_backoff_min={self.ensemble_change_backoff_min} must be in "
+                f"(0, ensemble_change_backoff_max={self.ensemble_change_backoff_max}]"
+            )
         if not 0 < self.reconnect_backoff_min <= self.reconnect_backoff_max:
             raise ConfigError(
                 f"reconnect_backoff_min={self.reconnect_backoff_min} must be in "

@@ -78,7 +78,8 @@ async def test_f6_rolling_restart_under_load(
     )
     assert_safe(result, report, seed=seed)
     # Liveness: a writer must outlive a rolling restart. Failed bookies are only quarantined
-    # for a while (ledger_handle.BOOKIE_QUARANTINE_SECONDS), so restarted ones come back into use.
+    # for a while (ClientConfig.bookie_quarantine_seconds) and taken again when a write set needs
+    # them (ledger_client/ensemble_change.py), so restarted ones come back into use.
     assert writer.failed is None, f"BKAIO_SEED={seed}: {writer.failed!r}"
 
 
