@@ -9,9 +9,11 @@ With the two fixes the TLA+ model found (reference/faults.md A2):
 4. Read forward with FENCING reads; an entry is present with one digest-valid copy, absent
    once Qw - Qa + 1 bookies of its write set say no; anything else stops recovery with an
    error and leaves the ledger unsealed.
-5. Re-write each found entry (the same bytes) to its write set with RECOVERY_ADD, Qa acks
-   each; a failing bookie is replaced locally, in a segment that starts at start + 1.
-6. CAS to CLOSED with the agreed last entry and length (and the local segment, if any). If
+5. Re-write each found entry (the same bytes) to its write set with RECOVERY_ADD until every
+   live bookie of its write set holds it; a failing bookie is replaced by an ensemble change,
+   in local segments that start after start (recovery_rewrite.py, BookKeeper's recovery add
+   path), so the sealed ledger never names a dead bookie that a spare could replace.
+6. CAS to CLOSED with the agreed last entry and length (and the local segments, if any). If
    someone else closed first, adopt their close. A CAS whose outcome is unknown is re-read.
 Imports no transport code.
 
@@ -26,16 +28,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from functools import partial
 from typing import Final, Protocol
 
 import structlog
 
-from bkaio.errors import BKError, MetadataVersionError, NotEnoughBookiesError, UnauthorizedError
+from bkaio.errors import MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
 from bkaio.ledger_client.quorum import bookies_for_entry, with_new_segment, write_set
 from bkaio.ledger_client.reads import EntryReader
+from bkaio.ledger_client.recovery_rewrite import RecoveryRewrite
 from bkaio.ledger_client.types import BookieOps, StoredCopy
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
@@ -99,10 +101,12 @@ class LedgerRecovery:
         last_entry_id = start + len(found)
         if found:
             length = found[-1].length
-        final_ensemble = await self._rewrite(found, list(ensemble), md)
+        rewrite = RecoveryRewrite(
+            self._ctx, self.ledger_id, self._master_key, md.write_quorum, md.ack_quorum
+        )
         ensembles = md.ensembles
-        if final_ensemble != list(ensemble):
-            ensembles = with_new_segment(md.ensembles, start + 1, final_ensemble)
+        for first_entry_id, bookies in await rewrite.run(found, ensemble):
+            ensembles = with_new_segment(ensembles, first_entry_id, bookies)
         closed = await self._seal(md, ensembles, last_entry_id, length)
         self._log.info(
             "ledger_recovered",
@@ -180,86 +184,3 @@ class LedgerRecovery:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-
-    # ----------------------------------------------------------------- re-writing
-
-    async def _rewrite(
-        self, found: list[StoredCopy], ensemble: list[str], md: LedgerMetadata
-    ) -> list[str]:
-        """RECOVERY_ADD every found entry until each has Qa acks; returns the final ensemble."""
-        if not found:
-            return ensemble
-        excluded: set[str] = set()
-        while True:
-            failed = await self._add_all(found, ensemble, md.write_quorum, md.ack_quorum)
-            if failed is None:
-                return ensemble
-            excluded.update(ensemble[i] for i in failed)
-            for index in sorted(failed):
-                try:
-                    replacement = self._ctx.placement.replace_bookie(
-                        self._ctx.bookies(), ensemble, index, md.write_quorum, exclude=excluded
-                    )
-                except NotEnoughBookiesError as error:
-                    raise NotEnoughBookiesError(
-                        f"ledger {self.ledger_id}: recovery cannot re-write its entries: {error}"
-                    ) from error
-                self._log.info(
-                    "recovery_bookie_replaced", bookie_id=ensemble[index], replacement=replacement
-                )
-                ensemble[index] = replacement
-
-    async def _add_all(
-        self, found: list[StoredCopy], ensemble: list[str], write_quorum: int, ack_quorum: int
-    ) -> set[int] | None:
-        """Send every entry to its write set; None when each got Qa acks, else failed indexes."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        size = len(ensemble)
-        acks = [0] * len(found)
-        outstanding = 0
-        failed: set[int] = set()
-        errors: list[BKError] = []
-
-        short = len(found)  # Entries still below Qa acks.
-
-        def answered(position: int, index: int, error: BKError | None) -> None:
-            nonlocal outstanding, short
-            outstanding -= 1
-            if error is None:
-                acks[position] += 1
-                if acks[position] == ack_quorum:
-                    short -= 1
-            else:
-                failed.add(index)
-                errors.append(error)
-            # Done when every entry has Qa acks (a slow bookie does not hold recovery up),
-            # or when every bookie answered.
-            if (short == 0 or outstanding == 0) and not done.done():
-                done.set_result(None)
-
-        for position, copy in enumerate(found):
-            for index in write_set(copy.entry_id, size, write_quorum):
-                outstanding += 1
-                self._ctx.ops.add_entry(
-                    ensemble[index],
-                    self.ledger_id,
-                    copy.entry_id,
-                    recovery=True,
-                    master_key=self._master_key,
-                    lac=copy.lac,
-                    length=copy.length,
-                    digest=copy.digest,
-                    payload=copy.payload,
-                    callback=partial(answered, position, index),
-                )
-        await done
-        if all(count >= ack_quorum for count in acks):
-            return None
-        self._log.warning(
-            "recovery_add_failed", failed_indexes=sorted(failed), errors=[str(e) for e in errors]
-        )
-        for error in errors:
-            if isinstance(error, UnauthorizedError):
-                raise error  # Another bookie would say the same: the key is wrong.
-        return failed
