@@ -19,7 +19,7 @@ the task's policy:
 
 One-shot jobs of a long-lived object (a ledger handle's ensemble change or explicit-LAC write,
 a stream writer's roll) are not services' tasks: there are many of them, each ends, and the
-object that starts one tracks it. `spawn_job(name, job, kind=..., on_failure=...)` runs one:
+object that starts one tracks it. `spawn_job(name, factory, kind=..., on_failure=...)` runs one:
 an unexpected exception is logged and counted the same way (under `task=kind`, so the metric's
 labels stay few however many objects there are) and handed to `on_failure`, which puts the
 object into a safe state (a failed handle). Nothing restarts.
@@ -39,7 +39,7 @@ import asyncio
 import enum
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -306,13 +306,13 @@ class Supervisor:
 
 def spawn_job(
     name: str,
-    job: Coroutine[Any, Any, object],
+    job: Callable[[], Awaitable[object]],
     *,
     kind: str,
     on_failure: Callable[[BaseException], None],
     registry: CollectorRegistry = REGISTRY,
 ) -> asyncio.Task[None]:
-    """Run `job` once as the task `name` (see the module doc); the caller keeps the task.
+    """Run `job()` once as the task `name` (see the module doc); the caller keeps the task.
 
     An exception other than a cancellation is logged at ERROR (`task_failed`, with `name`),
     counted in `bkaio_task_failures_total{task=kind}` and passed to `on_failure`; the task then
@@ -322,7 +322,7 @@ def spawn_job(
 
     async def run() -> None:
         try:
-            await job
+            await job()  # Called here: a job cancelled before it starts leaves no coroutine.
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # Reported, then handed to the owner.

@@ -2,22 +2,26 @@
 
     bkaio stream create NS [--quota-bytes N ...]      bkaio stream create NS/STREAM
     bkaio stream list [NS]                            bkaio stream delete NS[/STREAM] [--force]
-    bkaio stream write NS/STREAM [PAYLOAD ...]        (no PAYLOAD: one record per stdin line)
+    bkaio stream write NS/STREAM [PAYLOAD ...]        (no PAYLOAD: one record per stdin line,
+                                                       sent as it arrives; EOF closes)
     bkaio stream tail NS/STREAM [--from earliest|latest|LEDGER:ENTRY@SEQ|SEQ] [--cursor NAME]
     bkaio stream truncate NS/STREAM --before POSITION [--force]
     bkaio stream cursors NS/STREAM                    bkaio stream retain [NS ...] [--every S]
 
 Positions print as LEDGER:ENTRY@SEQ. Every command takes --metadata (or $BKAIO_METADATA) and
---json; failures are one line on stderr (bkaio/cli/main.py).
+--json; failures are one line on stderr (bkaio/cli/main.py). `write` and `tail` print one line
+per record as it goes (with --json, one JSON object per line), so they work in pipes that
+never end: `tail -f app.log | bkaio stream write NS/STREAM`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import click
 
@@ -26,7 +30,12 @@ from bkaio.cli.output import emit, payload_text, table
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
-    from bkaio.stream import Namespace, StreamPosition
+    from bkaio.stream import Namespace, StreamPosition, StreamWriter
+
+T = TypeVar("T")
+
+# Records `stream write` keeps in flight (sent, not yet acknowledged) by default.
+DEFAULT_WRITE_WINDOW = 1000
 
 
 def split_name(name: str, *, stream_required: bool) -> tuple[str, str | None]:
@@ -157,32 +166,133 @@ def list_command(metadata_uri: str, as_json: bool, namespace: str | None) -> Non
 @click.argument("name")
 @click.argument("payloads", nargs=-1)
 @click.option("--hex", "as_hex", is_flag=True, help="PAYLOADs (or stdin lines) are hex.")
+@click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    default=DEFAULT_WRITE_WINDOW,
+    show_default=True,
+    help="Records in flight at most (sent, not yet acknowledged).",
+)
 @metadata_option
 @json_option
 def write(
-    metadata_uri: str, as_json: bool, name: str, payloads: tuple[str, ...], as_hex: bool
+    metadata_uri: str,
+    as_json: bool,
+    name: str,
+    payloads: tuple[str, ...],
+    as_hex: bool,
+    window: int,
 ) -> None:
-    """Append PAYLOADs (default: each line of stdin) to NS/STREAM, becoming its writer."""
+    """Append PAYLOADs (default: each line of stdin, sent as it arrives) to NS/STREAM, becoming
+    its writer; print each record's position once it is acknowledged. EOF flushes and closes."""
     namespace_name, stream_name = split_name(name, stream_required=True)
     assert stream_name is not None
-    texts = list(payloads) if payloads else [line.rstrip("\n") for line in sys.stdin]
-    try:
-        records = [bytes.fromhex(t) if as_hex else t.encode() for t in texts]
-    except ValueError as error:
-        raise click.BadParameter(f"not hex: {error}") from None
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> None:
         async with connected(metadata_uri) as bk:
             namespace = await _namespace(bk, namespace_name)
+            if payloads:
+                records = _records(_given(payloads), as_hex)
+            else:
+                records = _records(_stdin_lines(bk.config.max_frame_bytes), as_hex)
             writer = await namespace.open_writer(stream_name)
             try:
-                positions = await asyncio.gather(*(writer.write(r) for r in records))
+                await _write_pipelined(writer, records, window, as_json)
             finally:
-                await writer.close()
-            return [{"position": str(p), **p.to_dict()} for p in positions]
+                await writer.close()  # Waits for every write sent (the flush), then seals.
 
-    rows = run(go())
-    emit(rows, as_json=as_json, human="\n".join(row["position"] for row in rows))
+    run(go())
+
+
+async def _given(payloads: tuple[str, ...]) -> AsyncIterator[bytes]:
+    for payload in payloads:
+        yield payload.encode()
+
+
+def _stdin_lines(max_line_bytes: int) -> AsyncIterator[bytes]:
+    from bkaio.cli.stdin_lines import ReadsChunks, lines_of
+
+    # sys.stdin.buffer is a BufferedReader (or click's test BytesIO): both have read1.
+    return lines_of(cast(ReadsChunks, sys.stdin.buffer), max_line_bytes=max_line_bytes)
+
+
+async def _records(lines: AsyncIterable[bytes], as_hex: bool) -> AsyncIterator[bytes]:
+    """The records to write: the lines as they are, or decoded from hex."""
+    number = 0
+    async for line in lines:
+        number += 1
+        if not as_hex:
+            yield line
+            continue
+        try:
+            yield bytes.fromhex(line.decode("ascii"))
+        except ValueError as error:  # UnicodeDecodeError included.
+            raise click.BadParameter(
+                f"record {number} is not hex ({error}); the records before it were written"
+            ) from None
+
+
+async def _write_pipelined(
+    writer: StreamWriter, records: AsyncIterator[bytes], window: int, as_json: bool
+) -> None:
+    """Send each record as it comes, with at most `window` unacknowledged; print positions in
+    order as they are acknowledged, while waiting for more input too."""
+    sent: asyncio.Queue[asyncio.Future[StreamPosition] | None] = asyncio.Queue()
+    room = asyncio.Semaphore(window)
+
+    async def show_in_order() -> None:
+        while (future := await sent.get()) is not None:
+            position = await future  # A failed write ends the command with its error.
+            if as_json:
+                line = json.dumps({"position": str(position), **position.to_dict()})
+            else:
+                line = str(position)
+            sys.stdout.write(line + "\n")
+            if sent.empty():
+                sys.stdout.flush()
+            room.release()
+        sys.stdout.flush()
+
+    printer = asyncio.ensure_future(show_in_order())
+    bad_input: Exception | None = None
+    try:
+        try:
+            while (record := await _unless_failed(anext(records, None), printer)) is not None:
+                await _unless_failed(room.acquire(), printer)
+                future = writer.write(record)
+                # A failed write fails the command through the printer; the others' errors
+                # are the same failure and must not be reported as never retrieved.
+                future.add_done_callback(_retrieved)
+                sent.put_nowait(future)
+        except Exception as error:
+            if printer.done():
+                raise  # A write failed.
+            bad_input = error  # Raised once what was sent before it is acknowledged.
+        sent.put_nowait(None)
+        await printer
+        if bad_input is not None:
+            raise bad_input
+    finally:
+        if not printer.done():
+            printer.cancel()
+            await asyncio.gather(printer, return_exceptions=True)
+
+
+async def _unless_failed(step: Awaitable[T], printer: asyncio.Future[None]) -> T:
+    """`await step`, unless the printer ends first (a write failed): then raise its error."""
+    task = asyncio.ensure_future(step)
+    await asyncio.wait((task, printer), return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    printer.result()  # Raises the failure of the write.
+    raise AssertionError("the printer ended before its last record")
+
+
+def _retrieved(future: asyncio.Future[StreamPosition]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 @stream.command("tail")
@@ -205,9 +315,11 @@ def tail(
     no_follow: bool,
     as_hex: bool,
 ) -> None:
-    """Print the records of NS/STREAM, following new ones like `tail -f`."""
-    import json
+    """Print the records of NS/STREAM, following new ones like `tail -f`.
 
+    With --no-follow: every record acknowledged before the command started, then exit 0;
+    exit 1 naming the segment when one cannot be read.
+    """
     namespace_name, stream_name = split_name(name, stream_required=True)
     assert stream_name is not None
     parsed = _parse_start(start)
@@ -220,8 +332,9 @@ def tail(
                 if isinstance(parsed, int)
                 else parsed
             )
-            end = await namespace.end_seq(stream_name) if no_follow else None
             reader = await namespace.open_reader(stream_name, begin, cursor=cursor)
+            # The exact end: after the last acknowledged record, not the bookies' lagging LAC.
+            end = await reader.acknowledged_end() if no_follow else None
             shown = 0
             try:
                 while max_count is None or shown < max_count:

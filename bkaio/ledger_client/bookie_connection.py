@@ -25,6 +25,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import repeat
 from types import MethodType
 from typing import Any, Protocol, TypeVar, cast
@@ -570,7 +571,7 @@ class BookieConnection(asyncio.Protocol):
             # Requests sent meanwhile queue behind this job, as behind a connect.
             self._connect_task = spawn_job(
                 f"diagnose-{self.bookie_id}-{self._shard_index}",
-                self._diagnose_refusal(exc),
+                partial(self._diagnose_refusal, exc),
                 kind="connection_diagnosis",
                 on_failure=lambda error: self._refusal_told(
                     f"bookie {self._label} closed the connection before answering HELLO"

@@ -573,7 +573,7 @@ class LedgerHandle:
             self._changing = True
             self._change_task = spawn_job(
                 f"ledger-{self.ledger_id}-ensemble-change",
-                self._change_ensemble(),
+                self._change_ensemble,
                 kind="ensemble_change",
                 on_failure=self._job_failed,
             )
@@ -705,7 +705,7 @@ class LedgerHandle:
         self._max_piggybacked_lac = lac
         task = spawn_job(
             f"ledger-{self.ledger_id}-lac",
-            self._write_lac(lac),
+            partial(self._write_lac, lac),
             kind="explicit_lac",
             on_failure=self._job_failed,
         )

@@ -17,6 +17,7 @@ from types import TracebackType
 import structlog
 
 from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
+from bkaio.ledger_client.acknowledged import last_acknowledged_entry
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError
 from bkaio.ledger_client.quorum import bookies_for_entry
@@ -92,6 +93,18 @@ class ReadHandle:
             return self._lac
         lac = await self._reader.read_lac(self._md.ensembles[-1][1])
         self._lac = max(self._lac, lac)
+        return self._lac
+
+    async def read_last_acknowledged(self) -> int:
+        """The last entry the writer may have acknowledged, exactly (the bookies' LAC lags it):
+        entries up to it are durable, and this handle reads up to it from now on.
+
+        For a closed ledger, its last entry. Reads every entry past the bookies' LAC from its
+        whole write set (bkaio/ledger_client/acknowledged.py); fences nothing.
+        """
+        await self.refresh_metadata()
+        if not self._md.is_closed:
+            self._lac = max(self._lac, await last_acknowledged_entry(self._ctx, self._md))
         return self._lac
 
     async def wait_for_entry(self, entry_id: int, timeout: float = 1.0) -> Entry | None:  # noqa: ASYNC109

@@ -20,6 +20,7 @@ from bkaio.stream.errors import (
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
     StreamNotFoundError,
+    StreamSegmentUnreadableError,
     StreamTruncatedError,
     TooManyStreamsError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "StreamPosition",
     "StreamReader",
     "StreamRecord",
+    "StreamSegmentUnreadableError",
     "StreamTruncatedError",
     "StreamWriter",
     "TooManyStreamsError",

@@ -15,6 +15,7 @@ __all__ = [
     "NamespaceNotFoundError",
     "QuotaExceededError",
     "StreamNotFoundError",
+    "StreamSegmentUnreadableError",
     "StreamTruncatedError",
     "TooManyStreamsError",
 ]
@@ -49,6 +50,18 @@ class StreamTruncatedError(BKError):
     def __init__(self, message: str, first_available: object = None) -> None:
         super().__init__(message)
         self.first_available = first_available
+
+
+class StreamSegmentUnreadableError(BKError):
+    """A segment of the stream could not be read (its ledger is gone, its bookies are down).
+
+    `segment` is the stream's `Segment` record (ledger id, first and last seq); `__cause__` is
+    the ledger client's error.
+    """
+
+    def __init__(self, message: str, segment: object = None) -> None:
+        super().__init__(message)
+        self.segment = segment
 
 
 class InvalidStreamArgumentError(BKError):

@@ -9,6 +9,14 @@ ledger stays open until a new writer recovers it; the reader sees the ledger sea
 next segment appear, and carries on. No busy polling anywhere: every wait is a long poll or a
 watch.
 
+"The end" of a stream is exact: the seq after the last record acknowledged to its writer
+(`end_seq`), not after the bookies' LAC, which lags the writer by whatever it had in flight
+(ReadHandle.read_last_acknowledged). A reader from "latest" starts there, so it delivers none of
+the records acknowledged before it opened; `acknowledged_end()` tells a reader where the end is
+now, and the reader then delivers every record before it even while the bookies' LAC lags (a
+dead writer, explicit LAC off). A segment that cannot be read fails the reader with
+StreamSegmentUnreadableError naming the segment.
+
 Durable cursors: `ack(position)` records the position and writes it to
 `/cursors/<ns>/<stream>/<name>`; acks that arrive while a write is in flight share the next
 write (group commit), and `ack` returns once a write covering its position landed.
@@ -20,19 +28,23 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import structlog
 
 from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
+from bkaio.ledger_client.errors import copy_error
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     StreamNotFoundError,
+    StreamSegmentUnreadableError,
     StreamTruncatedError,
 )
 from bkaio.stream.model import CursorState, Segment, StreamMeta, StreamPosition, StreamRecord
 from bkaio.stream.store import StreamStore, now_ms
 from bkaio.stream.writer import STREAM_PASSWORD
+from bkaio.supervision import spawn_job
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper, ReadHandle
@@ -75,15 +87,13 @@ def truncated_error(where: str, seq: int, meta: StreamMeta) -> StreamTruncatedEr
 
 
 async def end_seq(bk: BookKeeper, meta: StreamMeta) -> int:
-    """The seq the next record written will get, as far as the bookies confirm it."""
+    """The seq after the last record acknowledged by now (exact: see the module doc)."""
     segment = meta.open_segment
     if segment is None:
         return meta.end_seq_if_closed
     handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=False)
-    lac: int = await handle.read_last_add_confirmed()
-    if handle.is_closed:
-        lac = handle.last_entry_id
-    return segment.first_seq + lac + 1
+    last: int = await handle.read_last_acknowledged()
+    return segment.first_seq + last + 1
 
 
 class StreamReader:
@@ -119,13 +129,24 @@ class StreamReader:
         self._acked = acked
         self._persisted = acked
         self._ack_task: asyncio.Task[None] | None = None
+        self._cursor_error: BKError | None = None  # Why the last cursor write failed.
         self._closed = False
         self._where = f"{namespace}/{stream}"
+        # Records before this seq were acknowledged (`acknowledged_end`): read them even past
+        # the bookies' lagging LAC.
+        self._acknowledged_end = next_seq
 
     @property
     def next_seq(self) -> int:
         """The seq of the next record this reader will deliver."""
-        return self._next_seq
+        return self._next_seq - len(self._buffer)  # Records read ahead are not delivered yet.
+
+    async def acknowledged_end(self) -> int:
+        """The seq after the last record acknowledged by now (`end_seq`). The reader delivers
+        every record before it, even while the bookies' LAC lags behind the writer's."""
+        end = await end_seq(self._bk, await self.refresh())
+        self._acknowledged_end = max(self._acknowledged_end, end)
+        return end
 
     @property
     def acked_position(self) -> StreamPosition | None:
@@ -134,9 +155,19 @@ class StreamReader:
 
     def start_watch(self, start_revision: int) -> None:
         """Follow the stream record from `start_revision` (read it after taking the revision)."""
-        self._watch_task = asyncio.get_running_loop().create_task(
-            self._watch(start_revision), name=f"stream-{self._where}-reader-watch"
+        self._watch_task = spawn_job(
+            f"stream-{self._where}-reader-watch",
+            partial(self._watch, start_revision),
+            kind="stream_reader_watch",
+            on_failure=self._watch_failed,
         )
+
+    def _watch_failed(self, error: BaseException) -> None:
+        """The watch broke (a bug, logged by the supervisor): the reader fails, not hangs."""
+        failure = BKError(f"stream {self._where}: reader watch failed: {type(error).__name__}")
+        failure.__cause__ = error
+        self._watch_error = failure
+        self._meta_changed.set()
 
     # ------------------------------------------------------------------ iteration
 
@@ -193,13 +224,24 @@ class StreamReader:
             assert segment.first_seq <= seq, (segment, seq)
             try:
                 await self._fill_from(segment, seq)
-            except (NoSuchLedgerError, NoSuchEntryError):
+            except (NoSuchLedgerError, NoSuchEntryError) as error:
                 # The segment may have been truncated away under us: the record decides.
                 fresh = await self._store.get_stream(self.namespace, self.stream)
                 self._adopt(fresh)
                 if seq < fresh.first_seq:
                     raise truncated_error(self._where, seq, fresh) from None
-                raise
+                raise self._unreadable(segment, seq, error) from error
+            except BKError as error:
+                raise self._unreadable(segment, seq, error) from error
+
+    def _unreadable(self, segment: Segment, seq: int, error: BKError) -> BKError:
+        last = "(open)" if segment.is_open else str(segment.last_seq)
+        records = f"{segment.first_seq}..{last}"
+        return StreamSegmentUnreadableError(
+            f"stream {self._where}: segment ledger {segment.ledger_id} (records {records}) "
+            f"cannot be read at seq {seq}: {type(error).__name__}: {error}",
+            segment,
+        )
 
     async def _fill_from(self, segment: Segment, seq: int) -> None:
         handle = await self._open(segment)
@@ -210,6 +252,9 @@ class StreamReader:
             last = handle.last_entry_id  # Sealed (recovered or rolled); the record lags.
         else:
             last = handle.last_add_confirmed
+            if entry_id > last and seq < self._acknowledged_end:
+                # Acknowledged, past the LAC the bookies confirm: find the exact end once.
+                last = await handle.read_last_acknowledged()
         if entry_id <= last:
             await self._read_range(segment, entry_id, last)
             return
@@ -307,19 +352,25 @@ class StreamReader:
         """
         if self.cursor is None:
             raise InvalidStreamArgumentError(f"stream {self._where}: this reader has no cursor")
-        if position.seq >= self._next_seq:
+        if position.seq >= self.next_seq:
             raise InvalidStreamArgumentError(
                 f"stream {self._where}: cannot ack {position}: this reader has delivered only "
-                f"up to seq {self._next_seq - 1}"
+                f"up to seq {self.next_seq - 1}"
             )
         if self._acked is None or position.seq > self._acked.seq:
             self._acked = position
         while self._persisted != self._acked:
             if self._ack_task is None:
-                self._ack_task = asyncio.get_running_loop().create_task(
-                    self._write_cursor(), name=f"stream-{self._where}-cursor"
+                self._cursor_error = None
+                self._ack_task = spawn_job(
+                    f"stream-{self._where}-cursor-{self.cursor}",
+                    self._write_cursor,
+                    kind="stream_cursor_write",
+                    on_failure=self._cursor_write_failed,
                 )
             await asyncio.shield(self._ack_task)
+            if self._cursor_error is not None:
+                raise copy_error(self._cursor_error)
 
     async def _write_cursor(self) -> None:
         try:
@@ -329,8 +380,15 @@ class StreamReader:
                 self.namespace, self.stream, self.cursor, CursorState(target, now_ms())
             )
             self._persisted = target
+        except BKError as error:
+            self._cursor_error = error  # The acks waiting for this write raise it.
         finally:
             self._ack_task = None
+
+    def _cursor_write_failed(self, error: BaseException) -> None:
+        failure = BKError(f"stream {self._where}: cursor write failed: {type(error).__name__}")
+        failure.__cause__ = error
+        self._cursor_error = failure
 
     async def close(self) -> None:
         """Stop watching; pending cursor writes finish first."""

@@ -39,6 +39,7 @@ from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.stream.errors import InvalidStreamArgumentError, StreamNotFoundError
 from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta, StreamPosition
 from bkaio.stream.store import StreamStore, now_ms
+from bkaio.supervision import spawn_job
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper, LedgerHandle
@@ -301,9 +302,15 @@ class StreamWriter:
             )
         stale = time.monotonic() - self._usage_checked > _QUOTA_REFRESH_SECONDS
         if stale and self._refresh_task is None:
-            self._refresh_task = self._loop.create_task(
-                self._refresh_usage(), name=f"stream-{self._where}-quota"
+            self._refresh_task = spawn_job(
+                f"stream-{self._where}-quota",
+                self._refresh_usage,
+                kind="stream_quota_refresh",
+                on_failure=self._refresh_failed,
             )
+
+    def _refresh_failed(self, error: BaseException) -> None:
+        self._refresh_task = None  # Logged by the supervisor; the next write tries again.
 
     async def _refresh_usage(self) -> None:
         try:
@@ -331,7 +338,19 @@ class StreamWriter:
 
     def _start_roll(self) -> None:
         assert self._roll_task is None
-        self._roll_task = self._loop.create_task(self._roll(), name=f"stream-{self._where}-roll")
+        self._roll_task = spawn_job(
+            f"stream-{self._where}-roll",
+            self._roll,
+            kind="stream_roll",
+            on_failure=self._roll_failed,
+        )
+
+    def _roll_failed(self, error: BaseException) -> None:
+        """The roll broke (a bug, logged by the supervisor): the writer fails, not hangs."""
+        self._roll_task = None
+        failure = BKError(f"stream {self._where}: roll failed: {type(error).__name__}")
+        failure.__cause__ = error
+        self._fail(failure)
 
     async def _roll(self) -> None:
         new_handle: LedgerHandle | None = None

@@ -25,7 +25,7 @@ async def test_a_failing_job_is_logged_counted_by_kind_and_handed_to_its_owner()
     with capture_logs() as logs:
         task = spawn_job(
             "ledger-7-ensemble-change",
-            broken(),
+            broken,
             kind="ensemble_change",
             on_failure=handed.append,
             registry=registry,
@@ -41,13 +41,22 @@ async def test_a_failing_job_is_logged_counted_by_kind_and_handed_to_its_owner()
 async def test_a_job_that_ends_or_is_cancelled_is_not_a_failure() -> None:
     registry = CollectorRegistry()
     handed: list[BaseException] = []
+    started: list[str] = []
+
+    async def never_started() -> None:
+        started.append("ran")
+
+    early = spawn_job("early", never_started, kind="job", on_failure=handed.append)
+    early.cancel()  # Before its first step: no coroutine is left un-awaited.
+    await asyncio.gather(early, return_exceptions=True)
+    assert early.cancelled() and started == []
 
     async def fine() -> int:
         return 1
 
-    await spawn_job("ok", fine(), kind="job", on_failure=handed.append, registry=registry)
+    await spawn_job("ok", fine, kind="job", on_failure=handed.append, registry=registry)
     hanging = spawn_job(
-        "hang", asyncio.Event().wait(), kind="job", on_failure=handed.append, registry=registry
+        "hang", asyncio.Event().wait, kind="job", on_failure=handed.append, registry=registry
     )
     await asyncio.sleep(0)
     hanging.cancel()
@@ -66,7 +75,7 @@ async def test_a_broken_failure_hook_is_reported_too() -> None:
         raise ValueError("the safe state failed")
 
     with capture_logs() as logs:
-        await spawn_job("job-1", broken(), kind="job", on_failure=hook, registry=registry)
+        await spawn_job("job-1", broken, kind="job", on_failure=hook, registry=registry)
     assert _failures(registry, "job") == 2
     assert [e["event"] for e in logs if e["log_level"] == "error"] == [
         "task_failed",

@@ -20,6 +20,12 @@ async def invoke(uri: str, *args: str, stdin: str | None = None) -> Result:
     )
 
 
+def json_lines(result: Result) -> list[Any]:
+    """`write` and `tail` print one JSON object per line (they stream)."""
+    assert result.exit_code == 0, (result.output, result.exception)
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
 def rows(result: Result) -> Any:
     assert result.exit_code == 0, (result.output, result.exception)
     return json.loads(result.output)
@@ -33,9 +39,11 @@ async def test_stream_commands_round_trip(
     created = rows(await invoke(uri, "create", "tenant-a", "--quota-bytes", "100000", "--json"))
     assert created["quota_bytes"] == 100_000
     assert rows(await invoke(uri, "create", "tenant-a/orders", "--json"))["stream"]
-    written = rows(await invoke(uri, "write", "tenant-a/orders", "--json", stdin="one\ntwo\n"))
+    written = json_lines(
+        await invoke(uri, "write", "tenant-a/orders", "--json", stdin="one\ntwo\n")
+    )
     assert [w["seq"] for w in written] == [0, 1]
-    binary = rows(await invoke(uri, "write", "tenant-a/orders", "--hex", "00ff", "--json"))
+    binary = json_lines(await invoke(uri, "write", "tenant-a/orders", "--hex", "00ff", "--json"))
     assert binary[0]["seq"] == 2
     tail = await invoke(uri, "tail", "tenant-a/orders", "--no-follow", "--cursor", "c1", "--json")
     lines = [json.loads(line) for line in tail.output.splitlines()]
