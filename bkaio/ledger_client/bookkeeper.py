@@ -10,11 +10,11 @@ this package never imports the stream package.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import random
 import ssl
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -37,6 +37,7 @@ from bkaio.meta.bookies import BookieInfo
 from bkaio.meta.ledger_metadata import DigestType, LedgerMetadata
 from bkaio.protocol.digest import master_key, password_check
 from bkaio.security.tokens import redact_uri
+from bkaio.supervision import Degrade, Supervisor
 
 if TYPE_CHECKING:
     from bkaio.meta import Metadata
@@ -85,7 +86,9 @@ class BookKeeper:
             bookies=self._writable_view,
             config=config,
         )
-        self._watch_task: asyncio.Task[None] | None = None
+        # Runs the registry watch (`_start_bookie_watch`); the handles' one-shot jobs run
+        # under `bkaio.supervision.spawn_job` on their own.
+        self._supervisor: Supervisor | None = None
         self._closed = False
 
     # ----------------------------------------------------------------- connecting
@@ -118,17 +121,34 @@ class BookKeeper:
             pool = BookiePool(config, known.get, tls=tls)
             client = cls(ledgers=metadata.ledgers, ops=pool, config=config, metadata=metadata)
             client._known = known
-            await client._start_bookie_watch()
         except BaseException:
             await metadata.close()
+            raise
+        try:
+            await client._start_bookie_watch()
+        except BaseException:
+            await client.close()
             raise
         log.info("bookkeeper_connected", uri=redact_uri(uri), bookies=len(client._bookies))
         return client
 
     async def _start_bookie_watch(self) -> None:
+        """Follow the registry under a supervisor; return once the first view is in."""
         first_view: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._watch_task = asyncio.get_running_loop().create_task(
-            self._watch_bookies(first_view), name="bookkeeper-bookie-watch"
+
+        def broken(error: BaseException) -> None:
+            # A bug (logged by the supervisor): connect fails rather than waiting forever;
+            # later the watch restarts and the view goes on from where it was.
+            if not first_view.done():
+                failure = BKError(f"bookie registry watch failed: {type(error).__name__}")
+                failure.__cause__ = error
+                first_view.set_exception(failure)
+
+        self._supervisor = Supervisor("bkaio-client")
+        self._supervisor.spawn(
+            "bookie-watch",
+            partial(self._watch_bookies, first_view),
+            Degrade(broken, initial_delay_seconds=_REGISTRY_RETRY_SECONDS),
         )
         await first_view
 
@@ -172,10 +192,8 @@ class BookKeeper:
         if self._closed:
             return
         self._closed = True
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        if self._supervisor is not None:
+            await self._supervisor.stop()
         close_ops = getattr(self._ops, "close", None)
         if close_ops is not None:
             await close_ops()

@@ -7,8 +7,10 @@ import random
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
-from bkaio.errors import BookieUnavailableError, ConfigError, NotEnoughBookiesError
+from bkaio.errors import BKError, BookieUnavailableError, ConfigError, NotEnoughBookiesError
 from bkaio.ledger_client.ensemble_change import BookieFailures, plan_replacements
 from bkaio.ledger_client.placement import RandomPlacement
 from bkaio.ledger_client.types import ClientConfig
@@ -156,3 +158,24 @@ def test_the_plan_prefers_healthy_bookies_and_never_reuses_one_failed_since_prog
 def test_bad_ensemble_change_options_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         ClientConfig(**options)
+
+
+async def test_a_broken_ensemble_change_is_reported_counted_and_fails_the_handle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("a bug in planning")
+
+    monkeypatch.setattr("bkaio.ledger_client.ledger_handle.plan_replacements", broken)
+    before = REGISTRY.get_sample_value("bkaio_task_failures_total", {"task": "ensemble_change"})
+    cluster = fake_cluster(4)
+    lh = await cluster.client.create_ledger(3, 3, 3)  # Needs the replacement to complete.
+    cluster.ops.down.add(lh.metadata.ensembles[0][1][0])
+    with capture_logs() as logs, pytest.raises(BKError, match="internal error"):
+        await asyncio.wait_for(lh.append(b"x"), 10)
+    after = REGISTRY.get_sample_value("bkaio_task_failures_total", {"task": "ensemble_change"})
+    assert (after or 0) - (before or 0) == 1
+    (failed,) = [e for e in logs if e["event"] == "task_failed"]
+    assert failed["log_level"] == "error" and "ensemble-change" in failed["task"]
+    with pytest.raises(BKError):
+        lh.append(b"later")
