@@ -79,12 +79,14 @@ class BookKeeper:
         self._known: dict[str, BookieInfo] = {}
         self.config = config
         self._ops = ops
+        rng = rng or random.Random()
         self._context = ClientContext(
             ops=ops,
             ledgers=ledgers,
             placement=make_placement(config.placement, rng),
             bookies=self._writable_view,
             config=config,
+            rng=rng,
         )
         # Runs the registry watch (`_start_bookie_watch`); the handles' one-shot jobs run
         # under `bkaio.supervision.spawn_job` on their own.

@@ -5,8 +5,9 @@ Imports no transport code; the concrete pieces are chosen by `BookKeeper` (or by
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from bkaio.ledger_client.placement import BookieCandidate, PlacementPolicy
@@ -37,3 +38,5 @@ class ClientContext:
     placement: PlacementPolicy
     bookies: Callable[[], Sequence[BookieCandidate]]  # Registered bookies, current view.
     config: ClientConfig
+    # Jitter of retry delays (ensemble changes): seeded with the placement's in simulations.
+    rng: random.Random = field(default_factory=random.Random)

@@ -153,7 +153,9 @@ class LedgerHandle:
         self._failures = BookieFailures(context.config.bookie_quarantine_seconds)
         self._down_mask = 0  # Indexes that failed with no replacement; adds skip them.
         self._change_backoff = Backoff(
-            context.config.ensemble_change_backoff_min, context.config.ensemble_change_backoff_max
+            context.config.ensemble_change_backoff_min,
+            context.config.ensemble_change_backoff_max,
+            rng=context.rng,
         )
         self._last_change_at: float | None = None  # Loop time of the last ensemble change.
         self._changing = False

@@ -65,7 +65,7 @@ class RecoveryRewrite:
         config = context.config
         self._failures = BookieFailures(config.bookie_quarantine_seconds)
         self._backoff = Backoff(
-            config.ensemble_change_backoff_min, config.ensemble_change_backoff_max
+            config.ensemble_change_backoff_min, config.ensemble_change_backoff_max, rng=context.rng
         )
         self._log = log.bind(ledger_id=ledger_id)
 
