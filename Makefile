@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -80,6 +80,13 @@ bench: $(BENCH_STAMP)
 # About a minute: CI's smoke test runs a part of it.
 bench-quick: $(BENCH_STAMP)
 	$(VENV)/bin/bkaio bench --suite quick
+
+# Before/after in one run: this checkout against another one (with its own .venv), alternated.
+BEFORE ?=
+AB_ARGS ?= --only closed100 --only open5000 --only serial --rounds 3
+bench-ab: $(BENCH_STAMP)
+	@test -n "$(BEFORE)" || { echo "usage: make bench-ab BEFORE=DIR (a checkout with its own .venv)"; exit 2; }
+	$(PY) benchmarks/ab_compare.py --before $(BEFORE) --after . $(AB_ARGS)
 
 # Component micro-benchmarks.
 bench-micro: bench-codec bench-journal
