@@ -30,7 +30,7 @@ import uvloop
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
-from bkaio.journal import Journal, JournalConfig
+from bkaio.journal import Journal, JournalConfig, JournalStats
 from bkaio.logs import configure_logging
 from bkaio.runtime_tuning import tune_gc_for_throughput
 from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
@@ -88,7 +88,7 @@ class ShardWorker:
         self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
         self.stop_requested = asyncio.Event()
         self.metrics = ShardMetrics()
-        self._journals: list[Any] = []
+        self._journals: list[Journal] = []
         self._control: asyncio.WriteTransport | None = None
         self.server: ShardServer | None = None
         self._gc: GarbageCollector | None = None
@@ -100,7 +100,7 @@ class ShardWorker:
         if self._control is not None and not self._control.is_closing():
             self._control.write(encode_message(message))
 
-    async def _open_journal(self, journal_config: JournalConfig, directory: Path) -> Any:
+    async def _open_journal(self, journal_config: JournalConfig, directory: Path) -> Journal:
         journal = await Journal.open(
             journal_config,
             directory=directory,
@@ -111,8 +111,8 @@ class ShardWorker:
         self._journals.append(journal)
         return journal
 
-    def _journal_stats(self) -> list[Any]:
-        return [j.metrics for j in self._journals if getattr(j, "metrics", None) is not None]
+    def _journal_stats(self) -> list[JournalStats]:
+        return [journal.metrics for journal in self._journals]
 
     async def run(self, control_fd: int) -> int:
         from bkaio.entrylog.shard_storage import ShardStorage
