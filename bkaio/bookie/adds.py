@@ -35,6 +35,8 @@ from .metrics import ShardMetrics
 
 log = structlog.get_logger(__name__)
 
+_perf_counter = time.perf_counter  # One global lookup per add instead of two.
+
 # Memory charged for a request beyond its payload: the decoded message and its bookkeeping.
 REQUEST_OVERHEAD_BYTES = 256
 
@@ -96,7 +98,7 @@ class AddPath:
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         frame.peer = peer
-        frame.started = time.perf_counter()
+        frame.started = _perf_counter()
         frame.size = size
         batch = frame  # The same object is storage's batch.
         self._adds_in_flight += 1
@@ -170,6 +172,7 @@ class AddPath:
         and the metrics are updated once for all of them.
         """
         lac_waiters = self.lac_waiters
+        polls_wait = bool(lac_waiters)  # Once per group: `LacWaiters.__bool__` is Python code.
         observe_adds = self.metrics.observe_adds
         now = time.perf_counter()
         answered = 0
@@ -186,7 +189,7 @@ class AddPath:
                 self._answer_failed_adds(batch, error, dropped, now)
             else:
                 added_bytes += batch.size - count * REQUEST_OVERHEAD_BYTES
-                if lac_waiters:
+                if polls_wait:
                     lac_waiters.notify(batch.ledger_id, self._lac_of(batch.ledger_id))
                 if batch.coalesce:
                     peer.respond_adds_ok(request_id, batch.ledger_id, entries[0].entry_id, count)
