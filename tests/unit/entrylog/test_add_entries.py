@@ -18,14 +18,18 @@ from bkaio.entrylog.shard_storage import ShardStorage
 from bkaio.entrylog.types import AddBatch, StoredEntry
 from bkaio.errors import (
     BKError,
+    BookieIOError,
     EntryConflictError,
     LedgerFencedError,
     TooManyRequestsError,
     UnauthorizedError,
 )
+from bkaio.journal import Journal
 from bkaio.journal.errors import RecordError
+from bkaio.wal import JournalConfig, JournalLike
 from tests.fixtures.storage import add_entry, read_entry
 from tests.unit.entrylog.conftest import KEY, OTHER_KEY, OpenStorage, make_config, make_entry
+from tests.unit.journal.fakes import FailingSync
 
 
 class Answers:
@@ -247,3 +251,26 @@ async def test_an_add_that_waited_too_long_for_room_is_refused_and_others_go_on(
     batch = answers.add([make_entry(15, 1, payload=b"y" * 700)])
     assert not storage._add_tasks  # Nobody is left waiting: journaled at once again.
     assert await answers.outcome(batch) is None
+
+
+async def test_a_failed_journal_fails_the_adds_through_the_callback(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    """A journal whose fdatasync fails: the group's batches are answered with BookieIOError
+    (nothing applied), and every later add too, on either path; nothing is raised."""
+    config = make_config(tmp_path)
+    config = dataclasses.replace(config, journal=dataclasses.replace(config.journal, sync=True))
+
+    async def failing_journal(journal_config: JournalConfig, directory: Path) -> JournalLike:
+        return await Journal.open(
+            journal_config, directory=directory, sync_function=FailingSync(fail_on_call=1)
+        )
+
+    storage = await open_storage(config, journal_factory=failing_journal)
+    answers = Answers(storage)
+    first = answers.add([make_entry(17, 0), make_entry(17, 1)])
+    assert isinstance(await answers.outcome(first), BookieIOError)
+    later = answers.add([make_entry(17, 2)])
+    assert isinstance(await answers.outcome(later), BookieIOError)
+    state = storage.ledger_state(17)
+    assert state is None or state.last_entry_id == -1  # Nothing was applied.
