@@ -289,16 +289,15 @@ class StorageAdds(StorageState):
         return fresh, in_flight
 
     def _any_stored_or_in_flight(self, ledger_id: int, entries: list[StoredEntry]) -> bool:
-        ledger = self._ledgers.get(ledger_id)
-        last = ledger.last_entry_id if ledger is not None else -1
+        """Whether one of `entries` was added (journaled or cached) since `_new_entries` looked.
+
+        Only what can change without an index read: an id at or below the ledger's last entry
+        is not stored for that alone (a recovery or a re-replication fills gaps out of order),
+        and `_new_entries` already looked it up in the index."""
         pending = self._pending
         for entry in entries:
             entry_id = entry.entry_id
-            if (
-                entry_id <= last
-                or (ledger_id, entry_id) in pending
-                or self._cached(ledger_id, entry_id) is not None
-            ):
+            if (ledger_id, entry_id) in pending or self._cached(ledger_id, entry_id) is not None:
                 return True
         return False
 

@@ -274,3 +274,24 @@ async def test_a_failed_journal_fails_the_adds_through_the_callback(
     assert isinstance(await answers.outcome(later), BookieIOError)
     state = storage.ledger_state(17)
     assert state is None or state.last_entry_id == -1  # Nothing was applied.
+
+
+async def test_gaps_below_the_last_entry_are_filled_out_of_order(
+    open_storage: OpenStorage,
+) -> None:
+    """Re-replication and recovery write a ledger's entries in any order: an entry below the
+    ledger's last one that is not stored (in the cache or after a flush) is journaled, not
+    taken for a duplicate, and answered."""
+    storage = await open_storage()
+    await add_entry(storage, make_entry(18, 5), KEY)  # Last entry 5 first.
+    answers = Answers(storage)
+    cached_gap = answers.add([make_entry(18, 2)], recovery=True)
+    async with asyncio.timeout(10):
+        assert await answers.outcome(cached_gap) is None
+    await storage.checkpoint()  # Entry 5 and 2 go to the entry logs and the index.
+    flushed_gap = answers.add([make_entry(18, 3), make_entry(18, 4)], recovery=True)
+    async with asyncio.timeout(10):
+        assert await answers.outcome(flushed_gap) is None
+    assert await storage.list_entries(18) == [(2, 5)]
+    for entry_id in (2, 3, 4, 5):
+        assert await read_entry(storage, 18, entry_id) == make_entry(18, entry_id)
