@@ -170,6 +170,10 @@ class StandaloneCluster:
             self.etcd.client_port = self.layout.etcd_client_port
             self.etcd.peer_port = self.layout.etcd_peer_port
             self.etcd.start()
+        from bkaio.meta import initialise_cluster_at
+
+        # The one place besides the shell's initnewcluster/metaformat that creates a cluster.
+        run(initialise_cluster_at(self.layout.metadata_uri, exist_ok=True))
         for index in range(len(self.layout.bookie_ports)):
             config_path = _bookie_toml(self.data_dir, index, self.layout)
             log = open(config_path.parent / "bookie.log", "ab")  # noqa: SIM115 - child owns it

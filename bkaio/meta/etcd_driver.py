@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -103,11 +104,23 @@ class EtcdMetadataStore(MetadataStore):
         self._closed = False
 
     @classmethod
-    async def open(cls, uri: str) -> EtcdMetadataStore:
-        store = cls(uri, parse_etcd_uri(uri))
+    async def open(
+        cls, uri: str, *, connect_timeout_seconds: float | None = None
+    ) -> EtcdMetadataStore:
+        """Connect, and wait for a first answer for at most `connect_timeout_seconds` (default:
+        the URI's `connect_timeout`, 5 s): an unreachable etcd fails now, not at first use."""
+        parsed = parse_etcd_uri(uri)
+        if connect_timeout_seconds is not None:
+            if not connect_timeout_seconds > 0:
+                raise ConfigError(
+                    f"metadata connect timeout {connect_timeout_seconds} must be > 0 seconds"
+                )
+            parsed = dataclasses.replace(parsed, connect_timeout_seconds=connect_timeout_seconds)
+        store = cls(uri, parsed)
         try:
             await store._connect()
-            await store.current_revision()  # Fail now, not at first use, if etcd is unreachable.
+            request = rpc.RangeRequest(key=(store._root or "/").encode(), count_only=True)
+            await store._range("connect", request, retry_seconds=parsed.connect_timeout_seconds)
         except BaseException:
             await store.close()
             raise
@@ -175,7 +188,13 @@ class EtcdMetadataStore(MetadataStore):
         async def call() -> Any:
             return await auth.Authenticate(request, timeout=self._config.operation_timeout_seconds)
 
-        response = await self._retrying("authenticate", call, idempotent=True, reauth=False)
+        response = await self._retrying(
+            "authenticate",
+            call,
+            idempotent=True,
+            reauth=False,
+            retry_seconds=self._config.connect_timeout_seconds,
+        )
         self._metadata = (("token", response.token),)
 
     async def _retrying(
@@ -185,15 +204,30 @@ class EtcdMetadataStore(MetadataStore):
         *,
         idempotent: bool,
         reauth: bool = True,
+        retry_seconds: float | None = None,
     ) -> T:
+        """`call()`, retried while etcd is unreachable for up to the URI's retry_seconds.
+
+        With `retry_seconds` (first contact: connecting, logging in), that bound instead, and
+        each attempt is cut off at it too: a silent host is reported as fast as a refusing one.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.retry_seconds
+        budget = self._config.retry_seconds if retry_seconds is None else retry_seconds
+        deadline = loop.time() + budget
         delay = 0.05
         while True:
             if self._closed:
                 raise MetadataError(f"metadata store {self.uri} is closed")
             try:
-                return await call()
+                if retry_seconds is None:
+                    return await call()
+                assert idempotent, what  # A cut-off write would leave its outcome unknown.
+                async with asyncio.timeout_at(deadline):
+                    return await call()
+            except TimeoutError:
+                raise MetadataError(
+                    f"etcd {what}: no answer from {self._endpoints_text()} within {budget} s"
+                ) from None
             except rpc.AioRpcError as error:
                 code = error.code()
                 if code == rpc.StatusCode.UNAUTHENTICATED and reauth and self._config.user:
@@ -211,12 +245,15 @@ class EtcdMetadataStore(MetadataStore):
                     ) from None
                 if loop.time() + delay > deadline:
                     raise MetadataError(
-                        f"etcd {what}: {self._config.endpoints} unreachable for"
-                        f" {self._config.retry_seconds} s: {error.details()}"
+                        f"etcd {what}: {self._endpoints_text()} unreachable for"
+                        f" {budget} s: {error.details()}"
                     ) from None
                 log.warning("etcd_retrying", operation=what, delay_seconds=delay, code=code.name)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+
+    def _endpoints_text(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self._config.endpoints)
 
     def _full(self, key: str) -> bytes:
         check_key(key)
@@ -231,13 +268,13 @@ class EtcdMetadataStore(MetadataStore):
             lease=kv.lease,
         )
 
-    async def _range(self, what: str, request: Any) -> Any:
+    async def _range(self, what: str, request: Any, *, retry_seconds: float | None = None) -> Any:
         timeout = self._config.operation_timeout_seconds
 
         async def call() -> Any:
             return await self._kv.Range(request, timeout=timeout, metadata=self._metadata)
 
-        return await self._retrying(what, call, idempotent=True)
+        return await self._retrying(what, call, idempotent=True, retry_seconds=retry_seconds)
 
     async def _txn(self, what: str, request: Any, *, idempotent: bool) -> Any:
         timeout = self._config.operation_timeout_seconds
