@@ -148,7 +148,9 @@ class SqliteMetadataStore(MetadataStore):
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             target, as_uri = self._path, False
         else:  # mode=rw: a missing file is an error, not a new empty database.
-            target, as_uri = f"file:{urllib.parse.quote(self._path)}?mode=rw", True
+            # One leading slash: "//dir" (sqlite:////dir/meta.db) would read as an authority.
+            absolute = "/" + self._path.lstrip("/")
+            target, as_uri = f"file:{urllib.parse.quote(absolute)}?mode=rw", True
             if not Path(self._path).is_file():
                 raise ClusterNotInitialisedError(
                     f"no bkaio cluster at metadata {self.uri.partition('?')[0]}: "
