@@ -175,3 +175,25 @@ def test_a_bookie_that_keeps_dying_young_is_given_up_on(tmp_path: Path) -> None:
         assert spawns <= MAX_QUICK_DEATHS + 1
     assert spawns == MAX_QUICK_DEATHS + 1
     assert not cluster.supervise(clock + 3600.0)  # Given up: never started again.
+
+
+def test_the_readme_quickstart_runs_against_a_standalone(
+    running: RunningStandalone, tmp_path: Path
+) -> None:
+    """The README's own code block (tests/unit/test_docs.py checks it is examples/quickstart.py),
+    run as a user would after `bkaio standalone`."""
+    from tests.unit.test_docs import readme_quickstart
+
+    script = tmp_path / "quickstart.py"
+    script.write_text(readme_quickstart())
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "BKAIO_METADATA": str(running.description["metadata"])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote entries 0..99" in done.stdout
+    assert "first entries: ['event 0', 'event 1', 'event 2']" in done.stdout

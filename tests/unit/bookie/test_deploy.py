@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,10 +101,43 @@ def test_shard_snapshots_are_summed() -> None:
     )
 
 
+UNIT = DEPLOY / "systemd" / "bkaio-bookie.service"
+INSTALLED_BKAIO = "/opt/bkaio/venv/bin/bkaio"  # Where docs/deployment.md installs it.
+
+
+def _unit_values(key: str) -> list[str]:
+    return [
+        line.split("=", 1)[1]
+        for line in UNIT.read_text().splitlines()
+        if line.startswith(f"{key}=")
+    ]
+
+
+def test_systemd_unit_runs_the_venvs_bkaio_and_names_real_documentation() -> None:
+    [exec_start] = _unit_values("ExecStart")
+    program = exec_start.split()[0]
+    assert program == INSTALLED_BKAIO and Path(program).is_absolute()
+    assert exec_start.split()[1:3] == ["bookie", "--config"]
+    documentation = " ".join(_unit_values("Documentation")).split()
+    assert documentation
+    for link in documentation:
+        if link.startswith("file:"):  # The repository's own docs, where the guide installs it.
+            relative = link.removeprefix("file:/opt/bkaio/src/")
+            assert (DEPLOY.parent / relative).is_file(), link
+        else:
+            assert link.startswith("man:"), link
+    assert INSTALLED_BKAIO in (DEPLOY.parent / "docs" / "deployment.md").read_text()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_unit_verifies() -> None:
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    """`systemd-analyze verify` checks that ExecStart's program exists: verify a copy that runs
+    this venv's bkaio, the one change the deployment guide's drop-in makes."""
+    this_bkaio = Path(sys.executable).parent / "bkaio"
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace(INSTALLED_BKAIO, str(this_bkaio)))
     result = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(DEPLOY / "systemd" / "bkaio-bookie.service")],
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,
