@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import pytest
 import trustme
 
 from bkaio.errors import BKError
-from bkaio.meta import open_metadata
+from bkaio.meta import initialise_cluster_at, open_metadata
 from bkaio.meta.ledger_metadata import LedgerMetadata
 from bkaio.testing.procs import LOOPBACK, etcd_binary, free_port, kill_process, wait_for_port
 
@@ -57,7 +57,7 @@ def _etcdctl(etcd: SecureEtcd, *args: str, user: str | None = None) -> str:
 
 
 @pytest.fixture
-def secure_etcd(tmp_path: Path) -> Iterator[SecureEtcd]:
+async def secure_etcd(tmp_path: Path) -> AsyncIterator[SecureEtcd]:
     binary = etcd_binary()
     if binary is None or shutil.which("etcdctl") is None:
         pytest.skip("etcd and etcdctl are needed (apt-get install etcd-server etcd-client)")
@@ -123,6 +123,7 @@ def secure_etcd(tmp_path: Path) -> Iterator[SecureEtcd]:
         _etcdctl(etcd, "user", "add", "bkaio:bk-pw")
         _etcdctl(etcd, "user", "grant-role", "bkaio", "bkaio")
         _etcdctl(etcd, "auth", "enable")
+        await initialise_cluster_at(etcd.uri())  # As the bkaio user: the cluster is its prefix.
         yield etcd
     finally:
         kill_process(process)
