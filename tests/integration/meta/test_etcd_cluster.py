@@ -169,10 +169,9 @@ async def test_one_etcd_member_lost_mid_write(
         cluster.kill9(cluster.bookie_ids.index(victim_bookie_id))
 
         async def rereplicated() -> bool:
-            return (
-                not await ledgers_naming(metadata, victim_bookie_id)
-                and not await list_under_replicated(metadata)
-            )
+            return not await ledgers_naming(
+                metadata, victim_bookie_id
+            ) and not await list_under_replicated(metadata)
 
         await wait_for(rereplicated, 120, f"no ledger names {victim_bookie_id}")
         for ledger_id, payloads in workload.written.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +57,7 @@ def _etcdctl(etcd: SecureEtcd, *args: str, user: str | None = None) -> str:
 
 
 @pytest.fixture
-async def secure_etcd(tmp_path: Path) -> AsyncIterator[SecureEtcd]:
+def secure_etcd_process(tmp_path: Path) -> Iterator[SecureEtcd]:
     binary = etcd_binary()
     if binary is None or shutil.which("etcdctl") is None:
         pytest.skip("etcd and etcdctl are needed (apt-get install etcd-server etcd-client)")
@@ -123,10 +123,16 @@ async def secure_etcd(tmp_path: Path) -> AsyncIterator[SecureEtcd]:
         _etcdctl(etcd, "user", "add", "bkaio:bk-pw")
         _etcdctl(etcd, "user", "grant-role", "bkaio", "bkaio")
         _etcdctl(etcd, "auth", "enable")
-        await initialise_cluster_at(etcd.uri())  # As the bkaio user: the cluster is its prefix.
         yield etcd
     finally:
         kill_process(process)
+
+
+@pytest.fixture
+async def secure_etcd(secure_etcd_process: SecureEtcd) -> SecureEtcd:
+    """The secured etcd with a cluster initialised as the bkaio user, in its prefix."""
+    await initialise_cluster_at(secure_etcd_process.uri())
+    return secure_etcd_process
 
 
 async def test_metadata_over_tls_with_a_user_limited_to_the_prefix(
