@@ -45,7 +45,7 @@ from bkaio.security.tls import bookie_client_tls_context
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
-from .metrics import AggregatingCollector
+from .metrics import AggregatingCollector, ProcessesCollector
 from .sdnotify import SystemdNotifier
 
 log = structlog.get_logger(__name__)
@@ -154,6 +154,7 @@ class BookieParent:
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self._aggregate = AggregatingCollector()
         self.metrics_registry.register(self._aggregate)
+        self.metrics_registry.register(ProcessesCollector(self._process_ids))
         self._registered_gauge = Gauge(
             "bkaio_bookie_registered",
             "1 while the bookie holds its registration in metadata",
@@ -172,6 +173,14 @@ class BookieParent:
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
         self.jobs = AdminJobs()
+
+    def _process_ids(self) -> list[tuple[str, int]]:
+        """This bookie's processes for process_* metrics: the parent and each live worker."""
+        processes = [("parent", os.getpid())]
+        for worker in self.workers:
+            if worker.process.returncode is None:
+                processes.append((f"shard-{worker.shard_index}", worker.process.pid))
+        return processes
 
     # --- state for admin ---------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ systemd unit parses."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bkaio.autorecovery.metrics import AutorecoveryMetrics
 from bkaio.bookie.metrics import (
     AggregatingCollector,
     JournalStatsCollector,
+    ProcessesCollector,
     ShardMetrics,
     exported_metric_names,
     merge_snapshots,
@@ -23,12 +26,14 @@ from bkaio.bookie.metrics import (
 )
 from bkaio.config import load_bookie_config
 from bkaio.journal import JournalStats
+from bkaio.supervision import task_failures_counter
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 # PromQL words that look like metric names but are functions, keywords or label names.
 _PROMQL_WORDS = {
     "histogram_quantile", "sum", "by", "le", "rate", "max", "count", "or", "vector", "and",
-    "on", "op", "success", "job", "instance", "reason", "label_values", "without",
+    "on", "op", "success", "job", "instance", "reason", "label_values", "without", "increase",
+    "min", "task", "process",
 }  # fmt: skip
 
 
@@ -44,10 +49,13 @@ def _bookie_registry() -> CollectorRegistry:
         read_only=lambda: 0,
         disk_usage_fraction_max=lambda: 0,
     )
+    task_failures_counter(shard.registry).labels(task="flush").inc()
+    AutorecoveryMetrics(shard.registry)  # Autorecovery runs in the parent; same names.
     aggregate = AggregatingCollector()
     aggregate.snapshots[0] = snapshot_registry([shard.registry])
     registry = CollectorRegistry()
     registry.register(aggregate)
+    registry.register(ProcessesCollector(lambda: [("parent", os.getpid())]))
     from prometheus_client import Gauge
 
     Gauge("bkaio_bookie_registered", "registered", registry=registry).set(1)
