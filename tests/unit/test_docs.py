@@ -41,7 +41,7 @@ def _repository_files() -> list[Path]:
 
 
 def test_nothing_in_the_repository_points_outside_it() -> None:
-    offenders = []
+    offenders: list[str] = []
     for path in _repository_files():
         try:
             text = path.read_text(errors="ignore")
@@ -56,7 +56,7 @@ def test_nothing_in_the_repository_points_outside_it() -> None:
 
 
 def test_relative_links_in_the_readme_and_docs_resolve() -> None:
-    broken = []
+    broken: list[str] = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" in target or target.startswith("mailto:"):
