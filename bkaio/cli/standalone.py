@@ -477,6 +477,9 @@ def _run_locked(
 ) -> int:
     # A long-running service: its own events (a bookie died, restarted) go to stderr.
     configure_logging(json=as_json, level=os.environ.get("BKAIO_LOG_LEVEL", "info"))
+    # We hold the lock: a ready.json here was left by a standalone killed before it could
+    # remove it, and must not tell anyone this cluster is up before it is.
+    (data_dir / READY_FILE).unlink(missing_ok=True)
     layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
     cluster = StandaloneCluster(data_dir, layout)
     stopping = False

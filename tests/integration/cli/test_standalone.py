@@ -40,7 +40,8 @@ class RunningStandalone:
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,
             )
-        self.description = self.wait_for(lambda d: True, "ready")
+        # Ours: a ready.json left by a standalone killed earlier names another pid.
+        self.description = self.wait_for(lambda d: d["pid"] == self.process.pid, "ready")
 
     def read_ready(self) -> dict[str, object] | None:
         try:
@@ -143,9 +144,11 @@ def test_the_lock_goes_with_its_holder(tmp_path: Path) -> None:
     for pid in pids:  # Its orphaned bookie still holds the ports: end it as a reboot would.
         assert isinstance(pid, int)
         os.killpg(pid, signal.SIGKILL)
+    assert first.ready.exists()  # Left behind by the kill.
     second = RunningStandalone(tmp_path / "standalone", bookies=1)
     try:
         assert second.description["metadata"] == first.description["metadata"]
+        assert second.description["pid"] == second.process.pid
     finally:
         second.stop()
 
