@@ -461,26 +461,20 @@ def standalone(
     lock = DataDirectoryLock(data_dir)
     lock.acquire()
     try:
-        return _run_locked(data_dir, bookies, metadata_uri, use_etcd, base_port, tls, as_json)
+        # A long-running service: its own events (a bookie died, restarted) go to stderr.
+        configure_logging(json=as_json, level=os.environ.get("BKAIO_LOG_LEVEL", "info"))
+        # We hold the lock: a ready.json here was left by a standalone killed before it could
+        # remove it, and must not tell anyone this cluster is up before it is.
+        (data_dir / READY_FILE).unlink(missing_ok=True)
+        layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
+        return _serve(data_dir, layout, as_json)
     finally:
         lock.release()
 
 
-def _run_locked(
-    data_dir: Path,
-    bookies: int,
-    metadata_uri: str | None,
-    use_etcd: bool,
-    base_port: int,
-    tls: bool,
-    as_json: bool,
-) -> int:
-    # A long-running service: its own events (a bookie died, restarted) go to stderr.
-    configure_logging(json=as_json, level=os.environ.get("BKAIO_LOG_LEVEL", "info"))
-    # We hold the lock: a ready.json here was left by a standalone killed before it could
-    # remove it, and must not tell anyone this cluster is up before it is.
-    (data_dir / READY_FILE).unlink(missing_ok=True)
-    layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
+def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool) -> int:
+    """Start the cluster, supervise it until a stop signal, stop it; the exit code."""
+    bookies = len(layout.bookie_ports)
     cluster = StandaloneCluster(data_dir, layout)
     stopping = False
 
