@@ -118,7 +118,15 @@ def test_kill9_of_a_bookie_is_survived_and_the_bookie_restarted(
     assert running.process.poll() is None
     assert "standalone_bookie_died" in running.stderr()
 
-    # Back to three writable bookies: an E3 ledger (simpletest's) can be written and read.
+    # Back to three writable bookies (the restarted one registers once the lease of the one
+    # killed has lapsed): an E3 ledger (simpletest's) can be written and read.
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while True:
+        listed = json.loads(bkaio("shell", "listbookies", "--json", "--metadata", uri).stdout)
+        if sum(b["state"] == "writable" for b in listed) == 3:
+            break
+        assert time.monotonic() < deadline, f"not 3 writable bookies: {listed}"
+        time.sleep(0.5)
     done = bkaio("shell", "simpletest", "--entries", "20", "--json", "--metadata", uri)
     assert done.returncode == 0, done.stderr
 
