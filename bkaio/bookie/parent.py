@@ -41,11 +41,12 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
+from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import bookie_client_tls_context
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
-from .metrics import AggregatingCollector, ProcessesCollector
+from .metrics import AggregatingCollector
 from .sdnotify import SystemdNotifier
 
 log = structlog.get_logger(__name__)

@@ -9,7 +9,9 @@ The data directory is locked (`standalone.lock`, flock) while a standalone runs 
 one exits at once naming the first one's pid instead of starting bookies on the same files.
 Once the cluster is up, the standalone supervises its bookies: one that dies (kill -9, a crash)
 is logged and started again after a jittered backoff (bkaio/backoff.py) while the others keep
-serving; one that keeps dying young is given up on after `MAX_QUICK_DEATHS` in a row.
+serving; one that keeps dying young is given up on after `MAX_QUICK_DEATHS` in a row. Deaths,
+restarts and give-ups are counted, and served with the standalone's own process_* figures on
+`--metrics-port` (each bookie serves its own metrics on its admin port).
 """
 
 from __future__ import annotations
@@ -258,6 +260,37 @@ class SupervisedBookie:
         return lines[-1][:300] if lines else ""
 
 
+class StandaloneMetrics:
+    """What the supervisor counts, and the standalone process's own process_* figures (each
+    bookie serves its own on its admin port); served with `--metrics-port`."""
+
+    def __init__(self) -> None:
+        # Imported here: every `bkaio` command imports this module, few run a standalone.
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        from bkaio.process_metrics import ProcessesCollector
+
+        self.registry = CollectorRegistry()
+        self.registry.register(ProcessesCollector(lambda: [("standalone", os.getpid())]))
+        self.bookie_deaths = Counter(
+            "bkaio_standalone_bookie_deaths",
+            "Bookie processes of this standalone that exited on their own",
+            ["bookie"],
+            registry=self.registry,
+        )
+        self.bookie_restarts = Counter(
+            "bkaio_standalone_bookie_restarts",
+            "Bookie processes this standalone started again after they died",
+            ["bookie"],
+            registry=self.registry,
+        )
+        self.bookies_given_up = Gauge(
+            "bkaio_standalone_bookies_given_up",
+            "Bookies that died young too often in a row to be started again",
+            registry=self.registry,
+        )
+
+
 class StandaloneCluster:
     """The processes of one standalone cluster; `stop()` is safe to call at any point."""
 
@@ -266,6 +299,7 @@ class StandaloneCluster:
         self.layout = layout
         self.bookies: list[SupervisedBookie] = []
         self.etcd: Any = None
+        self.metrics = StandaloneMetrics()
 
     def start(self) -> None:
         if self.layout.etcd_client_port:
@@ -330,6 +364,7 @@ class StandaloneCluster:
                 self._bookie_died(bookie, code, now)
             elif now >= bookie.restart_at:
                 bookie.restarts += 1
+                self.metrics.bookie_restarts.labels(bookie=str(bookie.index)).inc()
                 log.info("standalone_bookie_restarting", bookie=bookie.index,
                          restarts=bookie.restarts)  # fmt: skip
                 bookie.spawn(now)
@@ -337,6 +372,7 @@ class StandaloneCluster:
         return restarted
 
     def _bookie_died(self, bookie: SupervisedBookie, code: int, now: float) -> None:
+        self.metrics.bookie_deaths.labels(bookie=str(bookie.index)).inc()
         lived = now - bookie.started_at
         if lived >= HEALTHY_SECONDS:
             bookie.quick_deaths = 0
@@ -345,6 +381,7 @@ class StandaloneCluster:
             bookie.quick_deaths += 1
         if bookie.quick_deaths > MAX_QUICK_DEATHS:
             bookie.given_up = True
+            self.metrics.bookies_given_up.inc()
             log.error(
                 "standalone_bookie_given_up", bookie=bookie.index, returncode=code,
                 deaths_in_a_row=bookie.quick_deaths, last_log_line=bookie.last_log_line(),
@@ -441,6 +478,12 @@ def _client_env(description: dict[str, Any]) -> str:
 @click.option(
     "--tls", is_flag=True, help="Mutual TLS between clients and bookies, with a local CA."
 )
+@click.option(
+    "--metrics-port",
+    default=0,
+    type=click.IntRange(0, 65535),
+    help="Serve the standalone's own metrics (bookie restarts, process_*) on this loopback port.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster description as JSON.")
 def standalone(
     bookies: int,
@@ -449,6 +492,7 @@ def standalone(
     use_etcd: bool,
     base_port: int,
     tls: bool,
+    metrics_port: int,
     as_json: bool,
 ) -> int:
     """Run a metadata store and N bookies on this host until Ctrl-C or SIGTERM."""
@@ -467,15 +511,22 @@ def standalone(
         # remove it, and must not tell anyone this cluster is up before it is.
         (data_dir / READY_FILE).unlink(missing_ok=True)
         layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
-        return _serve(data_dir, layout, as_json)
+        return _serve(data_dir, layout, as_json, metrics_port)
     finally:
         lock.release()
 
 
-def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool) -> int:
+def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool, metrics_port: int) -> int:
     """Start the cluster, supervise it until a stop signal, stop it; the exit code."""
     bookies = len(layout.bookie_ports)
     cluster = StandaloneCluster(data_dir, layout)
+    metrics_server = None
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        metrics_server, _ = start_http_server(
+            metrics_port, LOOPBACK, registry=cluster.metrics.registry
+        )
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -509,6 +560,8 @@ def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool) -> int:
     finally:
         ready_path.unlink(missing_ok=True)
         code = cluster.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not as_json:

@@ -9,12 +9,20 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from bkaio.cli.standalone import MAX_QUICK_DEATHS, StandaloneCluster, SupervisedBookie
+from bkaio.cli.standalone import (
+    MAX_QUICK_DEATHS,
+    StandaloneCluster,
+    StandaloneMetrics,
+    SupervisedBookie,
+)
+from bkaio.localproc import LOOPBACK, free_port
 
 BKAIO = str(Path(sys.executable).parent / "bkaio")
 READY_TIMEOUT_SECONDS = 90.0
@@ -27,15 +35,16 @@ def bkaio(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str
 
 
 class RunningStandalone:
-    """`bkaio standalone --json` as a child; its stderr (the supervisor's log) in a file."""
+    """`bkaio standalone` as a child; its stderr (the supervisor's log) in a file."""
 
-    def __init__(self, data_dir: Path, bookies: int = 3) -> None:
+    def __init__(self, data_dir: Path, bookies: int = 3, *extra: str) -> None:
         self.data_dir = data_dir
         self.ready = data_dir / "ready.json"
         self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr"
+        argv = [BKAIO, "standalone", "--bookies", str(bookies), "--data-dir", str(data_dir)]
         with self.stderr_path.open("wb") as stderr:
             self.process = subprocess.Popen(
-                [BKAIO, "standalone", "--bookies", str(bookies), "--data-dir", str(data_dir)],
+                [*argv, *extra],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 stdin=subprocess.DEVNULL,
@@ -77,9 +86,12 @@ class RunningStandalone:
                 self.process.wait()
 
 
+METRICS_PORT = free_port()
+
+
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[RunningStandalone]:
-    cluster = RunningStandalone(tmp_path / "standalone")
+    cluster = RunningStandalone(tmp_path / "standalone", 3, "--metrics-port", str(METRICS_PORT))
     try:
         yield cluster
     finally:
@@ -117,6 +129,14 @@ def test_kill9_of_a_bookie_is_survived_and_the_bookie_restarted(
     assert [b["pid"] for b in _bookies(after)[1:]] == [b["pid"] for b in others]
     assert running.process.poll() is None
     assert "standalone_bookie_died" in running.stderr()
+
+    # Counted on the standalone's own metrics, beside its process_* figures.
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{METRICS_PORT}/metrics", timeout=10) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    [restarts] = families["bkaio_standalone_bookie_restarts"].samples
+    assert restarts.labels == {"bookie": "0"} and restarts.value == 1
+    [cpu] = families["process_cpu_seconds"].samples
+    assert cpu.labels == {"process": "standalone"}
 
     # Back to three writable bookies (the restarted one registers once the lease of the one
     # killed has lapsed): an E3 ledger (simpletest's) can be written and read.
@@ -169,6 +189,7 @@ def test_a_bookie_that_keeps_dying_young_is_given_up_on(tmp_path: Path) -> None:
     bookie = SupervisedBookie(0, config)
     cluster = StandaloneCluster.__new__(StandaloneCluster)
     cluster.bookies = [bookie]
+    cluster.metrics = StandaloneMetrics()
     clock = time.monotonic()  # A clock of our own: each bookie "lives" one second.
     bookie.spawn(clock)
     spawns = 1
@@ -186,6 +207,7 @@ def test_a_bookie_that_keeps_dying_young_is_given_up_on(tmp_path: Path) -> None:
         assert spawns <= MAX_QUICK_DEATHS + 1
     assert spawns == MAX_QUICK_DEATHS + 1
     assert not cluster.supervise(clock + 3600.0)  # Given up: never started again.
+    assert cluster.metrics.registry.get_sample_value("bkaio_standalone_bookies_given_up") == 1
 
 
 def test_the_readme_quickstart_runs_against_a_standalone(

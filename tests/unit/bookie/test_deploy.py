@@ -18,7 +18,6 @@ from bkaio.autorecovery.metrics import AutorecoveryMetrics
 from bkaio.bookie.metrics import (
     AggregatingCollector,
     JournalStatsCollector,
-    ProcessesCollector,
     ShardMetrics,
     exported_metric_names,
     merge_snapshots,
@@ -26,6 +25,7 @@ from bkaio.bookie.metrics import (
 )
 from bkaio.config import load_bookie_config
 from bkaio.journal import JournalStats
+from bkaio.process_metrics import ProcessesCollector
 from bkaio.supervision import task_failures_counter
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
