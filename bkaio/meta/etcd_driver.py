@@ -244,8 +244,9 @@ class EtcdMetadataStore(MetadataStore):
     ) -> T:
         """`call()`, retried while etcd is unreachable for up to the URI's retry_seconds.
 
-        With `retry_seconds` (first contact: connecting, logging in), that bound instead, and
-        each attempt is cut off at it too: a silent host is reported as fast as a refusing one.
+        With `retry_seconds` (first contact: connecting, logging in), that bound instead, shared
+        by the members: an attempt that one member leaves unanswered for its share moves on to
+        the next, so a silent member is passed over and a silent cluster reported in time.
         """
         loop = asyncio.get_running_loop()
         budget = self._config.retry_seconds if retry_seconds is None else retry_seconds
@@ -259,9 +260,13 @@ class EtcdMetadataStore(MetadataStore):
                 if retry_seconds is None:
                     return await call()
                 assert idempotent, what  # A cut-off write would leave its outcome unknown.
-                async with asyncio.timeout_at(deadline):
+                share = budget / len(self._members)
+                async with asyncio.timeout_at(min(deadline, loop.time() + share)):
                     return await call()
             except TimeoutError:
+                if loop.time() < deadline - 0.01:
+                    self._fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    continue
                 raise MetadataError(
                     f"etcd {what}: no answer from {self._endpoints_text()} within {budget} s"
                 ) from None

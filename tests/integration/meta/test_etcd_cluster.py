@@ -20,6 +20,7 @@ import pytest
 
 from bkaio.autorecovery import list_under_replicated, who_is_auditor
 from bkaio.ledger_client import BookKeeper, LedgerHandle
+from bkaio.meta import LedgerMetadata, initialise_cluster_at, open_metadata
 from bkaio.testing.procs import etcd_binary
 from tests.faults.harness.etcd import EtcdCluster
 from tests.fixtures.bookies import BookieClusterFactory
@@ -179,3 +180,24 @@ async def test_one_etcd_member_lost_mid_write(
                 await verify_full_replication(
                     cluster, await metadata.ledgers.get(ledger_id), payloads
                 )
+
+
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+async def test_a_client_starts_while_the_first_member_is_lost(
+    etcd_cluster: EtcdCluster, fault: str
+) -> None:
+    """The first endpoint of the URI refuses (killed) or never answers (stopped): connecting
+    moves on to the next member within the connect timeout, and the client works."""
+    uri = etcd_cluster.uri("/bkaio-first-lost")
+    await initialise_cluster_at(uri)
+    process = etcd_cluster.processes[0]
+    assert process is not None
+    if fault == "killed":
+        await asyncio.to_thread(etcd_cluster.kill, 0)
+    else:
+        os.kill(process.pid, signal.SIGSTOP)
+    async with await open_metadata(uri) as metadata:
+        created = await metadata.ledgers.create(
+            LedgerMetadata(ensemble_size=1, write_quorum=1, ack_quorum=1, ensembles=((0, ("b",)),))
+        )
+        assert (await metadata.ledgers.get(created.ledger_id)).ledger_id == created.ledger_id
