@@ -23,7 +23,7 @@ request goes to the current one. A request that finds it unreachable or silent (
 DEADLINE_EXCEEDED) moves the store to the next member before it is retried, and the watches
 open on the old member re-open on the new one. A member that is killed refuses connections at
 once; one that is partitioned or stopped keeps its connections open and answers nothing, which
-only a deadline notices: lease keep-alives use one shorter than a third of the lease's TTL, so
+only a deadline notices: lease keep-alives use a quarter of the lease's TTL (at least 1 s), so
 a bookie keeps its registration, and a watch that hears nothing for WATCH_IDLE_SECONDS asks the
 member for a progress report and moves on when none comes (tests/integration/meta/
 test_etcd_cluster.py kills the leader and stops a member mid-write).
@@ -78,6 +78,8 @@ _MAX_BACKOFF_SECONDS = 1.0
 # such periods without any answer its member counts as lost.
 WATCH_IDLE_SECONDS = 2.0
 WATCH_SILENT_PERIODS = 3
+# A lease keep-alive attempt is cut off after a quarter of the TTL, but never sooner than this.
+KEEP_ALIVE_MIN_ATTEMPT_SECONDS = 1.0
 
 
 def _never_sent(error: Any) -> bool:
@@ -98,8 +100,9 @@ class EtcdLease(Lease):
 
     async def keep_alive(self) -> None:
         # Each attempt must end well inside the TTL, so that a silent member is left for another
-        # while the lease still lives.
-        await self._store._keep_alive(self.id, attempt_timeout=self.ttl_seconds / 4)
+        # while the lease still lives; but not so soon that a busy member counts as silent.
+        attempt_timeout = max(KEEP_ALIVE_MIN_ATTEMPT_SECONDS, self.ttl_seconds / 4)
+        await self._store._keep_alive(self.id, attempt_timeout=attempt_timeout)
 
     async def _revoke(self) -> None:
         await self._store._revoke(self.id)
@@ -525,7 +528,10 @@ class EtcdMetadataStore(MetadataStore):
                     if response.canceled:
                         raise MetadataError(f"watch on {prefix} canceled: {response.cancel_reason}")
                     for event in response.events:
+                        heard.consumer_busy = True  # Its time at the consumer is not silence.
                         yield self._watch_event(event)
+                        heard.consumer_busy = False
+                        heard.at = asyncio.get_running_loop().time()
                         next_revision = int(event.kv.mod_revision) + 1
                     delay = 0.05
             except asyncio.CancelledError:
@@ -563,6 +569,8 @@ class EtcdMetadataStore(MetadataStore):
         try:
             while True:
                 await asyncio.sleep(WATCH_IDLE_SECONDS)
+                if heard.consumer_busy:
+                    continue
                 silent = loop.time() - heard.at
                 if silent >= WATCH_IDLE_SECONDS * WATCH_SILENT_PERIODS:
                     if self._current == used:
@@ -601,9 +609,11 @@ class EtcdMetadataStore(MetadataStore):
 
 @dataclass(slots=True)
 class _Heard:
-    """When a watch last received anything from etcd (loop time)."""
+    """When a watch last received anything from etcd (loop time), and whether its consumer
+    holds an event right now (the stream is not read meanwhile: not the member's silence)."""
 
     at: float
+    consumer_busy: bool = False
 
 
 def _cancelling() -> bool:
