@@ -19,8 +19,9 @@ async def test_stream_info_reports_segments_seqs_bytes_retention_and_cursors(
     empty = rows(await invoke(uri, "info", "ns/events", "--json"))
     assert empty["records"] == 0 and empty["last_seq"] is None and empty["cursors"] == []
 
-    rows(await invoke(uri, "write", "ns/events", "--json", stdin="a\nbb\nccc\n"))
-    rows(await invoke(uri, "write", "ns/events", "dddd", "--json"))
+    for args, stdin in ((("--json",), "a\nbb\nccc\n"), (("dddd", "--json"), None)):
+        written = await invoke(uri, "write", "ns/events", *args, stdin=stdin)
+        assert written.exit_code == 0, (written.output, written.exception)
     await invoke(uri, "tail", "ns/events", "--no-follow", "--count", "2", "--cursor", "c1")
 
     report = rows(await invoke(uri, "info", "ns/events", "--json"))
