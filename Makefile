@@ -29,13 +29,15 @@ $(TEST_STAMP): $(STAMP)
 # (`nft`: partitions inside network namespaces, tests/faults/harness/netns.py; only asked for as
 # root, since those tests skip without root). Installed when missing and root; otherwise the one
 # command to run is printed.
-SYSTEM_PACKAGES := etcd-server etcd-client default-jre-headless nftables
+# systemd (for `systemd-analyze verify` of deploy/systemd/bkaio-bookie.service) likewise.
+SYSTEM_PACKAGES := etcd-server etcd-client default-jre-headless nftables systemd
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v etcdctl >/dev/null 2>&1 || missing="$$missing etcd-client"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
 	[ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
+	[ "$$(id -u)" != 0 ] || command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -z "$$missing" ]; then \
 		true; \
 	elif [ "$$(id -u)" = 0 ]; then \

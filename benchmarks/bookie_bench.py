@@ -27,6 +27,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bkaio.bench.procstat import CLOCK_TICKS_PER_SECOND, cpu_delta, tree_cpu_seconds, tree_pids
+from bkaio.meta import initialise_cluster_at
 from bkaio.protocol.digest import entry_digest, master_key
 from bkaio.protocol.encoder import FrameEncoder
 from bkaio.protocol.frames import FrameDecoder
@@ -135,9 +136,11 @@ def start_bookie(directory: Path, shards: int) -> tuple[subprocess.Popen[bytes],
     while any(free_port() == port + i for i in range(1, shards)):
         port = free_port()
     config = directory / "bookie.toml"
+    metadata_uri = f"sqlite://{directory}/meta.db"
+    asyncio.run(initialise_cluster_at(metadata_uri, exist_ok=True))  # Bookies need a cluster.
     config.write_text(
         f'[bookie]\nhost = "127.0.0.1"\nport = {port}\nshards = {shards}\n'
-        f'[metadata]\nuri = "sqlite://{directory}/meta.db"\n'
+        f'[metadata]\nuri = "{metadata_uri}"\n'
         f"[admin]\nport = {free_port()}\n"
         '[server]\nledger_key_check = "first_sight"\n'  # Raw adds to ledgers without metadata.
         f'[storage]\njournal_dirs = ["{directory}/journal"]\nledger_dirs = ["{directory}/data"]\n'

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bkaio.logs import configure_logging
-from bkaio.meta import LedgerMetadata, open_metadata
+from bkaio.meta import LedgerMetadata, initialise_cluster_at, open_metadata
 from bkaio.testing.procs import EtcdProcess
 
 TEMPLATE = LedgerMetadata(
@@ -34,6 +34,7 @@ TEMPLATE = LedgerMetadata(
 
 
 async def create_rate(uri: str, ledgers: int, concurrency: int) -> float:
+    await initialise_cluster_at(uri, exist_ok=True)
     async with await open_metadata(uri) as meta:
         await meta.ledgers.create(TEMPLATE)  # Warm up: connection, first id block.
         per_task = ledgers // concurrency

@@ -14,15 +14,23 @@
 
 Every key may be overridden by `BKAIO_<SECTION>_<KEY>` (upper case), e.g. `BKAIO_BOOKIE_PORT=3181`
 or `BKAIO_STORAGE_LEDGER_DIRS=/d1,/d2`. An unknown key, in the file or in a `BKAIO_<SECTION>_`
-variable of a known section, is a `ConfigError` naming it. Each component gets its own frozen
-branch: a shard worker gets `config.storage[shard_index]`, a `StorageConfig` whose journal, ledger
-and index directories are that shard's own subdirectories (`<dir>/shard-<i>`).
+variable of a known section, is a `ConfigError` naming it.
+
+Typing is msgspec's: the file is converted (strictly: `enabled = 1` is not a boolean) into one
+struct per section whose fields are the dataclasses' own fields and types, environment values
+leniently (strings to numbers and booleans). This module only shapes the input (comma lists,
+yes/no) and words msgspec's errors with the file or variable, the key and the value.
+
+Each component gets its own frozen branch: a shard worker gets `config.storage[shard_index]`, a
+`StorageConfig` whose journal, ledger and index directories are that shard's own subdirectories
+(`<dir>/shard-<i>`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import tomllib
 import types
@@ -31,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from bkaio.entrylog.config import StorageConfig
 from bkaio.errors import ConfigError
@@ -384,91 +394,149 @@ def _all_sections() -> dict[str, dict[str, Any]]:
     return sections
 
 
-def _coerce(where: str, hint: Any, value: Any, *, from_env: bool) -> Any:
-    """`value` (a TOML value, or an environment string) as type `hint`, or a ConfigError."""
-    origin = typing.get_origin(hint)
-    if origin is types.UnionType or origin is typing.Union:
-        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        if from_env and value.strip().lower() in {"", "none"}:
-            return None
-        assert len(options) == 1, hint
-        return _coerce(where, options[0], value, from_env=from_env)
-    if origin is tuple:
-        (item_hint, ellipsis) = typing.get_args(hint)
-        assert ellipsis is Ellipsis, hint
-        if from_env:
-            value = [item.strip() for item in value.split(",") if item.strip()]
-        elif isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}={value!r} must be a list")
-        return tuple(
-            _coerce(f"{where}[{i}]", item_hint, item, from_env=False)
-            for i, item in enumerate(value)
+# --- decoding: msgspec does the typing; this module only names what went wrong ---------------
+
+_SECTION_HINTS = _all_sections()
+# The shape of a config file for msgspec: one struct per section whose fields are the section's
+# keys, every one optional (UNSET: not in the file). Unknown sections and keys are refused.
+_FILE_TYPE = msgspec.defstruct(
+    "BookieConfigFile",
+    [
+        (
+            section,
+            msgspec.defstruct(
+                f"{section}_section",
+                [(key, hint, msgspec.UNSET) for key, hint in hints.items()],
+                kw_only=True,
+                forbid_unknown_fields=True,
+            ),
+            msgspec.UNSET,
         )
-    if hint is bool:
-        if from_env:
-            lowered = value.strip().lower()
-            if lowered in {"1", "true", "yes", "on"}:
-                return True
-            if lowered in {"0", "false", "no", "off"}:
-                return False
-        elif isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}={value!r} must be a boolean (true/false)")
-    if hint is int:
-        if from_env:
-            try:
-                return int(value.strip().replace("_", ""), 0)
-            except ValueError:
-                pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}={value!r} must be an integer")
-    if hint is float:
-        if from_env:
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{where}={value!r} must be a number")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}={value!r} must be a string")
+        for section, hints in _SECTION_HINTS.items()
+    ],
+    kw_only=True,
+    forbid_unknown_fields=True,
+)
+# msgspec's type names in its errors, as this project words them.
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (true/false)",
+    "str": "a string",
+    "array": "a list",
+    "object": "a table",
+}
+_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(?P<key>[^`]*)`")
+_EXPECTED_TYPE = re.compile(r"Expected `(?P<type>[^`|]*)[^`]*`, got `[^`]*`")
+_PATH_PART = re.compile(r"\.(?P<name>\w+)|\[(?P<index>\d+)\]")
+
+
+def _decode_path(hint: type, value: object) -> object:
+    """msgspec's hook for the one type it does not know: a path, from a non-empty string."""
     if hint is Path:
         if isinstance(value, str) and value:
             return Path(value).expanduser()
-        raise ConfigError(f"{where}={value!r} must be a non-empty path string")
-    raise AssertionError(f"{where}: no coercion for type {hint!r}")
+        raise ValueError("must be a non-empty path string")
+    raise NotImplementedError(hint)
+
+
+def _config_error(where: str, error: msgspec.ValidationError, data: object) -> ConfigError:
+    """`error` as a ConfigError naming the file (or variable), the key and the bad value."""
+    match = _ERROR.match(str(error))
+    assert match is not None
+    what, path = match["what"], match["path"] or ""
+    parts = [
+        m["name"] if m["name"] is not None else int(m["index"]) for m in _PATH_PART.finditer(path)
+    ]
+    unknown = _UNKNOWN_FIELD.match(what)
+    if unknown is not None and not parts:
+        return ConfigError(
+            f"{where}: unknown section [{unknown['key']}]; "
+            f"known: {', '.join(sorted(_SECTION_HINTS))}"
+        )
+    if unknown is not None:
+        section = str(parts[0])
+        return ConfigError(
+            f"{where}: unknown key {section}.{unknown['key']}; known keys of [{section}]: "
+            f"{', '.join(sorted(_SECTION_HINTS[section]))}"
+        )
+    value: Any = data
+    for part in parts:
+        value = value[part]
+    key = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in parts).lstrip(".")
+    expected = _EXPECTED_TYPE.match(what)
+    reason = f"must be {_EXPECTED.get(expected['type'], expected['type'])}" if expected else what
+    if len(parts) == 1:
+        return ConfigError(f"{where}: {key} must be a table ([{key}])")
+    return ConfigError(f"{where}: {key}={value!r} {reason}")
+
+
+def _decode_file(data: Mapping[str, Any], origin: str) -> dict[str, dict[str, Any]]:
+    """The file's values by section and key, each of its field's type (msgspec, strict)."""
+    shaped = {
+        section: {
+            key: [value] if isinstance(value, str) and _is_tuple(section, key) else value
+            for key, value in table.items()
+        }
+        if isinstance(table, dict)
+        else table
+        for section, table in data.items()
+    }  # A single string where a list is wanted is a list of one.
+    try:
+        decoded = msgspec.convert(shaped, _FILE_TYPE, dec_hook=_decode_path)
+    except msgspec.ValidationError as error:
+        raise _config_error(origin, error, shaped) from None
+    merged: dict[str, dict[str, Any]] = {}
+    for section in _SECTION_HINTS:
+        table = getattr(decoded, section)
+        merged[section] = {} if table is msgspec.UNSET else {
+            key: getattr(table, key)
+            for key in _SECTION_HINTS[section]
+            if getattr(table, key) is not msgspec.UNSET
+        }  # fmt: skip
+    return merged
+
+
+def _is_tuple(section: str, key: str) -> bool:
+    hint = _SECTION_HINTS.get(section, {}).get(key)
+    return typing.get_origin(hint) is tuple
+
+
+def _decode_env_value(variable: str, hint: Any, text: str) -> Any:
+    """One `BKAIO_<SECTION>_<KEY>` value as its field's type: msgspec in lax mode (strings to
+    numbers and booleans), after the spellings environments use (comma lists, yes/no, none)."""
+    value: Any = text.strip()
+    optional = typing.get_origin(hint) in (types.UnionType, typing.Union)
+    if optional and value.lower() in {"", "none"}:
+        return None
+    inner = (
+        next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    )
+    if typing.get_origin(inner) is tuple:
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    elif inner is bool:
+        value = _ENV_BOOLEANS.get(value.lower(), value)
+    elif inner is int:
+        value = value.replace("_", "")
+    try:
+        return msgspec.convert(value, hint, strict=False, dec_hook=_decode_path)
+    except msgspec.ValidationError as error:
+        match = _EXPECTED_TYPE.match(_ERROR.match(str(error))["what"])  # type: ignore[index]
+        reason = f"must be {_EXPECTED.get(match['type'], match['type'])}" if match else str(error)
+        raise ConfigError(f"environment {variable}={text!r} {reason}") from None
+
+
+_ENV_BOOLEANS = {"yes": "true", "on": "true", "no": "false", "off": "false"}
 
 
 def _merge_sources(
     data: Mapping[str, Any], env: Mapping[str, str], origin: str
 ) -> dict[str, dict[str, Any]]:
     """Every section's typed values: the file's, then the environment's over them."""
-    sections = _all_sections()
-    merged: dict[str, dict[str, Any]] = {name: {} for name in sections}
-    for section_name, table in data.items():
-        if section_name not in sections:
-            raise ConfigError(
-                f"{origin}: unknown section [{section_name}]; known: {', '.join(sorted(sections))}"
-            )
-        if not isinstance(table, dict):
-            raise ConfigError(f"{origin}: {section_name} must be a table ([{section_name}])")
-        hints = sections[section_name]
-        for key, value in table.items():
-            if key not in hints:
-                raise ConfigError(
-                    f"{origin}: unknown key {section_name}.{key}; known keys of "
-                    f"[{section_name}]: {', '.join(sorted(hints))}"
-                )
-            where = f"{origin}: {section_name}.{key}"
-            merged[section_name][key] = _coerce(where, hints[key], value, from_env=False)
+    merged = _decode_file(data, origin)
     # Longest section name first, so BKAIO_READ_ONLY_X is never read as section "read".
-    by_length = sorted(sections, key=len, reverse=True)
+    by_length = sorted(_SECTION_HINTS, key=len, reverse=True)
     for variable, value in env.items():
         if not variable.startswith(ENV_PREFIX):
             continue
@@ -476,14 +544,13 @@ def _merge_sources(
         for section_name in by_length:
             if rest.startswith(section_name + "_"):
                 key = rest[len(section_name) + 1 :]
-                hints = sections[section_name]
+                hints = _SECTION_HINTS[section_name]
                 if key not in hints:
                     raise ConfigError(
                         f"environment: {variable} names unknown key {section_name}.{key}; known "
                         f"keys of [{section_name}]: {', '.join(sorted(hints))}"
                     )
-                where = f"environment {variable}"
-                merged[section_name][key] = _coerce(where, hints[key], value, from_env=True)
+                merged[section_name][key] = _decode_env_value(variable, hints[key], value)
                 break
     return merged
 

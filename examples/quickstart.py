@@ -1,10 +1,8 @@
-"""Quick start: append to a ledger, seal it, read it back.
+"""Quick start: append to a ledger, seal it, read it back, delete it.
 
-Run `bkaio standalone` in one terminal, then in another:
+Start a cluster in one terminal (`bkaio standalone`), then in another:
     BKAIO_METADATA=sqlite:///$PWD/.standalone/meta.db python examples/quickstart.py
 """
-
-from __future__ import annotations
 
 import asyncio
 import os
@@ -13,8 +11,7 @@ import bkaio
 
 
 async def main() -> None:
-    uri = os.environ.get("BKAIO_METADATA", "sqlite:///.standalone/meta.db")
-    async with bkaio.BookKeeper.connect(uri) as bk:
+    async with bkaio.BookKeeper.connect(os.environ["BKAIO_METADATA"]) as bk:
         writer = await bk.create_ledger(
             ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw"
         )
@@ -23,7 +20,7 @@ async def main() -> None:
         await writer.close()  # Seals the ledger: its last entry is now fixed for every reader.
 
         reader = await bk.open_ledger(writer.ledger_id, password=b"pw", recovery=False)
-        first = await reader.read(0, 2)
+        first = await reader.read(0, 2)  # An inclusive range: entries 0, 1 and 2.
         print(f"ledger {writer.ledger_id}: wrote entries {ids[0]}..{ids[-1]}")
         print("first entries:", [entry.payload.decode() for entry in first])
         await bk.delete_ledger(writer.ledger_id)

@@ -4,7 +4,6 @@ set -euo pipefail
 data_dir=${BKAIO_RUN_DIR:-.standalone}
 bkaio=.venv/bin/bkaio
 mkdir -p "$data_dir"
-rm -f "$data_dir/ready.json"  # A stale one from a killed run would fool the wait below.
 log="$data_dir/standalone.log"
 
 "$bkaio" standalone --bookies 3 --data-dir "$data_dir" >"$log" 2>&1 &
@@ -12,8 +11,11 @@ pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
 
 echo "starting a standalone cluster (3 bookies, embedded metadata) in $data_dir ..."
+# Ours is the ready.json that names our pid: one left by a killed run (or written by another
+# standalone on this directory, which makes ours exit) does not count.
+ours() { grep -qE "\"pid\": $pid[,}]" "$data_dir/ready.json" 2>/dev/null; }
 for _ in $(seq 1 600); do
-    [ -f "$data_dir/ready.json" ] && break
+    ours && break
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "bkaio standalone failed to start:" >&2
         cat "$log" >&2
@@ -21,7 +23,7 @@ for _ in $(seq 1 600); do
     fi
     sleep 0.1
 done
-[ -f "$data_dir/ready.json" ] || { echo "standalone not ready after 60 s; see $log" >&2; exit 1; }
+ours || { echo "standalone not ready after 60 s; see $log" >&2; exit 1; }
 uri=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["metadata"])' \
     "$data_dir/ready.json")
 

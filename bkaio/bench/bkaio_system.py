@@ -24,6 +24,7 @@ from bkaio.bench.spec import Workload
 from bkaio.bench.systems import BenchSetupError, ChildProcess, stop_all, wait_until
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.localproc import LOOPBACK, EtcdProcess, free_port
+from bkaio.meta import initialise_cluster_at
 from bkaio.runtime_tuning import tune_gc_for_throughput
 
 MetadataKind = Literal["embedded", "etcd"]
@@ -105,6 +106,7 @@ class BkaioSystem:
             self.metadata_uri = f"etcd://{self._etcd.endpoint}/bkaio-bench"
         else:
             self.metadata_uri = f"sqlite://{(self.base_dir / 'meta.db').resolve()}"
+        await initialise_cluster_at(self.metadata_uri, exist_ok=True)  # As standalone does.
         env = {**os.environ}
         env.pop("NOTIFY_SOCKET", None)
         for index in range(self._bookie_count):

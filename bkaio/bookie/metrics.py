@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from bkaio.journal.stats import SYNC_LATENCY_BUCKETS
+
 from .loop_metrics import LoopCounter, LoopHistogram
 
 # Requests complete in 0.1 ms (reads from the write cache) to seconds (a slow fsync).
@@ -351,22 +353,36 @@ class JournalStatsCollector(Collector):
         triggers.add_metric(["queue_empty"], stats.trigger_queue_empty)
         triggers.add_metric(["wait"], stats.trigger_wait)
         families.append(triggers)
-        buckets: list[tuple[str, float]] = []
-        cumulative = 0
-        histogram = list(stats.group_records_histogram)
-        for index, count in enumerate(histogram):
-            cumulative += count
-            bound = "+Inf" if index == len(histogram) - 1 else str(float(2**index))
-            buckets.append((bound, cumulative))
+        group_bounds = [float(2**index) for index in range(len(stats.group_records_histogram) - 1)]
         families.append(
             HistogramMetricFamily(
                 "bkaio_journal_group_records",
                 "Records per journal group commit (batch size)",
-                buckets=buckets,
+                buckets=_cumulative(group_bounds, stats.group_records_histogram),
                 sum_value=stats.records,
             )
         )
+        families.append(
+            HistogramMetricFamily(
+                "bkaio_journal_sync_latency_seconds",
+                "Write+fdatasync time of each journal group commit (what every add waits for)",
+                buckets=_cumulative(list(SYNC_LATENCY_BUCKETS), stats.sync_latency_histogram),
+                sum_value=stats.sync_seconds_total,
+            )
+        )
         return families
+
+
+def _cumulative(bounds: list[float], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket `counts` (one more than `bounds`: the last is past every bound) as
+    Prometheus's cumulative (le, count) pairs ending with +Inf."""
+    assert len(counts) == len(bounds) + 1, (len(bounds), len(counts))
+    buckets: list[tuple[str, float]] = []
+    cumulative = 0
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return buckets
 
 
 class _SummedStats:
@@ -385,6 +401,10 @@ class _SummedStats:
         self.group_records_histogram = [
             sum(counts)
             for counts in zip(*(s.group_records_histogram for s in all_stats), strict=True)
+        ]
+        self.sync_latency_histogram = [
+            sum(counts)
+            for counts in zip(*(s.sync_latency_histogram for s in all_stats), strict=True)
         ]
 
 

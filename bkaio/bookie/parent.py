@@ -41,6 +41,7 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
+from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import bookie_client_tls_context
 
 from .admin import AdminJobs, build_admin_app
@@ -154,6 +155,7 @@ class BookieParent:
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self._aggregate = AggregatingCollector()
         self.metrics_registry.register(self._aggregate)
+        self.metrics_registry.register(ProcessesCollector(self._process_ids))
         self._registered_gauge = Gauge(
             "bkaio_bookie_registered",
             "1 while the bookie holds its registration in metadata",
@@ -172,6 +174,14 @@ class BookieParent:
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
         self.jobs = AdminJobs()
+
+    def _process_ids(self) -> list[tuple[str, int]]:
+        """This bookie's processes for process_* metrics: the parent and each live worker."""
+        processes = [("parent", os.getpid())]
+        for worker in self.workers:
+            if worker.process.returncode is None:
+                processes.append((f"shard-{worker.shard_index}", worker.process.pid))
+        return processes
 
     # --- state for admin ---------------------------------------------------------------------
 

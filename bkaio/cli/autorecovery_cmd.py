@@ -27,18 +27,36 @@ from bkaio.fault_switches import fault_switch_refusal
     help="Seconds a bookie must stay gone before its ledgers are re-replicated.",
 )
 @click.option("--no-auditor", is_flag=True, help="Only replicate; never run for auditor.")
+@click.option(
+    "--metrics-port",
+    default=0,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics (autorecovery and process_*) on this port (0: off).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
 def autorecovery(
-    metadata_uri: str, admin_token: str, lost_bookie_delay: float, no_auditor: bool
+    metadata_uri: str,
+    admin_token: str,
+    lost_bookie_delay: float,
+    no_auditor: bool,
+    metrics_port: int,
+    metrics_host: str,
 ) -> None:
     """Run autorecovery (auditor election + replication worker) until Ctrl-C or SIGTERM."""
     refusal = fault_switch_refusal()
     if refusal is not None:
         raise click.UsageError(refusal)  # Exit 2: its recoveries must fence as in production.
+    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
     from bkaio.autorecovery import run_autorecovery
     from bkaio.config import AutorecoveryConfig
     from bkaio.logs import configure_logging
 
     configure_logging(json=True, level="info")
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    if metrics_port:
+        start_http_server(metrics_port, metrics_host, registry=registry)
     config = AutorecoveryConfig(
         lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
     )
@@ -48,6 +66,12 @@ def autorecovery(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_autorecovery(metadata_uri, config=config, admin_token=admin_token, stop=stop)
+        await run_autorecovery(
+            metadata_uri,
+            config=config,
+            admin_token=admin_token,
+            stop=stop,
+            metrics_registry=registry,
+        )
 
     run(go())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import ssl
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -17,8 +18,27 @@ METADATA_ENV = "BKAIO_METADATA"
 
 
 def metadata_option(function: F) -> F:
-    """`--metadata URI`, falling back to $BKAIO_METADATA; required."""
-    decorator = click.option(
+    """`--metadata URI`, falling back to $BKAIO_METADATA; required. With it `--timeout SECONDS`:
+    how long to wait for etcd's first answer (it becomes the URI's `connect_timeout`, so every
+    command that opens the URI honours it; default 5 s)."""
+
+    @functools.wraps(function)
+    def with_timeout(*args: Any, metadata_timeout: float | None, **kwargs: Any) -> Any:
+        if metadata_timeout is not None:
+            from bkaio.meta.uri import with_connect_timeout
+
+            kwargs["metadata_uri"] = with_connect_timeout(kwargs["metadata_uri"], metadata_timeout)
+        return function(*args, **kwargs)
+
+    timeout = click.option(
+        "--timeout",
+        "metadata_timeout",
+        type=click.FloatRange(min=0, min_open=True, max=3600),
+        default=None,
+        metavar="SECONDS",
+        help="Give up on an unreachable etcd after this long (default: 5).",
+    )
+    uri = click.option(
         "--metadata",
         "metadata_uri",
         envvar=METADATA_ENV,
@@ -27,7 +47,7 @@ def metadata_option(function: F) -> F:
         help="Metadata store: etcd://host:port/prefix or sqlite:///path/meta.db "
         f"(default: ${METADATA_ENV}).",
     )
-    return decorator(function)
+    return cast(F, uri(timeout(with_timeout)))
 
 
 def json_option(function: F) -> F:

@@ -4,11 +4,20 @@ Brings up a metadata store (the embedded SQLite store by default, a given URI, o
 process with `--etcd`) and N real bookie processes with one shard each, on loopback. The ports it
 picks the first time are remembered in the data directory, so a restart finds the same bookies
 (bookie ids are host:port and their cookies must match) and every ledger survives it.
+
+The data directory is locked (`standalone.lock`, flock) while a standalone runs on it: a second
+one exits at once naming the first one's pid instead of starting bookies on the same files.
+Once the cluster is up, the standalone supervises its bookies: one that dies (kill -9, a crash)
+is logged and started again after a jittered backoff (bkaio/backoff.py) while the others keep
+serving; one that keeps dying young is given up on after `MAX_QUICK_DEATHS` in a row. Deaths,
+restarts and give-ups are counted, and served with the standalone's own process_* figures on
+`--metrics-port` (each bookie serves its own metrics on its admin port).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import secrets
@@ -16,26 +25,76 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
+import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.cli.common import run
 from bkaio.cli.output import emit
 from bkaio.errors import BKError, ConfigError
 from bkaio.fault_switches import fault_switch_refusal
+from bkaio.logs import configure_logging
+
+log = structlog.get_logger(__name__)
 
 LOOPBACK = "127.0.0.1"
 STATE_FILE = "standalone.json"  # Ports chosen on first start; reused on every restart.
 READY_FILE = "ready.json"  # Exists while the cluster is up: the metadata URI and the bookies.
+LOCK_FILE = "standalone.lock"  # flock-ed by the running standalone; holds its pid.
 READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 15.0
+POLL_SECONDS = 0.2
+# Restarts of a dead bookie: the first after about half a second, doubling to at most 10 s. A
+# bookie that lived HEALTHY_SECONDS before dying starts the schedule again; one that died
+# younger MAX_QUICK_DEATHS times in a row has a problem no restart fixes (see its log).
+RESTART_INITIAL_SECONDS = 0.5
+RESTART_MAX_SECONDS = 10.0
+HEALTHY_SECONDS = 30.0
+MAX_QUICK_DEATHS = 8
 
 
 class StandaloneError(BKError):
     """The standalone cluster could not start."""
+
+
+class DataDirectoryLock:
+    """An exclusive flock on `<data-dir>/standalone.lock`, held for the life of this process.
+
+    The kernel drops it when the process exits however it exits, so a kill -9 leaves no stale
+    lock. The file keeps the holder's pid for the error the next one prints.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StandaloneError(
+                f"{self.path.parent} is in use by another bkaio standalone (pid {holder}); "
+                "stop it first or use another --data-dir"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # Closing the descriptor drops the flock.
+            self._fd = None
 
 
 @dataclass(slots=True)
@@ -56,6 +115,13 @@ def _write_private(path: Path, text: str) -> None:
     """Files holding the admin token are readable by their owner only."""
     path.write_text(text)
     path.chmod(0o600)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers (scripts polling ready.json) see the old content or the new, never half."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def _free_port() -> int:
@@ -153,14 +219,87 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
     return config_path
 
 
+@dataclass(slots=True)
+class SupervisedBookie:
+    """One bookie process and what the supervisor knows of it."""
+
+    index: int
+    config_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None  # Set while a dead bookie waits for its restart.
+    quick_deaths: int = 0  # Deaths in a row, each before HEALTHY_SECONDS of life.
+    restarts: int = 0
+    given_up: bool = False
+    backoff: Backoff = field(
+        default_factory=lambda: Backoff(RESTART_INITIAL_SECONDS, RESTART_MAX_SECONDS)
+    )
+
+    @property
+    def log_path(self) -> Path:
+        return self.config_path.parent / "bookie.log"
+
+    def spawn(self, now: float | None = None) -> None:
+        """Start the bookie process; `now` (time.monotonic()'s clock) is when, for its age."""
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bkaio.bookie", "--config", str(self.config_path)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches us; we stop the bookies in order.
+            )
+        self.started_at = time.monotonic() if now is None else now
+        self.restart_at = None
+
+    def last_log_line(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
+
+
+class StandaloneMetrics:
+    """What the supervisor counts, and the standalone process's own process_* figures (each
+    bookie serves its own on its admin port); served with `--metrics-port`."""
+
+    def __init__(self) -> None:
+        # Imported here: every `bkaio` command imports this module, few run a standalone.
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        from bkaio.process_metrics import ProcessesCollector
+
+        self.registry = CollectorRegistry()
+        self.registry.register(ProcessesCollector(lambda: [("standalone", os.getpid())]))
+        self.bookie_deaths = Counter(
+            "bkaio_standalone_bookie_deaths",
+            "Bookie processes of this standalone that exited on their own",
+            ["bookie"],
+            registry=self.registry,
+        )
+        self.bookie_restarts = Counter(
+            "bkaio_standalone_bookie_restarts",
+            "Bookie processes this standalone started again after they died",
+            ["bookie"],
+            registry=self.registry,
+        )
+        self.bookies_given_up = Gauge(
+            "bkaio_standalone_bookies_given_up",
+            "Bookies that died young too often in a row to be started again",
+            registry=self.registry,
+        )
+
+
 class StandaloneCluster:
     """The processes of one standalone cluster; `stop()` is safe to call at any point."""
 
     def __init__(self, data_dir: Path, layout: StandaloneLayout) -> None:
         self.data_dir = data_dir
         self.layout = layout
-        self.bookies: list[subprocess.Popen[bytes]] = []
+        self.bookies: list[SupervisedBookie] = []
         self.etcd: Any = None
+        self.metrics = StandaloneMetrics()
 
     def start(self) -> None:
         if self.layout.etcd_client_port:
@@ -170,19 +309,14 @@ class StandaloneCluster:
             self.etcd.client_port = self.layout.etcd_client_port
             self.etcd.peer_port = self.layout.etcd_peer_port
             self.etcd.start()
+        from bkaio.meta import initialise_cluster_at
+
+        # The one place besides the shell's initnewcluster/metaformat that creates a cluster.
+        run(initialise_cluster_at(self.layout.metadata_uri, exist_ok=True))
         for index in range(len(self.layout.bookie_ports)):
-            config_path = _bookie_toml(self.data_dir, index, self.layout)
-            log = open(config_path.parent / "bookie.log", "ab")  # noqa: SIM115 - child owns it
-            self.bookies.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "bkaio.bookie", "--config", str(config_path)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # Ctrl-C reaches us; we stop the bookies in order.
-                )
-            )
-            log.close()
+            bookie = SupervisedBookie(index, _bookie_toml(self.data_dir, index, self.layout))
+            bookie.spawn()
+            self.bookies.append(bookie)
         run(self._wait_registered())
 
     async def _wait_registered(self) -> None:
@@ -208,14 +342,59 @@ class StandaloneCluster:
             await meta.close()
 
     def _check_children(self) -> None:
-        for index, process in enumerate(self.bookies):
-            if process.poll() is not None:
-                log_path = self.data_dir / f"bookie-{index}" / "bookie.log"
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        """While starting: any bookie that exits is a start failure (its config, its disk)."""
+        for bookie in self.bookies:
+            if bookie.process is not None and bookie.process.poll() is not None:
                 raise StandaloneError(
-                    f"bookie {index} exited with {process.returncode}: {tail[0][:300]} "
-                    f"(full log: {log_path})"
+                    f"bookie {bookie.index} exited with {bookie.process.returncode}: "
+                    f"{bookie.last_log_line()} (full log: {bookie.log_path})"
                 )
+
+    def supervise(self, now: float) -> bool:
+        """Once up: log dead bookies and restart them after their backoff. True when a bookie
+        was started again (the description changed)."""
+        restarted = False
+        for bookie in self.bookies:
+            if bookie.given_up or bookie.process is None:
+                continue
+            if bookie.restart_at is None:
+                code = bookie.process.poll()
+                if code is None:
+                    continue
+                self._bookie_died(bookie, code, now)
+            elif now >= bookie.restart_at:
+                bookie.restarts += 1
+                self.metrics.bookie_restarts.labels(bookie=str(bookie.index)).inc()
+                log.info("standalone_bookie_restarting", bookie=bookie.index,
+                         restarts=bookie.restarts)  # fmt: skip
+                bookie.spawn(now)
+                restarted = True
+        return restarted
+
+    def _bookie_died(self, bookie: SupervisedBookie, code: int, now: float) -> None:
+        self.metrics.bookie_deaths.labels(bookie=str(bookie.index)).inc()
+        lived = now - bookie.started_at
+        if lived >= HEALTHY_SECONDS:
+            bookie.quick_deaths = 0
+            bookie.backoff.reset()
+        else:
+            bookie.quick_deaths += 1
+        if bookie.quick_deaths > MAX_QUICK_DEATHS:
+            bookie.given_up = True
+            self.metrics.bookies_given_up.inc()
+            log.error(
+                "standalone_bookie_given_up", bookie=bookie.index, returncode=code,
+                deaths_in_a_row=bookie.quick_deaths, last_log_line=bookie.last_log_line(),
+                log=str(bookie.log_path),
+            )  # fmt: skip
+            return
+        delay = bookie.backoff.next_delay()
+        bookie.restart_at = now + delay
+        log.error(
+            "standalone_bookie_died", bookie=bookie.index, returncode=code,
+            lived_seconds=round(lived, 1), restart_in_seconds=round(delay, 2),
+            last_log_line=bookie.last_log_line(), log=str(bookie.log_path),
+        )  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         tls = None
@@ -234,9 +413,10 @@ class StandaloneCluster:
                 {
                     "bookie_id": f"{LOOPBACK}:{port}",
                     "admin_url": f"http://{LOOPBACK}:{admin}",
-                    "pid": process.pid,
+                    "pid": bookie.process.pid if bookie.process is not None else None,
+                    "restarts": bookie.restarts,
                 }
-                for port, admin, process in zip(
+                for port, admin, bookie in zip(
                     self.layout.bookie_ports, self.layout.admin_ports, self.bookies, strict=False
                 )
             ],
@@ -245,10 +425,11 @@ class StandaloneCluster:
     def stop(self) -> int:
         """SIGTERM every bookie (they drain and deregister), then etcd; the worst exit code."""
         worst = 0
-        for process in self.bookies:
+        processes = [b.process for b in self.bookies if b.process is not None]
+        for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        for process in self.bookies:
+        for process in processes:
             try:
                 code = process.wait(STOP_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:
@@ -297,6 +478,12 @@ def _client_env(description: dict[str, Any]) -> str:
 @click.option(
     "--tls", is_flag=True, help="Mutual TLS between clients and bookies, with a local CA."
 )
+@click.option(
+    "--metrics-port",
+    default=0,
+    type=click.IntRange(0, 65535),
+    help="Serve the standalone's own metrics (bookie restarts, process_*) on this loopback port.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster description as JSON.")
 def standalone(
     bookies: int,
@@ -305,6 +492,7 @@ def standalone(
     use_etcd: bool,
     base_port: int,
     tls: bool,
+    metrics_port: int,
     as_json: bool,
 ) -> int:
     """Run a metadata store and N bookies on this host until Ctrl-C or SIGTERM."""
@@ -313,8 +501,32 @@ def standalone(
         raise click.UsageError(refusal)  # Exit 2, before anything starts.
     if use_etcd and metadata_uri:
         raise click.UsageError("--etcd and --metadata exclude each other")
-    layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
+    # Before anything touches the directory: a second standalone must change nothing in it.
+    lock = DataDirectoryLock(data_dir)
+    lock.acquire()
+    try:
+        # A long-running service: its own events (a bookie died, restarted) go to stderr.
+        configure_logging(json=as_json, level=os.environ.get("BKAIO_LOG_LEVEL", "info"))
+        # We hold the lock: a ready.json here was left by a standalone killed before it could
+        # remove it, and must not tell anyone this cluster is up before it is.
+        (data_dir / READY_FILE).unlink(missing_ok=True)
+        layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
+        return _serve(data_dir, layout, as_json, metrics_port)
+    finally:
+        lock.release()
+
+
+def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool, metrics_port: int) -> int:
+    """Start the cluster, supervise it until a stop signal, stop it; the exit code."""
+    bookies = len(layout.bookie_ports)
     cluster = StandaloneCluster(data_dir, layout)
+    metrics_server = None
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        metrics_server, _ = start_http_server(
+            metrics_port, LOOPBACK, registry=cluster.metrics.registry
+        )
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -326,7 +538,7 @@ def standalone(
     try:
         cluster.start()
         description = cluster.describe()
-        ready_path.write_text(json.dumps(description))
+        _write_atomically(ready_path, json.dumps(description))
         human = "\n".join(
             [
                 f"bkaio standalone: {bookies} bookies up",
@@ -342,11 +554,14 @@ def standalone(
         )
         emit(description, as_json=as_json, human=human)
         while not stopping:
-            cluster._check_children()
-            time.sleep(0.2)
+            if cluster.supervise(time.monotonic()):
+                _write_atomically(ready_path, json.dumps(cluster.describe()))  # The new pids.
+            time.sleep(POLL_SECONDS)
     finally:
         ready_path.unlink(missing_ok=True)
         code = cluster.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not as_json:

@@ -3,6 +3,7 @@ exported by the bookie (`bkaio.bookie.metrics.JournalStatsCollector`)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -10,6 +11,11 @@ from bkaio.journal.writer import Group
 
 # Group sizes are counted in power-of-two buckets: 1, 2, 4, ... up to this many records.
 _GROUP_BUCKETS: Final = 16
+# Upper bounds (seconds) of the write+sync latency buckets of group commits; one more bucket
+# counts the slower ones. Exported as the histogram bkaio_journal_sync_latency_seconds.
+SYNC_LATENCY_BUCKETS: Final = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -32,6 +38,11 @@ class JournalStats:
     max_sync_seconds: float = 0.0
     # group_records_histogram[i]: groups of 2**(i-1) < records <= 2**i (the last: any more).
     group_records_histogram: list[int] = field(default_factory=lambda: [0] * _GROUP_BUCKETS)
+    # sync_latency_histogram[i]: groups whose write+sync took <= SYNC_LATENCY_BUCKETS[i] and
+    # more than the bound before (the last: more than every bound).
+    sync_latency_histogram: list[int] = field(
+        default_factory=lambda: [0] * (len(SYNC_LATENCY_BUCKETS) + 1)
+    )
 
     def count_group(self, group: Group, sync_seconds: float, *, synced: bool) -> None:
         records = len(group.ends)
@@ -46,3 +57,4 @@ class JournalStats:
         self.max_sync_seconds = max(self.max_sync_seconds, sync_seconds)
         bucket = min((records - 1).bit_length(), _GROUP_BUCKETS - 1)
         self.group_records_histogram[bucket] += 1
+        self.sync_latency_histogram[bisect.bisect_left(SYNC_LATENCY_BUCKETS, sync_seconds)] += 1

@@ -99,8 +99,10 @@ class BookKeeper:
     def connect(cls: type[_Client], uri: str, **options: Any) -> _Connecting[_Client]:
         """Connect to the cluster whose metadata lives at `uri` (etcd://... or sqlite://...).
 
-        Options: tls (ssl.SSLContext), auth_token, add_timeout, read_timeout, placement
+        Options: tls (ssl.SSLContext), metadata_timeout (seconds to wait for the metadata
+        store's first answer, default 5), auth_token, add_timeout, read_timeout, placement
         ("default" | "rack_aware"), client_id, and the other fields of `ClientConfig`.
+        A store that holds no initialised cluster is refused (ClusterNotInitialisedError).
         Use as `async with BookKeeper.connect(uri) as bk:` or `bk = await BookKeeper.connect(uri)`
         followed by `await bk.close()`.
         """
@@ -111,13 +113,14 @@ class BookKeeper:
         from bkaio.meta import open_metadata
 
         tls = options.pop("tls", None)
+        metadata_timeout = options.pop("metadata_timeout", None)
         if tls is not None and not isinstance(tls, ssl.SSLContext):
             raise ConfigError(f"tls must be an ssl.SSLContext or None, got {type(tls).__name__}")
         try:
             config = ClientConfig(**options)
         except TypeError as error:
             raise ConfigError(f"BookKeeper.connect: {error}") from None
-        metadata = await open_metadata(uri)
+        metadata = await open_metadata(uri, connect_timeout_seconds=metadata_timeout)
         try:
             known: dict[str, BookieInfo] = {}
             pool = BookiePool(config, known.get, tls=tls)

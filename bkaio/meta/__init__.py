@@ -1,18 +1,18 @@
 """Cluster metadata: ledgers, bookies, cookies, autorecovery and namespaces over one store.
 
 `open_metadata(uri)` picks the driver from the URI scheme (etcd:// for production, sqlite://
-for a single host), makes sure the cluster layout and instance id exist, and returns the
+for a single host), checks that the store holds an initialised cluster (`bkaio.meta.cluster`:
+layout version and instance id, written only by `initialise_cluster`), and returns the
 `Metadata` facade every other package uses. See docs/metadata.md.
 """
 
 from __future__ import annotations
 
-import uuid
 from types import TracebackType
 
 import structlog
 
-from bkaio.errors import ConfigError, MetadataVersionError
+from bkaio.errors import ConfigError
 from bkaio.meta.autorecovery import (
     AuditorElection,
     AuditorLeadership,
@@ -20,6 +20,13 @@ from bkaio.meta.autorecovery import (
     UnderReplicationManager,
 )
 from bkaio.meta.bookies import BookieInfo, BookieRegistration, BookieRegistry
+from bkaio.meta.cluster import (
+    ClusterExistsError,
+    ClusterNotInitialisedError,
+    initialise_cluster,
+    read_instance_id,
+    require_initialised,
+)
 from bkaio.meta.errors import (
     InvalidMetadataError,
     LeaseExpiredError,
@@ -38,6 +45,8 @@ __all__ = [
     "BookieInfo",
     "BookieRegistration",
     "BookieRegistry",
+    "ClusterExistsError",
+    "ClusterNotInitialisedError",
     "CookieStore",
     "DigestType",
     "EventKind",
@@ -60,28 +69,35 @@ __all__ = [
     "VersionedRecord",
     "WatchCompactedError",
     "WatchEvent",
+    "initialise_cluster",
+    "initialise_cluster_at",
     "open_metadata",
     "open_store",
+    "read_instance_id",
+    "require_initialised",
 ]
 
 log = structlog.get_logger(__name__)
 
-LAYOUT_KEY = "/layout"
-LAYOUT_VERSION = b"1"
-INSTANCE_ID_KEY = "/instanceid"
 
+async def open_store(
+    uri: str, *, create: bool = True, connect_timeout_seconds: float | None = None
+) -> MetadataStore:
+    """Just the driver for `uri`, without the cluster check.
 
-async def open_store(uri: str) -> MetadataStore:
-    """Just the driver for `uri`, without the cluster layout check."""
+    `create=False`: an SQLite file that does not exist is ClusterNotInitialisedError instead of
+    a new database. `connect_timeout_seconds` bounds the first contact with etcd (default: the
+    URI's `connect_timeout` option, 5 s).
+    """
     scheme = uri.partition("://")[0]
     if scheme == "etcd":
         from bkaio.meta.etcd_driver import EtcdMetadataStore
 
-        return await EtcdMetadataStore.open(uri)
+        return await EtcdMetadataStore.open(uri, connect_timeout_seconds=connect_timeout_seconds)
     if scheme == "sqlite":
         from bkaio.meta.sqlite_driver import SqliteMetadataStore
 
-        return await SqliteMetadataStore.open(uri)
+        return await SqliteMetadataStore.open(uri, create=create)
     raise ConfigError(
         f"metadata URI {uri!r}: unknown scheme {scheme!r}; use etcd://host:port/prefix"
         " or sqlite:///path/meta.db"
@@ -117,36 +133,30 @@ class Metadata:
         await self.close()
 
 
-async def _create_if_absent(store: MetadataStore, key: str, value: bytes) -> bytes:
-    """The value of `key`, writing `value` first if the key does not exist yet."""
-    while True:
-        kv = await store.get(key)
-        if kv is not None:
-            return kv.value
-        try:
-            await store.compare_and_swap(key, value, expected_version=0)
-        except MetadataVersionError:
-            continue  # Another process initialised it first: read theirs.
-        except MetadataOutcomeUnknownError:
-            continue
-        return value
+async def open_metadata(
+    uri: str, *, id_block_size: int = 1000, connect_timeout_seconds: float | None = None
+) -> Metadata:
+    """Connect to the cluster whose metadata lives at `uri`.
 
-
-async def open_metadata(uri: str, *, id_block_size: int = 1000) -> Metadata:
-    """Connect to the metadata store at `uri`; initialise the cluster layout on first use."""
-    store = await open_store(uri)
+    Refuses (ClusterNotInitialisedError, saying how to create one) a store that holds no
+    initialised cluster: only `initialise_cluster` creates one.
+    """
+    store = await open_store(uri, create=False, connect_timeout_seconds=connect_timeout_seconds)
     try:
-        layout = await _create_if_absent(store, LAYOUT_KEY, LAYOUT_VERSION)
-        if layout != LAYOUT_VERSION:
-            raise ConfigError(
-                f"metadata at {uri}: layout version {layout!r} is not {LAYOUT_VERSION!r};"
-                " this build cannot use it"
-            )
-        instance_id = (
-            await _create_if_absent(store, INSTANCE_ID_KEY, uuid.uuid4().hex.encode())
-        ).decode()
+        instance_id = await require_initialised(store)
     except BaseException:
         await store.close()
         raise
-    log.debug("metadata_opened", uri=uri, instance_id=instance_id)
+    log.debug("metadata_opened", uri=uri.partition("?")[0], instance_id=instance_id)
     return Metadata(store, instance_id, id_block_size=id_block_size)
+
+
+async def initialise_cluster_at(
+    uri: str, *, exist_ok: bool = False, connect_timeout_seconds: float | None = None
+) -> str:
+    """`initialise_cluster` on the store at `uri` (created if it is a new SQLite file)."""
+    store = await open_store(uri, create=True, connect_timeout_seconds=connect_timeout_seconds)
+    try:
+        return await initialise_cluster(store, exist_ok=exist_ok)
+    finally:
+        await store.close()

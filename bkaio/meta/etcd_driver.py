@@ -17,15 +17,26 @@ and MetadataOutcomeUnknownError tells the caller to re-read the key and decide.
 Watches re-open after any connection error from the revision after the last event they
 delivered, so no event is lost or repeated; only an etcd compaction past that revision ends
 them (WatchCompactedError).
+
+Several members (`etcd://a:2379,b:2379,c:2379/prefix`): one gRPC channel per member, and every
+request goes to the current one. A request that finds it unreachable or silent (UNAVAILABLE,
+DEADLINE_EXCEEDED) moves the store to the next member before it is retried, and the watches
+open on the old member re-open on the new one. A member that is killed refuses connections at
+once; one that is partitioned or stopped keeps its connections open and answers nothing, which
+only a deadline notices: lease keep-alives use a quarter of the lease's TTL (at least 1 s), so
+a bookie keeps its registration, and a watch that hears nothing for WATCH_IDLE_SECONDS asks the
+member for a progress report and moves on when none comes (tests/integration/meta/
+test_etcd_cluster.py kills the leader and stops a member mid-write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
+import dataclasses
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +74,12 @@ _CHANNEL_OPTIONS = [
 # gRPC details saying the request never reached etcd (or etcd refused it before applying).
 _NOT_SENT_MARKERS = ("failed to connect", "connection refused", "no leader", "not capable")
 _MAX_BACKOFF_SECONDS = 1.0
+# A watch that has received nothing for this long asks for a progress report; after three
+# such periods without any answer its member counts as lost.
+WATCH_IDLE_SECONDS = 2.0
+WATCH_SILENT_PERIODS = 3
+# A lease keep-alive attempt is cut off after a quarter of the TTL, but never sooner than this.
+KEEP_ALIVE_MIN_ATTEMPT_SECONDS = 1.0
 
 
 def _never_sent(error: Any) -> bool:
@@ -82,10 +99,25 @@ class EtcdLease(Lease):
         self._store = store
 
     async def keep_alive(self) -> None:
-        await self._store._keep_alive(self.id)
+        # Each attempt must end well inside the TTL, so that a silent member is left for another
+        # while the lease still lives; but not so soon that a busy member counts as silent.
+        attempt_timeout = max(KEEP_ALIVE_MIN_ATTEMPT_SECONDS, self.ttl_seconds / 4)
+        await self._store._keep_alive(self.id, attempt_timeout=attempt_timeout)
 
     async def _revoke(self) -> None:
         await self._store._revoke(self.id)
+
+
+class _Member:
+    """The channel to one etcd member and its stubs."""
+
+    def __init__(self, address: str, channel: Any) -> None:
+        self.address = address
+        self.channel = channel
+        self.kv = rpc.KVStub(channel)
+        self.lease = rpc.LeaseStub(channel)
+        self.watch = rpc.WatchStub(channel)
+        self.auth = rpc.AuthStub(channel)
 
 
 class EtcdMetadataStore(MetadataStore):
@@ -95,19 +127,44 @@ class EtcdMetadataStore(MetadataStore):
         self.uri = uri
         self._config = parsed
         self._root = parsed.root
-        self._channel: Any = None
-        self._kv: Any = None
-        self._lease: Any = None
-        self._watch: Any = None
+        self._members: list[_Member] = []
+        self._current = 0  # Index into _members of the member requests go to.
+        # Open watch calls -> the member index they were opened on, to re-open them elsewhere.
+        self._watch_calls: dict[Any, int] = {}
+        self._moved_calls: set[Any] = set()  # Watch calls cancelled to move them elsewhere.
         self._metadata: tuple[tuple[str, str], ...] | None = None
         self._closed = False
 
+    @property
+    def _kv(self) -> Any:
+        return self._members[self._current].kv
+
+    @property
+    def _lease(self) -> Any:
+        return self._members[self._current].lease
+
+    @property
+    def _watch(self) -> Any:
+        return self._members[self._current].watch
+
     @classmethod
-    async def open(cls, uri: str) -> EtcdMetadataStore:
-        store = cls(uri, parse_etcd_uri(uri))
+    async def open(
+        cls, uri: str, *, connect_timeout_seconds: float | None = None
+    ) -> EtcdMetadataStore:
+        """Connect, and wait for a first answer for at most `connect_timeout_seconds` (default:
+        the URI's `connect_timeout`, 5 s): an unreachable etcd fails now, not at first use."""
+        parsed = parse_etcd_uri(uri)
+        if connect_timeout_seconds is not None:
+            if not connect_timeout_seconds > 0:
+                raise ConfigError(
+                    f"metadata connect timeout {connect_timeout_seconds} must be > 0 seconds"
+                )
+            parsed = dataclasses.replace(parsed, connect_timeout_seconds=connect_timeout_seconds)
+        store = cls(uri, parsed)
         try:
             await store._connect()
-            await store.current_revision()  # Fail now, not at first use, if etcd is unreachable.
+            request = rpc.RangeRequest(key=(store._root or "/").encode(), count_only=True)
+            await store._range("connect", request, retry_seconds=parsed.connect_timeout_seconds)
         except BaseException:
             await store.close()
             raise
@@ -115,31 +172,9 @@ class EtcdMetadataStore(MetadataStore):
 
     # -- connection -------------------------------------------------------------------------
 
-    async def _target(self) -> str:
-        endpoints = self._config.endpoints
-        if len(endpoints) == 1:
-            host, port = endpoints[0]
-            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        # Several endpoints: resolve them so one channel fails over between addresses.
-        loop = asyncio.get_running_loop()
-        addresses: list[str] = []
-        for host, port in endpoints:
-            try:
-                ipaddress.ip_address(host)
-                resolved = [host]
-            except ValueError:
-                infos = await loop.getaddrinfo(host, port)
-                resolved = sorted({str(info[4][0]) for info in infos})
-            addresses.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in resolved)
-        return (
-            "ipv4:" + ",".join(addresses)
-            if "[" not in "".join(addresses)
-            else "ipv6:" + ",".join(addresses)
-        )
-
     async def _connect(self) -> None:
         config = self._config
-        target = await self._target()
+        credentials: Any = None
         if config.ca_file or config.cert_file:
             import grpc  # type: ignore[import-untyped]  # Only the TLS path needs it.
 
@@ -158,24 +193,47 @@ class EtcdMetadataStore(MetadataStore):
                 private_key=read(config.key_file),
                 certificate_chain=read(config.cert_file),
             )
-            options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", config.endpoints[0][0])]
-            self._channel = rpc.secure_channel(target, credentials, options=options)
-        else:
-            self._channel = rpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        self._kv = rpc.KVStub(self._channel)
-        self._lease = rpc.LeaseStub(self._channel)
-        self._watch = rpc.WatchStub(self._channel)
+        for host, port in config.endpoints:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if credentials is None:
+                channel = rpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else:
+                options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", host)]
+                channel = rpc.secure_channel(address, credentials, options=options)
+            self._members.append(_Member(address, channel))
         if config.user is not None:
             await self._authenticate()
 
+    def _fail_over(self, used: int, code: Any) -> None:
+        """Member `used` did not answer: send what follows to the next one, and move the watches
+        open on it there too. No-op with one member, or when another request already moved on."""
+        if len(self._members) == 1 or self._current != used:
+            return
+        self._current = (used + 1) % len(self._members)
+        log.warning(
+            "etcd_member_failover", lost=self._members[used].address,
+            now=self._members[self._current].address, code=code.name,
+        )  # fmt: skip
+        for call, member in list(self._watch_calls.items()):
+            if member == used:
+                self._moved_calls.add(call)
+                call.cancel()
+
     async def _authenticate(self) -> None:
-        auth = rpc.AuthStub(self._channel)
         request = rpc.AuthenticateRequest(name=self._config.user, password=self._config.password)
 
         async def call() -> Any:
-            return await auth.Authenticate(request, timeout=self._config.operation_timeout_seconds)
+            return await self._members[self._current].auth.Authenticate(
+                request, timeout=self._config.operation_timeout_seconds
+            )
 
-        response = await self._retrying("authenticate", call, idempotent=True, reauth=False)
+        response = await self._retrying(
+            "authenticate",
+            call,
+            idempotent=True,
+            reauth=False,
+            retry_seconds=self._config.connect_timeout_seconds,
+        )
         self._metadata = (("token", response.token),)
 
     async def _retrying(
@@ -185,15 +243,36 @@ class EtcdMetadataStore(MetadataStore):
         *,
         idempotent: bool,
         reauth: bool = True,
+        retry_seconds: float | None = None,
     ) -> T:
+        """`call()`, retried while etcd is unreachable for up to the URI's retry_seconds.
+
+        With `retry_seconds` (first contact: connecting, logging in), that bound instead, shared
+        by the members: an attempt that one member leaves unanswered for its share moves on to
+        the next, so a silent member is passed over and a silent cluster reported in time.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.retry_seconds
+        budget = self._config.retry_seconds if retry_seconds is None else retry_seconds
+        deadline = loop.time() + budget
         delay = 0.05
         while True:
             if self._closed:
                 raise MetadataError(f"metadata store {self.uri} is closed")
+            used = self._current
             try:
-                return await call()
+                if retry_seconds is None:
+                    return await call()
+                assert idempotent, what  # A cut-off write would leave its outcome unknown.
+                share = budget / len(self._members)
+                async with asyncio.timeout_at(min(deadline, loop.time() + share)):
+                    return await call()
+            except TimeoutError:
+                if loop.time() < deadline - 0.01:
+                    self._fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    continue
+                raise MetadataError(
+                    f"etcd {what}: no answer from {self._endpoints_text()} within {budget} s"
+                ) from None
             except rpc.AioRpcError as error:
                 code = error.code()
                 if code == rpc.StatusCode.UNAUTHENTICATED and reauth and self._config.user:
@@ -204,6 +283,7 @@ class EtcdMetadataStore(MetadataStore):
                     raise MetadataError(
                         f"etcd {what} failed: {code.name}: {error.details()}"
                     ) from None
+                self._fail_over(used, code)
                 if not idempotent and not _never_sent(error):
                     raise MetadataOutcomeUnknownError(
                         f"etcd {what}: connection lost while the write was in flight"
@@ -211,12 +291,15 @@ class EtcdMetadataStore(MetadataStore):
                     ) from None
                 if loop.time() + delay > deadline:
                     raise MetadataError(
-                        f"etcd {what}: {self._config.endpoints} unreachable for"
-                        f" {self._config.retry_seconds} s: {error.details()}"
+                        f"etcd {what}: {self._endpoints_text()} unreachable for"
+                        f" {budget} s: {error.details()}"
                     ) from None
                 log.warning("etcd_retrying", operation=what, delay_seconds=delay, code=code.name)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+
+    def _endpoints_text(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self._config.endpoints)
 
     def _full(self, key: str) -> bytes:
         check_key(key)
@@ -231,13 +314,13 @@ class EtcdMetadataStore(MetadataStore):
             lease=kv.lease,
         )
 
-    async def _range(self, what: str, request: Any) -> Any:
+    async def _range(self, what: str, request: Any, *, retry_seconds: float | None = None) -> Any:
         timeout = self._config.operation_timeout_seconds
 
         async def call() -> Any:
             return await self._kv.Range(request, timeout=timeout, metadata=self._metadata)
 
-        return await self._retrying(what, call, idempotent=True)
+        return await self._retrying(what, call, idempotent=True, retry_seconds=retry_seconds)
 
     async def _txn(self, what: str, request: Any, *, idempotent: bool) -> Any:
         timeout = self._config.operation_timeout_seconds
@@ -379,8 +462,8 @@ class EtcdMetadataStore(MetadataStore):
             raise MetadataError(f"etcd grant lease failed: {response.error}")
         return self._track_lease(EtcdLease(self, int(response.ID), float(response.TTL)))
 
-    async def _keep_alive(self, lease_id: int) -> None:
-        timeout = self._config.operation_timeout_seconds
+    async def _keep_alive(self, lease_id: int, *, attempt_timeout: float) -> None:
+        timeout = min(self._config.operation_timeout_seconds, attempt_timeout)
 
         async def call() -> Any:
             stream = self._lease.LeaseKeepAlive(
@@ -425,11 +508,18 @@ class EtcdMetadataStore(MetadataStore):
             create = rpc.WatchCreateRequest(
                 key=full_prefix, range_end=range_end, start_revision=next_revision
             )
-            call = self._watch.Watch(
-                _requests(rpc.WatchRequest(create_request=create)), metadata=self._metadata
+            outgoing: asyncio.Queue[Any] = asyncio.Queue(maxsize=WATCH_SILENT_PERIODS + 1)
+            outgoing.put_nowait(rpc.WatchRequest(create_request=create))
+            used = self._current
+            call = self._watch.Watch(_requests(outgoing), metadata=self._metadata)
+            self._watch_calls[call] = used
+            heard = _Heard(asyncio.get_running_loop().time())
+            keeper = asyncio.get_running_loop().create_task(
+                self._keep_watch_honest(call, used, outgoing, heard), name=f"etcd-watch {prefix}"
             )
             try:
                 async for response in call:
+                    heard.at = asyncio.get_running_loop().time()
                     if response.compact_revision:
                         raise WatchCompactedError(
                             f"watch on {prefix}: etcd compacted revisions up to"
@@ -438,24 +528,63 @@ class EtcdMetadataStore(MetadataStore):
                     if response.canceled:
                         raise MetadataError(f"watch on {prefix} canceled: {response.cancel_reason}")
                     for event in response.events:
+                        heard.consumer_busy = True  # Its time at the consumer is not silence.
                         yield self._watch_event(event)
+                        heard.consumer_busy = False
+                        heard.at = asyncio.get_running_loop().time()
                         next_revision = int(event.kv.mod_revision) + 1
                     delay = 0.05
+            except asyncio.CancelledError:
+                if call not in self._moved_calls or _cancelling():
+                    raise
+                continue  # Moved to another member: re-open there at once.
             except rpc.AioRpcError as error:
+                if call in self._moved_calls:
+                    continue
                 if self._closed or error.code() == rpc.StatusCode.CANCELLED:
                     return
                 if not _connection_lost(error) and error.code() != rpc.StatusCode.UNKNOWN:
                     raise MetadataError(
                         f"watch on {prefix} failed: {error.code().name}: {error.details()}"
                     ) from None
+                self._fail_over(used, error.code())
                 log.warning(
                     "etcd_watch_reconnecting", prefix=prefix, from_revision=next_revision,
                     delay_seconds=delay, code=error.code().name,
                 )  # fmt: skip
             finally:
+                keeper.cancel()
+                self._watch_calls.pop(call, None)
+                self._moved_calls.discard(call)
                 call.cancel()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+
+    async def _keep_watch_honest(
+        self, call: Any, used: int, outgoing: asyncio.Queue[Any], heard: _Heard
+    ) -> None:
+        """While the watch hears nothing, ask its member for a progress report every
+        WATCH_IDLE_SECONDS; a member that answers none of WATCH_SILENT_PERIODS is lost."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await asyncio.sleep(WATCH_IDLE_SECONDS)
+                if heard.consumer_busy:
+                    continue
+                silent = loop.time() - heard.at
+                if silent >= WATCH_IDLE_SECONDS * WATCH_SILENT_PERIODS:
+                    if self._current == used:
+                        self._fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    if call in self._watch_calls:  # Single member, or moved by another request.
+                        self._moved_calls.add(call)
+                        call.cancel()
+                    return
+                if silent >= WATCH_IDLE_SECONDS and not outgoing.full():
+                    outgoing.put_nowait(
+                        rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
+                    )
+        except Exception:  # A bug here must not pass silently, nor end the watch.
+            log.exception("etcd_watch_keeper_failed")
 
     def _watch_event(self, event: Any) -> WatchEvent:
         kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
@@ -473,12 +602,28 @@ class EtcdMetadataStore(MetadataStore):
             return
         await self._stop_keep_alives()
         self._closed = True
-        if self._channel is not None:
+        for member in self._members:
             with contextlib.suppress(Exception):
-                await self._channel.close()
+                await member.channel.close()
 
 
-async def _requests(first: Any) -> AsyncIterator[Any]:
-    """A watch stream's requests: one create, then nothing until the call is cancelled."""
-    yield first
-    await asyncio.Event().wait()
+@dataclass(slots=True)
+class _Heard:
+    """When a watch last received anything from etcd (loop time), and whether its consumer
+    holds an event right now (the stream is not read meanwhile: not the member's silence)."""
+
+    at: float
+    consumer_busy: bool = False
+
+
+def _cancelling() -> bool:
+    """True when the current task itself is being cancelled (not just a call it waits on)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _requests(outgoing: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    """A watch stream's requests: the create, then progress requests as they are queued, until
+    the call is cancelled."""
+    while True:
+        yield await outgoing.get()

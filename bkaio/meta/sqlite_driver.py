@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, Self, TypeVar
 import structlog
 
 from bkaio.errors import BKError, MetadataError, MetadataVersionError
+from bkaio.meta.cluster import HOW_TO_INITIALISE, ClusterNotInitialisedError
 from bkaio.meta.errors import LeaseExpiredError, WatchCompactedError
 from bkaio.meta.store import (
     EventKind,
@@ -103,9 +105,10 @@ class SqliteLease(Lease):
 class SqliteMetadataStore(MetadataStore):
     """`sqlite:///path/meta.db`: the single-host driver `bkaio standalone` uses."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, *, create: bool = True) -> None:
         parsed = parse_sqlite_uri(uri)
         self.uri = uri
+        self._create = create  # False: the database file must exist already.
         self._path = parsed.path
         self._root = parsed.root
         self._synchronous = parsed.synchronous
@@ -119,8 +122,9 @@ class SqliteMetadataStore(MetadataStore):
         self._poller: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, uri: str) -> Self:
-        store = cls(uri)
+    async def open(cls, uri: str, *, create: bool = True) -> Self:
+        """Open (with `create`, create if absent) the database file named by `uri`."""
+        store = cls(uri, create=create)
         try:
             await store._run(store._open_sync)
         except BaseException:
@@ -140,10 +144,21 @@ class SqliteMetadataStore(MetadataStore):
             raise MetadataError(f"metadata store {self._path}: {error}") from error
 
     def _open_sync(self) -> None:
-        Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        if self._create:
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            target, as_uri = self._path, False
+        else:  # mode=rw: a missing file is an error, not a new empty database.
+            # One leading slash: "//dir" (sqlite:////dir/meta.db) would read as an authority.
+            absolute = "/" + self._path.lstrip("/")
+            target, as_uri = f"file:{urllib.parse.quote(absolute)}?mode=rw", True
+            if not Path(self._path).is_file():
+                raise ClusterNotInitialisedError(
+                    f"no bkaio cluster at metadata {self.uri.partition('?')[0]}: "
+                    f"{self._path} does not exist; {HOW_TO_INITIALISE}"
+                )
         conn = sqlite3.connect(
-            self._path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-            check_same_thread=False,
+            target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+            check_same_thread=False, uri=as_uri,
         )  # fmt: skip
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         _enable_wal_sync(conn)

@@ -1,13 +1,14 @@
 """Parsing of metadata service URIs; pure, no I/O.
 
-etcd://host:port[,host:port...]/prefix[?ca=..&cert=..&key=..&user=..&password=..&timeout=..]
+etcd://host:port[,host:port...]/prefix[?ca=..&cert=..&key=..&user=..&password=..&timeout=..
+    &retry_seconds=..&connect_timeout=..]
 sqlite:///absolute/path/meta.db[?synchronous=full|normal&prefix=/root]
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from bkaio.errors import ConfigError
 
@@ -26,6 +27,9 @@ class EtcdUri:
     password: str | None = None
     operation_timeout_seconds: float = 10.0
     retry_seconds: float = 30.0  # How long an operation keeps retrying a lost connection.
+    # How long opening the store waits for a first answer: an unreachable etcd at start-up is
+    # most often a wrong address, said quickly; a running service rides out retry_seconds.
+    connect_timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,9 @@ class SqliteUri:
     synchronous: str = "full"
 
 
-_ETCD_OPTIONS = {"ca", "cert", "key", "user", "password", "timeout", "retry_seconds"}
+_ETCD_OPTIONS = {
+    "ca", "cert", "key", "user", "password", "timeout", "retry_seconds", "connect_timeout",
+}  # fmt: skip
 _SQLITE_OPTIONS = {"synchronous", "prefix"}
 
 
@@ -97,7 +103,22 @@ def parse_etcd_uri(uri: str) -> EtcdUri:
         password=options.get("password"),
         operation_timeout_seconds=_float_option(options, "timeout", 10.0, uri),
         retry_seconds=_float_option(options, "retry_seconds", 30.0, uri),
+        connect_timeout_seconds=_float_option(options, "connect_timeout", 5.0, uri),
     )
+
+
+def with_connect_timeout(uri: str, seconds: float) -> str:
+    """`uri` with its etcd `connect_timeout` option set to `seconds` (any earlier value goes).
+
+    An SQLite URI is returned as it is: a local file has no connection to wait for.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme != "etcd":
+        return uri
+    options = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    options = [(k, v) for k, v in options if k != "connect_timeout"]
+    options.append(("connect_timeout", repr(float(seconds))))
+    return urlunsplit(parts._replace(query=urlencode(options, safe="/")))
 
 
 def parse_sqlite_uri(uri: str) -> SqliteUri:

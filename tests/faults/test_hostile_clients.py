@@ -48,6 +48,7 @@ from bkaio.protocol.messages import (
 )
 from bkaio.protocol.status import Status
 from tests.fixtures.bookies import BookieCluster, _http_ok
+from tests.fixtures.etcd import initialise_cluster_blocking
 from tests.integration.bookie.raw_client import RawClient
 
 TOKEN = "hostile-suite-token"
@@ -92,6 +93,7 @@ def bookie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
         config=CONFIG,
         admin_token=ADMIN_TOKEN,
     )
+    initialise_cluster_blocking(cluster.metadata_uri)
     process = cluster.spawn(0)
     try:
         deadline = time.monotonic() + 60

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.etcd import initialise_cluster_blocking
+
 BKAIO = str(Path(sys.executable).parent / "bkaio")
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_SECONDS = 90.0
@@ -198,6 +200,7 @@ def test_bookie_format_refuses_to_wipe_data_without_force(tmp_path: Path) -> Non
             ]
         )
     )
+    initialise_cluster_blocking(f"sqlite:///{tmp_path / 'meta.db'}")
     first = bkaio("bookie", "format", "--config", str(config), "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["wiped"] == []
@@ -215,6 +218,7 @@ def test_bookie_format_refuses_to_wipe_data_without_force(tmp_path: Path) -> Non
 
 def test_recover_of_a_bookie_that_held_nothing_reports_zero(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'meta.db'}"
+    initialise_cluster_blocking(uri)
     done = bkaio("shell", "recover", "127.0.0.1:1", "--metadata", uri, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

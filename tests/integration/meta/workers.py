@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bkaio.logs import configure_logging
-from bkaio.meta import BookieInfo, LedgerMetadata, open_metadata
+from bkaio.meta import BookieInfo, LedgerMetadata, initialise_cluster_at, open_metadata
 
 
 def sample_metadata() -> LedgerMetadata:
@@ -53,7 +53,10 @@ OPEN_SPACING_SECONDS = 0.15
 async def open_fresh(directory: str, count: int, start_at: float) -> None:
     for index in range(count):
         await asyncio.sleep(max(0.0, start_at + index * OPEN_SPACING_SECONDS - time.time()))
-        async with await open_metadata(f"sqlite://{Path(directory) / f'{index}.db'}"):
+        # What every bookie of a new standalone cluster does at once: initialise, then open.
+        uri = f"sqlite://{Path(directory) / f'{index}.db'}"
+        await initialise_cluster_at(uri, exist_ok=True)
+        async with await open_metadata(uri):
             pass
     print("opened", count, flush=True)
 

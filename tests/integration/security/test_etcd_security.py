@@ -13,7 +13,7 @@ import pytest
 import trustme
 
 from bkaio.errors import BKError
-from bkaio.meta import open_metadata
+from bkaio.meta import initialise_cluster_at, open_metadata
 from bkaio.meta.ledger_metadata import LedgerMetadata
 from bkaio.testing.procs import LOOPBACK, etcd_binary, free_port, kill_process, wait_for_port
 
@@ -57,7 +57,7 @@ def _etcdctl(etcd: SecureEtcd, *args: str, user: str | None = None) -> str:
 
 
 @pytest.fixture
-def secure_etcd(tmp_path: Path) -> Iterator[SecureEtcd]:
+def secure_etcd_process(tmp_path: Path) -> Iterator[SecureEtcd]:
     binary = etcd_binary()
     if binary is None or shutil.which("etcdctl") is None:
         pytest.skip("etcd and etcdctl are needed (apt-get install etcd-server etcd-client)")
@@ -126,6 +126,13 @@ def secure_etcd(tmp_path: Path) -> Iterator[SecureEtcd]:
         yield etcd
     finally:
         kill_process(process)
+
+
+@pytest.fixture
+async def secure_etcd(secure_etcd_process: SecureEtcd) -> SecureEtcd:
+    """The secured etcd with a cluster initialised as the bkaio user, in its prefix."""
+    await initialise_cluster_at(secure_etcd_process.uri())
+    return secure_etcd_process
 
 
 async def test_metadata_over_tls_with_a_user_limited_to_the_prefix(

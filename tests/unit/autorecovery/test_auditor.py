@@ -8,12 +8,21 @@ from pathlib import Path
 import pytest
 
 from bkaio.autorecovery import Auditor, AutorecoveryMetrics
-from bkaio.meta import BookieInfo, BookieRegistration, LedgerMetadata, Metadata, open_metadata
+from bkaio.meta import (
+    BookieInfo,
+    BookieRegistration,
+    LedgerMetadata,
+    Metadata,
+    initialise_cluster_at,
+    open_metadata,
+)
 
 
 @pytest.fixture
 async def meta(tmp_path: Path) -> AsyncIterator[Metadata]:
-    metadata = await open_metadata(f"sqlite://{tmp_path / 'meta.db'}")
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    await initialise_cluster_at(uri)
+    metadata = await open_metadata(uri)
     try:
         yield metadata
     finally:

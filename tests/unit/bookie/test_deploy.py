@@ -4,14 +4,17 @@ systemd unit parses."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bkaio.autorecovery.metrics import AutorecoveryMetrics
 from bkaio.bookie.metrics import (
     AggregatingCollector,
     JournalStatsCollector,
@@ -22,12 +25,15 @@ from bkaio.bookie.metrics import (
 )
 from bkaio.config import load_bookie_config
 from bkaio.journal import JournalStats
+from bkaio.process_metrics import ProcessesCollector
+from bkaio.supervision import task_failures_counter
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 # PromQL words that look like metric names but are functions, keywords or label names.
 _PROMQL_WORDS = {
     "histogram_quantile", "sum", "by", "le", "rate", "max", "count", "or", "vector", "and",
-    "on", "op", "success", "job", "instance", "reason", "label_values", "without",
+    "on", "op", "success", "job", "instance", "reason", "label_values", "without", "increase",
+    "min", "task", "process",
 }  # fmt: skip
 
 
@@ -43,10 +49,13 @@ def _bookie_registry() -> CollectorRegistry:
         read_only=lambda: 0,
         disk_usage_fraction_max=lambda: 0,
     )
+    task_failures_counter(shard.registry).labels(task="flush").inc()
+    AutorecoveryMetrics(shard.registry)  # Autorecovery runs in the parent; same names.
     aggregate = AggregatingCollector()
     aggregate.snapshots[0] = snapshot_registry([shard.registry])
     registry = CollectorRegistry()
     registry.register(aggregate)
+    registry.register(ProcessesCollector(lambda: [("parent", os.getpid())]))
     from prometheus_client import Gauge
 
     Gauge("bkaio_bookie_registered", "registered", registry=registry).set(1)
@@ -100,10 +109,43 @@ def test_shard_snapshots_are_summed() -> None:
     )
 
 
+UNIT = DEPLOY / "systemd" / "bkaio-bookie.service"
+INSTALLED_BKAIO = "/opt/bkaio/venv/bin/bkaio"  # Where docs/deployment.md installs it.
+
+
+def _unit_values(key: str) -> list[str]:
+    return [
+        line.split("=", 1)[1]
+        for line in UNIT.read_text().splitlines()
+        if line.startswith(f"{key}=")
+    ]
+
+
+def test_systemd_unit_runs_the_venvs_bkaio_and_names_real_documentation() -> None:
+    [exec_start] = _unit_values("ExecStart")
+    program = exec_start.split()[0]
+    assert program == INSTALLED_BKAIO and Path(program).is_absolute()
+    assert exec_start.split()[1:3] == ["bookie", "--config"]
+    documentation = " ".join(_unit_values("Documentation")).split()
+    assert documentation
+    for link in documentation:
+        if link.startswith("file:"):  # The repository's own docs, where the guide installs it.
+            relative = link.removeprefix("file:/opt/bkaio/src/")
+            assert (DEPLOY.parent / relative).is_file(), link
+        else:
+            assert link.startswith("man:"), link
+    assert INSTALLED_BKAIO in (DEPLOY.parent / "docs" / "deployment.md").read_text()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_unit_verifies() -> None:
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    """`systemd-analyze verify` checks that ExecStart's program exists: verify a copy that runs
+    this venv's bkaio, the one change the deployment guide's drop-in makes."""
+    this_bkaio = Path(sys.executable).parent / "bkaio"
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace(INSTALLED_BKAIO, str(this_bkaio)))
     result = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(DEPLOY / "systemd" / "bkaio-bookie.service")],
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,

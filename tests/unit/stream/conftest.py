@@ -10,7 +10,7 @@ import pytest
 
 from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.ledger_client.types import ClientConfig
-from bkaio.meta import open_metadata
+from bkaio.meta import initialise_cluster_at, open_metadata
 from tests.unit.ledger_client.fakes import FakeBookie, FakeBookieOps
 
 BOOKIE_IDS = [f"127.0.0.1:{3181 + 10 * i}" for i in range(3)]
@@ -27,6 +27,7 @@ def fake_bookies() -> FakeBookieOps:
 async def make_client(tmp_path: Path, fake_bookies: FakeBookieOps) -> AsyncIterator[ClientFactory]:
     """Clients sharing the same fake bookies and metadata (a writer, a second writer, a reader)."""
     uri = f"sqlite://{tmp_path / 'meta.db'}"
+    await initialise_cluster_at(uri)
     clients: list[BookKeeper] = []
 
     async def make(**options: Any) -> BookKeeper:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import bkaio
 from bkaio.client import BookKeeper as Facade
 from bkaio.ledger_client import BookKeeper as LedgerClient
@@ -17,13 +15,13 @@ def test_the_public_bookkeeper_is_the_facade_over_the_ledger_client() -> None:
     assert not hasattr(LedgerClient, "namespace")  # Streams build on ledgers, not the reverse.
 
 
-async def test_connect_gives_the_facade_and_its_namespaces_work(tmp_path: Path) -> None:
-    async with bkaio.BookKeeper.connect(f"sqlite://{tmp_path / 'meta.db'}") as bk:
+async def test_connect_gives_the_facade_and_its_namespaces_work(sqlite_metadata_uri: str) -> None:
+    async with bkaio.BookKeeper.connect(sqlite_metadata_uri) as bk:
         assert type(bk) is Facade
         ns = await bk.namespace("tenant-a", create=True)
         assert isinstance(ns, Namespace)
         assert (await bk.namespace("tenant-a")).name == "tenant-a"
-    opened = await Facade.connect(f"sqlite://{tmp_path / 'meta.db'}")
+    opened = await Facade.connect(sqlite_metadata_uri)
     try:
         assert type(opened) is Facade
     finally:
