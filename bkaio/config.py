@@ -231,7 +231,8 @@ class AutorecoveryConfig:
     auditor_lease_ttl_seconds: float = 10.0  # A dead auditor is replaced about this fast.
     worker_lease_ttl_seconds: float = 10.0  # Locks of a dead worker vanish after this.
     open_ledger_grace_seconds: float = 30.0  # An open ledger's writer gets this long to move off.
-    retry_backoff_seconds: float = 5.0  # After a failed attempt, before the next claim.
+    retry_backoff_seconds: float = 5.0  # A ledger whose copy failed is retried after this...
+    retry_backoff_max_seconds: float = 300.0  # ...growing (jittered) up to this.
     poll_interval_seconds: float = 5.0  # Idle worker re-checks the queue at least this often.
     worker_concurrency: int = 2  # Ledgers one worker re-replicates at the same time.
     entries_in_flight: int = 256  # Entries being copied at once per fragment.
@@ -247,6 +248,7 @@ class AutorecoveryConfig:
             "auditor_lease_ttl_seconds",
             "worker_lease_ttl_seconds",
             "retry_backoff_seconds",
+            "retry_backoff_max_seconds",
             "poll_interval_seconds",
         )
         for name in positive:

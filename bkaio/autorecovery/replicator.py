@@ -19,8 +19,9 @@ import asyncio
 import enum
 import os
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import structlog
 
@@ -38,7 +39,9 @@ from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.protocol.digest import entry_digest
 
 from .cluster import ClusterView, MasterKeys
+from .concurrency import first_failure
 from .fragments import (
+    EntryUnreadableError,
     Fragment,
     ReplicationError,
     fragment_entries,
@@ -50,6 +53,7 @@ from .metrics import AutorecoveryMetrics
 log = structlog.get_logger(__name__)
 
 _REPLACEMENT_ATTEMPTS = 3  # Replacements tried per fragment before giving up for now.
+_READERS = 32  # Entry-by-entry reads in flight per fragment (E > Qw).
 
 
 class Outcome(enum.Enum):
@@ -75,6 +79,88 @@ class _ReplacementFailed(BKError):
     """The replacement bookie refused or lost an add: try another one."""
 
 
+def _digest_ok(metadata: LedgerMetadata, copy: StoredCopy) -> bool:
+    expected = entry_digest(metadata.ledger_id, copy.entry_id, copy.lac, copy.length, copy.payload)
+    return expected == copy.digest
+
+
+class _CopySink:
+    """RECOVERY_ADDs of copied entries to one replacement bookie, at most `window` in flight.
+
+    `write` waits for room; the first refused add fails every later `write` and `drain` with
+    _ReplacementFailed. Answers arriving after the copy was given up only update counters.
+    """
+
+    def __init__(
+        self,
+        view: ClusterView,
+        ledger_id: int,
+        replacement: str,
+        key: bytes,
+        window: int,
+        metrics: AutorecoveryMetrics,
+    ) -> None:
+        self._view = view
+        self._ledger_id = ledger_id
+        self._replacement = replacement
+        self._key = key
+        self._metrics = metrics
+        self._room = asyncio.Semaphore(window)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._error: _ReplacementFailed | None = None
+        self.bytes = 0
+
+    async def write(self, copy: StoredCopy) -> None:
+        if self._error is not None:
+            raise self._error
+        await self._room.acquire()
+        if self._error is not None:
+            self._room.release()
+            raise self._error
+        self._in_flight += 1
+        self._idle.clear()
+        self._view.pool.add_entry(
+            self._replacement,
+            self._ledger_id,
+            copy.entry_id,
+            recovery=True,
+            master_key=self._key,
+            lac=copy.lac,
+            length=copy.length,
+            digest=copy.digest,
+            payload=copy.payload,
+            callback=partial(self._answered, copy.entry_id, len(copy.payload)),
+        )
+
+    def _answered(self, entry_id: int, size: int, error: BKError | None) -> None:
+        self._room.release()
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        if error is None:
+            self.bytes += size
+            self._metrics.entries_replicated.inc()
+            self._metrics.bytes_replicated.inc(size)
+        elif self._error is None:
+            self._error = _ReplacementFailed(
+                f"{self._replacement} refused entry {entry_id} of ledger {self._ledger_id}: "
+                f"{type(error).__name__}: {error}"
+            )
+
+    async def drain(self) -> None:
+        """Wait until every add was answered; raise the first refusal."""
+        await self._idle.wait()
+        if self._error is not None:
+            raise self._error
+
+    def abandon(self) -> None:
+        """The copy is over (done or failed): later answers change nothing that matters."""
+        if self._error is None:
+            self._error = _ReplacementFailed(f"copy to {self._replacement} abandoned")
+
+
 class Replicator:
     def __init__(
         self,
@@ -90,12 +176,30 @@ class Replicator:
         self._metrics = metrics
         self._entries_in_flight = entries_in_flight
 
+    def registered(self) -> set[str]:
+        """Ids of the bookies registered now (writable or read-only)."""
+        return self._view.registered()
+
     async def replicate_ledger(
         self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
     ) -> LedgerReplication:
         """Move every fragment of `ledger_id` off `bookie_ids` (the open tail only after a
-        fence-and-close, and only when `recover_open_tail`). Raises BKError when a fragment
-        cannot be moved now (the caller retries later)."""
+        fence-and-close, and only when `recover_open_tail`). Raises one ReplicationError (its
+        `ledger_id` set; EntryUnreadableError when no copy of an entry is readable) when the
+        ledger cannot be moved now: the caller retries later."""
+        try:
+            return await self._replicate(ledger_id, bookie_ids, recover_open_tail)
+        except ReplicationError as error:
+            error.ledger_id = ledger_id
+            raise
+        except BKError as error:
+            raise ReplicationError(
+                f"ledger {ledger_id}: {type(error).__name__}: {error}", ledger_id=ledger_id
+            ) from error
+
+    async def _replicate(
+        self, ledger_id: int, bookie_ids: Collection[str], recover_open_tail: bool
+    ) -> LedgerReplication:
         started = time.monotonic()
         targets = frozenset(bookie_ids)
         fragments = entries = moved_bytes = 0
@@ -217,39 +321,108 @@ class Replicator:
         key: bytes,
         targets: frozenset[str],
     ) -> int:
-        """Copy `entry_ids` with a window of entries in flight; the payload bytes copied."""
-        pending: Iterator[int] = iter(entry_ids)
-        copied = [0]
+        """Copy `entry_ids` to `replacement`, `entries_in_flight` adds at a time; the payload
+        bytes copied. Reads by range where every bookie of the segment holds every entry
+        (E == Qw), else entry by entry. The first failure stops the copy and is raised alone:
+        EntryUnreadableError (no copy of an entry), _ReplacementFailed (the target refused)."""
+        sink = _CopySink(
+            self._view, metadata.ledger_id, replacement, key, self._entries_in_flight, self._metrics
+        )
+        try:
+            if metadata.ensemble_size == metadata.write_quorum:
+                await self._copy_by_range(metadata, fragment, entry_ids, targets, sink)
+            else:
+                await self._copy_by_entry(metadata, fragment, entry_ids, targets, sink)
+            await sink.drain()
+        finally:
+            sink.abandon()
+        return sink.bytes
 
-        async def copy_some() -> None:
-            for entry_id in pending:  # Shared iterator: each entry goes to one copier.
-                copy = await self._read_copy(metadata, fragment, entry_id, targets)
-                await self._write_copy(metadata.ledger_id, replacement, key, copy)
-                copied[0] += len(copy.payload)
-                self._metrics.entries_replicated.inc()
-                self._metrics.bytes_replicated.inc(len(copy.payload))
-
-        copiers = min(self._entries_in_flight, max(1, len(entry_ids)))
-        async with asyncio.TaskGroup() as group:
-            for _ in range(copiers):
-                group.create_task(copy_some())
-        return copied[0]
-
-    async def _read_copy(
-        self, metadata: LedgerMetadata, fragment: Fragment, entry_id: int, targets: frozenset[str]
-    ) -> StoredCopy:
-        """A digest-valid copy of the entry from a surviving bookie of its write set."""
-        indexes = write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
+    def _sources(
+        self, fragment: Fragment, indexes: Iterable[int], targets: frozenset[str]
+    ) -> list[str]:
+        """Bookies to read the fragment's entries from: live ones first; the bookie being moved
+        off, when it is still up (decommission, `recover --force`), as the last resort."""
         registered = self._view.registered()
         sources = [
             fragment.ensemble[i]
             for i in indexes
             if i != fragment.bookie_index and fragment.ensemble[i] not in targets
         ]
-        sources.sort(key=lambda bookie_id: bookie_id not in registered)  # Live ones first.
-        # A bookie being moved off but still up (decommission) is the last resort.
+        sources.sort(key=lambda bookie_id: bookie_id not in registered)
         if fragment.bookie_id in registered:
             sources.append(fragment.bookie_id)
+        return sources
+
+    async def _copy_by_range(
+        self,
+        metadata: LedgerMetadata,
+        fragment: Fragment,
+        entry_ids: list[int],
+        targets: frozenset[str],
+        sink: _CopySink,
+    ) -> None:
+        """E == Qw: the fragment is one run of ids every other bookie holds too. READ_RANGE
+        batches from the first source that answers; an entry no range brought is read alone
+        (with fail-over), then ranges go on after it."""
+        if not entry_ids:
+            return
+        assert entry_ids == list(range(entry_ids[0], entry_ids[-1] + 1)), "E == Qw: a run"
+        sources = self._sources(fragment, range(metadata.ensemble_size), targets)
+        max_bytes = self._view.client_config.read_batch_bytes
+        pool = self._view.pool
+        last = entry_ids[-1]
+        next_id = entry_ids[0]
+        while next_id <= last:
+            batch: list[StoredCopy] = []
+            for source in sources:
+                try:
+                    answer = await pool.read_range(
+                        source,
+                        metadata.ledger_id,
+                        next_id,
+                        min(last - next_id + 1, self._entries_in_flight),
+                        max_bytes,
+                    )
+                except BKError:
+                    continue  # Down, or lacks `next_id`: the next source, then one by one.
+                for copy in answer:
+                    if copy.entry_id != next_id + len(batch) or not _digest_ok(metadata, copy):
+                        break
+                    batch.append(copy)
+                if batch:
+                    break
+            if not batch:
+                batch = [await self._read_copy(metadata, fragment, next_id, targets)]
+            for copy in batch:
+                await sink.write(copy)
+            next_id += len(batch)
+
+    async def _copy_by_entry(
+        self,
+        metadata: LedgerMetadata,
+        fragment: Fragment,
+        entry_ids: list[int],
+        targets: frozenset[str],
+        sink: _CopySink,
+    ) -> None:
+        """E > Qw: each bookie holds a stripe, so entries are read one by one, a window of them
+        at once (each from a surviving bookie of its own write set)."""
+        pending: Iterator[int] = iter(entry_ids)
+
+        async def copy_some() -> None:
+            for entry_id in pending:  # Shared iterator: each entry goes to one reader.
+                await sink.write(await self._read_copy(metadata, fragment, entry_id, targets))
+
+        readers = min(_READERS, max(1, len(entry_ids)))
+        await first_failure([copy_some() for _ in range(readers)])
+
+    async def _read_copy(
+        self, metadata: LedgerMetadata, fragment: Fragment, entry_id: int, targets: frozenset[str]
+    ) -> StoredCopy:
+        """A digest-valid copy of the entry from a surviving bookie of its write set."""
+        indexes = write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
+        sources = self._sources(fragment, indexes, targets)
         failures: list[str] = []
         for source in sources:
             try:
@@ -257,10 +430,7 @@ class Replicator:
             except BKError as error:
                 failures.append(f"{source}: {type(error).__name__}")
                 continue
-            expected = entry_digest(
-                metadata.ledger_id, entry_id, copy.lac, copy.length, copy.payload
-            )
-            if copy.entry_id != entry_id or expected != copy.digest:
+            if copy.entry_id != entry_id or not _digest_ok(metadata, copy):
                 log.warning(
                     "replica_bad_digest",
                     ledger_id=metadata.ledger_id,
@@ -270,37 +440,13 @@ class Replicator:
                 failures.append(f"{source}: bad digest")
                 continue
             return copy
-        raise ReplicationError(
+        raise EntryUnreadableError(
             f"ledger {metadata.ledger_id}: entry {entry_id} is readable from none of "
-            f"{sources} ({failures})"
+            f"{sources or 'its write set (every other bookie of it is being moved off)'}"
+            f"{f' ({failures})' if failures else ''}",
+            ledger_id=metadata.ledger_id,
+            entry_id=entry_id,
         )
-
-    async def _write_copy(
-        self, ledger_id: int, replacement: str, key: bytes, copy: StoredCopy
-    ) -> None:
-        done: asyncio.Future[BKError | None] = asyncio.get_running_loop().create_future()
-
-        def answered(error: BKError | None) -> None:
-            if not done.done():
-                done.set_result(error)
-
-        self._view.pool.add_entry(
-            replacement,
-            ledger_id,
-            copy.entry_id,
-            recovery=True,
-            master_key=key,
-            lac=copy.lac,
-            length=copy.length,
-            digest=copy.digest,
-            payload=copy.payload,
-            callback=answered,
-        )
-        error = await done
-        if error is not None:
-            raise _ReplacementFailed(
-                f"{replacement} refused entry {copy.entry_id} of ledger {ledger_id}: {error}"
-            )
 
     async def _swap(self, ledger_id: int, fragment: Fragment, replacement: str) -> None:
         """CAS `replacement` into the fragment's slot (re-read and retry on a race)."""

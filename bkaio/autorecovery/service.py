@@ -4,6 +4,12 @@ A bookie runs one (unless `[autorecovery] enabled = false`); `run_autorecovery` 
 own (`bkaio autorecovery`, `python -m bkaio.autorecovery`). Every service stands for auditor
 (unless `auditor_enabled = false`); the elected one audits until its lease is lost or the
 service stops, when it resigns so that another takes over at once.
+
+Both long-lived tasks run under a `Supervisor` (bkaio/supervision.py, policy `Restart`): an
+unexpected exception is logged at ERROR with the task's name, counted in
+`bkaio_task_failures_total{task="autorecovery-worker"|"auditor-election"}`, and the task is
+restarted after a jittered backoff. Expected failures (a ledger that cannot be copied now, the
+metadata store unreachable) are handled inside the tasks and never end them.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import ssl
 import structlog
 from prometheus_client import CollectorRegistry
 
+from bkaio.backoff import Backoff
 from bkaio.config import AutorecoveryConfig
 from bkaio.errors import BKError
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import Metadata, open_metadata
+from bkaio.supervision import Restart, Supervisor
 
 from .auditor import Auditor
 from .cluster import ClusterView, MasterKeys
@@ -30,7 +38,7 @@ from .worker import ReplicationWorker
 
 log = structlog.get_logger(__name__)
 
-_ELECTION_RETRY_SECONDS = 1.0
+_ELECTION_RETRY = (1.0, 30.0)  # Backoff of a failing election: initial, maximum seconds.
 
 
 class AutorecoveryService:
@@ -62,13 +70,17 @@ class AutorecoveryService:
             self.view, self.keys, self.metrics, entries_in_flight=self.config.entries_in_flight
         )
         self.auditor: Auditor | None = None  # Set while this service is the elected auditor.
-        self._tasks: list[asyncio.Task[None]] = []
+        self.worker: ReplicationWorker | None = None
+        # Its own supervisor (also inside a bookie): stopping autorecovery stops just these
+        # tasks. It counts into the host's registry, so a bookie's /metrics shows them.
+        self.supervisor: Supervisor | None = None
 
     async def start(self) -> None:
         await self.view.start()
-        loop = asyncio.get_running_loop()
+        supervisor = self.supervisor = Supervisor("autorecovery", registry=self.metrics.registry)
+        policy = Restart(initial_delay_seconds=1.0, max_delay_seconds=60.0)
         if self.config.auditor_enabled:
-            self._tasks.append(loop.create_task(self._elect(), name="autorecovery-election"))
+            supervisor.spawn("auditor-election", self._elect, policy)
         worker = ReplicationWorker(
             self.metadata,
             self.replicator,
@@ -78,22 +90,28 @@ class AutorecoveryService:
             concurrency=self.config.worker_concurrency,
             open_ledger_grace_seconds=self.config.open_ledger_grace_seconds,
             retry_backoff_seconds=self.config.retry_backoff_seconds,
+            retry_backoff_max_seconds=self.config.retry_backoff_max_seconds,
             poll_interval_seconds=self.config.poll_interval_seconds,
         )
-        self._tasks.append(loop.create_task(worker.run(), name="autorecovery-worker"))
+        self.worker = worker
+        supervisor.spawn("autorecovery-worker", worker.run, policy)
         log.info("autorecovery_started", owner=self.owner, auditor=self.config.auditor_enabled)
 
     async def _elect(self) -> None:
+        """Stand for auditor; audit while elected; stand again when the lease is lost."""
         config = self.config
+        retry = Backoff(*_ELECTION_RETRY)
         while True:
             try:
                 leadership = await self.metadata.auditor.run_for_auditor(
                     self.owner, config.auditor_lease_ttl_seconds
                 )
             except BKError as error:
+                delay = retry.next_delay()
                 log.warning("auditor_election_failed", error=str(error))
-                await asyncio.sleep(_ELECTION_RETRY_SECONDS)
+                await asyncio.sleep(delay)
                 continue
+            retry.reset()
             self.metrics.is_auditor.set(1)
             auditor = Auditor(
                 self.metadata,
@@ -115,13 +133,14 @@ class AutorecoveryService:
                 await asyncio.gather(audit, lost, return_exceptions=True)
                 with contextlib.suppress(BKError):
                     await leadership.resign()  # Let the next candidate in at once.
+            if audit.done() and not audit.cancelled() and audit.exception() is not None:
+                raise audit.exception()  # type: ignore[misc]  # A bug: for the supervisor.
             log.warning("auditor_leadership_ended", owner=self.owner)
 
     async def close(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        supervisor, self.supervisor = self.supervisor, None
+        if supervisor is not None:
+            await supervisor.stop()
         await self.keys.close()
         await self.view.close()
         log.info("autorecovery_stopped", owner=self.owner)

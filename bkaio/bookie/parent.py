@@ -37,6 +37,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
 import bkaio
+from bkaio.backoff import Backoff
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
@@ -147,6 +148,9 @@ class BookieParent:
         self.workers: list[WorkerHandle] = []
         self.notifier = SystemdNotifier()
         self.forced_read_only = config.read_only.start_read_only
+        # An operator decommissioned this bookie (/decommissioned/<id> in metadata): read-only
+        # until recommissioned, whatever the config or the admin API say.
+        self.decommissioned = False
         self.shutting_down = False
         self.running = False
         self.registration: Any = None
@@ -187,7 +191,11 @@ class BookieParent:
 
     @property
     def read_only(self) -> bool:
-        return self.forced_read_only or any(w.read_only for w in self.workers)
+        return self.read_only_by_operator or any(w.read_only for w in self.workers)
+
+    @property
+    def read_only_by_operator(self) -> bool:
+        return self.forced_read_only or self.decommissioned
 
     def state(self) -> dict[str, Any]:
         return {
@@ -195,6 +203,7 @@ class BookieParent:
             "running": self.running,
             "read_only": self.read_only,
             "forced_read_only": self.forced_read_only,
+            "decommissioned": self.decommissioned,
             "shutting_down": self.shutting_down,
             "registered": self.registration is not None,
             "shards_read_only": [w.read_only for w in self.workers],
@@ -236,11 +245,35 @@ class BookieParent:
 
     async def set_forced_read_only(self, value: bool) -> None:
         self.forced_read_only = value
+        await self._apply_operator_mode()
+
+    async def _apply_operator_mode(self) -> None:
+        """Tell the shards whether an operator holds the bookie read-only, then the registry."""
+        value = self.read_only_by_operator
         await asyncio.gather(
             *(w.call("set_forced_read_only", value=value) for w in self.workers),
             return_exceptions=True,
         )
         await self._sync_registration_mode()
+
+    async def _follow_decommission(self) -> None:
+        """Follow /decommissioned/<this bookie>: read-only while it exists."""
+        retry = Backoff(0.5, 30.0)
+        while True:
+            try:
+                async for decommissioned in self.metadata.decommissioned.watch(
+                    self.config.bookie_id
+                ):
+                    retry.reset()
+                    if decommissioned != self.decommissioned:
+                        self.decommissioned = decommissioned
+                        self.log.warning(
+                            "bookie_decommission_changed", decommissioned=decommissioned
+                        )
+                        await self._apply_operator_mode()
+            except BKError as error:
+                self.log.warning("decommission_watch_failed", error=str(error))
+            await asyncio.sleep(retry.next_delay())
 
     async def _sync_registration_mode(self) -> None:
         async with self._mode_lock:
@@ -315,6 +348,7 @@ class BookieParent:
 
         runner: web.AppRunner | None = None
         watchdog: asyncio.Task[None] | None = None
+        decommission_watch: asyncio.Task[None] | None = None
         if not self.journal_sync:
             self.log.warning(
                 "journal_sync_disabled",
@@ -324,9 +358,17 @@ class BookieParent:
         try:
             self.metadata = await open_metadata(self.config.metadata.uri)
             cookies = await check_cookies(self.config, self.metadata.cookies)
+            decommission = await self.metadata.decommissioned.get(self.config.bookie_id)
+            self.decommissioned = decommission is not None
             await self._spawn_workers([c.instance_id for c in cookies])
             if not await self._wait_ready():
                 return EXIT_START_FAILED
+            if self.decommissioned:
+                self.log.warning("bookie_decommissioned_stays_read_only")
+                await self._apply_operator_mode()
+            decommission_watch = loop.create_task(
+                self._follow_decommission(), name="decommission-watch"
+            )
             runner = await self._start_admin()
             self.running = True
             info = BookieInfo(
@@ -376,6 +418,8 @@ class BookieParent:
             print(f"bkaio bookie: {error}", file=sys.stderr)
             return await self._shutdown(EXIT_START_FAILED)
         finally:
+            if decommission_watch is not None:
+                decommission_watch.cancel()
             if watchdog is not None:
                 watchdog.cancel()
             if runner is not None:
