@@ -136,9 +136,11 @@ def _report_line(verb: str, report: Any) -> str:
 def _finish(action: str, report: Any, as_json: bool) -> None:
     emit(report.to_dict(), as_json=as_json, human=_report_line(f"{action}ed", report))
     if report.failed:
+        failed = sorted(report.failed)
+        shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
         raise ReplicationIncompleteError(
-            f"{action} {report.bookie_id}: {len(report.failed)} ledgers not re-replicated "
-            f"({sorted(report.failed)[:10]}); they stay marked for the replication workers"
+            f"{action} {report.bookie_id}: {len(failed)} ledger(s) not re-replicated: {shown}; "
+            "they stay marked for the replication workers"
         )
     if report.skipped_open:
         raise ReplicationIncompleteError(
@@ -283,34 +285,37 @@ def recommission(bookie_id: str, metadata_uri: str, as_json: bool) -> None:
 
 
 @click.command("autorecovery")
-@click.option("--enable", "action", flag_value="enable", help="Turn autorecovery on.")
-@click.option("--disable", "action", flag_value="disable", help="Turn autorecovery off.")
-@click.option(
-    "--status", "action", flag_value="status", default=True, help="Show its state (default)."
-)
+@click.option("--enable", is_flag=True, help="Turn autorecovery on.")
+@click.option("--disable", is_flag=True, help="Turn autorecovery off.")
+@click.option("--status", is_flag=True, help="Show its state (the default).")
 @metadata_option
 @json_option
-def autorecovery_switch(action: str, metadata_uri: str, as_json: bool) -> None:
+def autorecovery_switch(
+    enable: bool, disable: bool, status: bool, metadata_uri: str, as_json: bool
+) -> None:
     """The cluster-wide autorecovery switch: --enable, --disable or --status."""
     from bkaio import autorecovery
 
+    if sum((enable, disable, status)) > 1:
+        raise click.UsageError("give one of --enable, --disable, --status")
+
     async def go() -> Any:
-        if action != "status":
-            await autorecovery.set_autorecovery_enabled(metadata_uri, action == "enable")
+        if enable or disable:
+            await autorecovery.set_autorecovery_enabled(metadata_uri, enable)
         return await autorecovery.autorecovery_status(metadata_uri)
 
-    status = run(go())
-    delay = status.lost_bookie_delay_seconds
+    state = run(go())
+    delay = state.lost_bookie_delay_seconds
     human = "\n".join(
         [
-            f"autorecovery: {'enabled' if status.enabled else 'DISABLED'}",
-            f"auditor: {status.auditor or 'none elected'}",
+            f"autorecovery: {'enabled' if state.enabled else 'DISABLED'}",
+            f"auditor: {state.auditor or 'none elected'}",
             f"lost bookie delay: {'each config' if delay is None else f'{delay:g} s'}",
-            f"under-replicated ledgers: {status.under_replicated_ledgers}",
-            f"decommissioned: {', '.join(status.decommissioned_bookies) or 'none'}",
+            f"under-replicated ledgers: {state.under_replicated_ledgers}",
+            f"decommissioned: {', '.join(state.decommissioned_bookies) or 'none'}",
         ]
     )
-    emit(status.to_dict(), as_json=as_json, human=human)
+    emit(state.to_dict(), as_json=as_json, human=human)
 
 
 @click.command("lostbookierecoverydelay")
