@@ -54,6 +54,7 @@ class AddPath:
     key_verifier: LedgerKeyVerifier | None
     forced_read_only: bool
     disk_full: bool
+    limbo_ids: set[int]  # Ledgers in limbo on this shard (bkaio/bookie/limbo.py): fenced.
     inflight_requests: int
     inflight_bytes: int
     memory_paused: set[Peer]
@@ -75,6 +76,11 @@ class AddPath:
         if ledger_id % self.shard_count != self.shard_index:
             self.metrics.requests_rejected.labels(reason="wrong_shard").inc()
             status = Status.WRONG_SHARD
+        elif self.limbo_ids and ledger_id in self.limbo_ids and not frame.recovery:
+            # It may have lost the fence of a recovery along with its disks: fenced until
+            # its entries are copied back (recovery adds are how they come back).
+            self.metrics.requests_rejected.labels(reason="limbo").inc()
+            status = Status.FENCED
         elif (self.forced_read_only or self.disk_full) and not frame.recovery:
             self.metrics.requests_rejected.labels(reason="read_only").inc()
             status = Status.READ_ONLY

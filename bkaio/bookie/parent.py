@@ -44,9 +44,11 @@ from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
 from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import bookie_client_tls_context
+from bkaio.supervision import Restart, Supervisor
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
+from .limbo import LimboMetrics, enter_limbo, load_limbo
 from .metrics import AggregatingCollector
 from .sdnotify import SystemdNotifier
 
@@ -178,6 +180,8 @@ class BookieParent:
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
         self.jobs = AdminJobs()
+        self.limbo = LimboMetrics(self.metrics_registry)
+        self._limbo_supervisor: Supervisor | None = None
 
     def _process_ids(self) -> list[tuple[str, int]]:
         """This bookie's processes for process_* metrics: the parent and each live worker."""
@@ -208,6 +212,7 @@ class BookieParent:
             "registered": self.registration is not None,
             "shards_read_only": [w.read_only for w in self.workers],
             "journal_sync": self.journal_sync,
+            "limbo": self.limbo.summary(),
         }
 
     async def info(self) -> dict[str, Any]:
@@ -325,6 +330,72 @@ class BookieParent:
         await service.start()
         self.autorecovery = service
 
+    async def _enter_limbo_if_known(self, cookies: list[Any]) -> None:
+        """A new cookie instance is about to be published: if ledgers already name this
+        bookie id, its disks were reformatted; put those ledgers into limbo (persisted per
+        shard) before it serves anything (bkaio/bookie/limbo.py)."""
+        from bkaio.autorecovery.auditor import ledgers_naming
+
+        named = [md.ledger_id for md in await ledgers_naming(self.metadata, self.config.bookie_id)]
+        if not named:
+            return
+        reason = (
+            f"new cookie instance {cookies[0].instance_id} for {self.config.bookie_id}, "
+            f"which {len(named)} ledgers name: its disks were reformatted"
+        )
+        loop = asyncio.get_running_loop()
+        counts = await loop.run_in_executor(None, enter_limbo, self.config, named, reason)
+        self.log.warning(
+            "bookie_reformatted_entering_limbo", ledgers=len(named), per_shard=counts, reason=reason
+        )
+
+    def _start_limbo_repair(self) -> None:
+        if not self.limbo.ledgers:
+            return
+        supervisor = Supervisor("bookie-limbo", registry=self.metrics_registry)
+        supervisor.spawn("limbo-repair", self._repair_limbo, Restart(1.0, 60.0))
+        self._limbo_supervisor = supervisor
+
+    async def _repair_limbo(self) -> None:
+        """Copy every ledger in limbo back from its other replicas, then clear it."""
+        from bkaio.autorecovery.cluster import ClusterView, MasterKeys
+        from bkaio.autorecovery.limbo_repair import LimboRepair
+        from bkaio.ledger_client.types import ClientConfig
+
+        client_config = ClientConfig(
+            client_id=f"bkaio-limbo-{self.config.bookie_id}",
+            add_timeout=15.0,
+            read_timeout=15.0,
+            auth_token=self.config.server.auth_token or None,
+        )
+        view = ClusterView(
+            self.metadata,
+            client_config=client_config,
+            tls=bookie_client_tls_context(self.config.tls),
+        )
+        await view.start()
+        keys = MasterKeys(view, self.config.autorecovery.admin_token or self.config.admin.token)
+        try:
+            repair = LimboRepair(
+                self.config.bookie_id,
+                view,
+                keys,
+                self._clear_limbo,
+                self.limbo,
+                entries_in_flight=self.config.autorecovery.entries_in_flight,
+            )
+            await repair.run(set(self.limbo.ledgers))
+        finally:
+            await keys.close()
+            await view.close()
+        self.log.warning("bookie_left_limbo", **self.limbo.summary())
+
+    async def _clear_limbo(self, ledger_id: int) -> None:
+        worker = self.workers[ledger_id % len(self.workers)]
+        reply = await worker.call("limbo_clear", ledger_id=ledger_id)
+        if "error" in reply:
+            raise BKError(f"shard {worker.shard_index}: {reply['error']}")
+
     async def _stop_autorecovery(self) -> None:
         service, self.autorecovery = self.autorecovery, None
         if service is not None:
@@ -357,7 +428,10 @@ class BookieParent:
             )
         try:
             self.metadata = await open_metadata(self.config.metadata.uri)
-            cookies = await check_cookies(self.config, self.metadata.cookies)
+            cookies = await check_cookies(
+                self.config, self.metadata.cookies, self._enter_limbo_if_known
+            )
+            self.limbo.load(await loop.run_in_executor(None, load_limbo, self.config))
             decommission = await self.metadata.decommissioned.get(self.config.bookie_id)
             self.decommissioned = decommission is not None
             await self._spawn_workers([c.instance_id for c in cookies])
@@ -390,6 +464,7 @@ class BookieParent:
             self.registration = registration_wait.result()
             await self._sync_registration_mode()  # A shard may have flipped meanwhile.
             await self._start_autorecovery()
+            self._start_limbo_repair()
             self.notifier.notify("READY=1", f"STATUS=serving {self.config.shard_count} shards")
             self.log.info(
                 "bookie_started",
@@ -496,6 +571,9 @@ class BookieParent:
         self.notifier.notify("STOPPING=1")
         self.log.info("bookie_stopping", exit_code=exit_code)
         await self._stop_autorecovery()  # Resigns as auditor, so another takes over at once.
+        limbo_supervisor, self._limbo_supervisor = self._limbo_supervisor, None
+        if limbo_supervisor is not None:
+            await limbo_supervisor.stop()
         await self.jobs.cancel_all()
         registration, self.registration = self.registration, None
         if registration is not None:

@@ -39,6 +39,7 @@ from bkaio.security.tls import server_tls_context_from_config
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
 from .gc import GarbageCollector, MetadataGcSource
+from .limbo import LimboLedgers, limbo_path
 from .loop_lag import watch_loop_lag
 from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
 from .seams import PRODUCTION_SEAMS, StorageSeams
@@ -151,6 +152,17 @@ class ShardWorker:
             self.send({"event": "failed", "error": str(error)})
             await storage.close()
             return EXIT_START_FAILED
+        try:
+            limbo = await loop.run_in_executor(
+                None, LimboLedgers.load, limbo_path(config, self.shard_index)
+            )
+        except BKError as error:
+            self.log.error("limbo_load_failed", error=str(error))
+            self.send({"event": "failed", "error": str(error)})
+            await storage.close()
+            return EXIT_START_FAILED
+        if limbo.ids:
+            self.log.warning("shard_in_limbo", ledgers=len(limbo.ids), reason=limbo.reason)
         key_verifier = None
         if config.server.ledger_key_check == "metadata":
             key_verifier = LedgerKeyVerifier(
@@ -163,6 +175,7 @@ class ShardWorker:
             self.metrics,
             on_read_only_change=lambda ro: self.send({"event": "read_only", "read_only": ro}),
             key_verifier=key_verifier,
+            limbo=limbo,
         )
         self.server = server
         await self._check_disks()
@@ -338,6 +351,17 @@ class ShardWorker:
             self._control_tasks.add(task)
             task.add_done_callback(self._control_tasks.discard)
             return
+        elif method == "limbo_clear" and server.limbo is not None:
+            limbo = server.limbo
+
+            async def clear() -> dict[str, Any]:
+                cleared = await limbo.clear(int(message.get("ledger_id", -1)))
+                return {"cleared": cleared, "limbo": limbo.summary()}
+
+            task = asyncio.get_running_loop().create_task(self._reply_later(request_id, clear()))
+            self._control_tasks.add(task)
+            task.add_done_callback(self._control_tasks.discard)
+            return
         elif method == "ledger_key":
             state = server.storage.ledger_state(int(message.get("ledger_id", -1)))
             key = None if state is None or not state.master_key else state.master_key.hex()
@@ -360,6 +384,7 @@ class ShardWorker:
             "disk_full": server.disk_full,
             "connections": len(server.connections),
             "inflight_requests": server.inflight_requests,
+            "limbo": server.limbo.summary() if server.limbo is not None else None,
             "disks": [
                 {
                     "path": str(u.path),

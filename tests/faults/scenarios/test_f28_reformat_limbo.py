@@ -1,0 +1,142 @@
+"""F28 — a reformatted bookie must never make an acknowledged entry disappear (limbo).
+
+E3 Qw3 Qa2 on b0, b1, b2. The first entries reach all three; the last ones reach b1 and b2
+only (the writer's adds to b0 are dropped by its proxy), so they are acknowledged by b1 and b2.
+The writer stops without closing. b2 is reformatted (`bkaio bookie format --force`, refused
+while it runs), b1 is killed, and b2 restarts with the same id: it comes back in limbo for the
+ledger. Recovery now has b0's "no such entry" and b2's "data unknown" for the last entries:
+it must fail retryably (the ledger stays unsealed), never seal at b0's end. Once b1 is back it
+seals at the true last acknowledged entry; b2 copies its fragments back and leaves limbo; every
+entry is then readable from all three bookies; the history checker agrees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bkaio.ledger_client import BookKeeper
+from bkaio.meta.ledger_metadata import LedgerState
+from bkaio.protocol.messages import Flag, Op, ReadEntryRequest, ReadEntryResponse
+from bkaio.protocol.status import Status
+from tests.faults.harness.final import assert_safe, finish
+from tests.faults.harness.proxy import Direction, FrameRule
+from tests.faults.harness.workload import PASSWORD, Writer, recover
+from tests.faults.scenarios.conftest import ClusterFactory
+from tests.integration.autorecovery.helpers import bkaio_cli, verify_full_replication
+from tests.integration.bookie.raw_client import RawClient
+
+# Autorecovery off: only the bookie's own limbo repair copies anything.
+CONFIG: dict[str, dict[str, Any]] = {"autorecovery": {"enabled": False}}
+
+
+def _admin_info(admin_url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{admin_url}/api/v1/bookie/info", timeout=10.0) as response:
+        body: dict[str, Any] = json.loads(response.read())
+    return body
+
+
+async def _limbo_ledgers(admin_url: str) -> int:
+    info = await asyncio.to_thread(_admin_info, admin_url)
+    return int(info["limbo"]["ledgers"])
+
+
+async def _raw_read(host_port: str, ledger_id: int, entry_id: int) -> ReadEntryResponse:
+    host, port = host_port.rsplit(":", 1)
+    client = await RawClient.connect(host, int(port))
+    try:
+        response = await client.request(
+            ReadEntryRequest(client.next_id(), ledger_id, entry_id, Flag.NONE, None)
+        )
+    finally:
+        await client.close()
+    assert isinstance(response, ReadEntryResponse)
+    return response
+
+
+async def test_f28_reformatted_bookie_in_limbo_never_seals_short(
+    make_cluster: ClusterFactory, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    cluster = await make_cluster(3, config=CONFIG)
+    writer_bk = await cluster.client("w", add_timeout=30.0)
+    handle = await writer_bk.create_ledger(3, 3, 2, password=PASSWORD)
+    ledger_id = handle.ledger_id
+    b0, b1, b2 = handle.metadata.ensembles[0][1]
+    i1, i2 = cluster.bookie_ids.index(b1), cluster.bookie_ids.index(b2)
+    everywhere = rng.randrange(20, 60)
+    tail = rng.randrange(3, 10)
+    writer = Writer(cluster.history, handle, "w", rng=rng, window=8)
+    await writer.run(count=everywhere)
+    await writer.wait_acked(everywhere)
+    cluster.link("w", b0).rules.append(FrameRule(Direction.UP, op=Op.ADD_ENTRY, action="drop"))
+    for seq in range(everywhere, everywhere + tail):
+        writer.append_one(seq)
+    await writer.wait_acked(everywhere + tail)  # Acknowledged by b1 and b2 alone.
+    last_acked = everywhere + tail - 1
+    await cluster.close_client(writer_bk)  # The writer stops; the ledger stays open.
+
+    # b2's disks are wiped and formatted: refused while it runs, then done.
+    config_path = str(cluster.bookies[i2].config_path)
+    refused = await bkaio_cli("bookie", "format", "--config", config_path, "--force")
+    assert refused.returncode == 1 and "registered and alive" in refused.stderr, refused
+    await cluster.bookies.stop(i2)
+    await cluster.bookies.wait_until_deregistered(i2)
+    formatted = await bkaio_cli("bookie", "format", "--config", config_path, "--force")
+    assert formatted.returncode == 0, formatted.stderr
+    cluster.bookies.kill9(i1)  # Before b2 is back: its own repair cannot finish without b1.
+    await cluster.bookies.start(i2)
+    assert await _limbo_ledgers(cluster.bookies[i2].admin_url) == 1
+    offline = json.loads(
+        (await bkaio_cli("bookie", "info", "--config", config_path, "--json")).stdout
+    )
+    assert offline["limbo"]["ledgers"] == 1
+
+    # In limbo b2 answers DATA_UNKNOWN for what it lacks, never NO_SUCH_ENTRY.
+    answer = await _raw_read(b2, ledger_id, last_acked)
+    assert answer.status is Status.DATA_UNKNOWN, answer
+    assert (await _raw_read(b0, ledger_id, last_acked)).status is Status.NO_SUCH_ENTRY
+
+    recoverer = await cluster.client("r", proxied=False, read_timeout=5.0, add_timeout=5.0)
+    for _ in range(2):
+        sealed = await recover(cluster.history, recoverer, ledger_id, "r", seconds=30.0)
+        assert sealed is None, f"BKAIO_SEED={seed}: sealed at {sealed} with b1 down"
+    md = await recoverer.get_ledger_metadata(ledger_id)
+    assert md.state is LedgerState.IN_RECOVERY, md
+
+    await cluster.bookies.start(i1)
+    sealed = await recover(cluster.history, recoverer, ledger_id, "r", seconds=60.0)
+    assert sealed == last_acked, f"BKAIO_SEED={seed}: sealed at {sealed}, acked {last_acked}"
+
+    admin = cluster.bookies[i2].admin_url
+    for _ in range(600):
+        if await _limbo_ledgers(admin) == 0:
+            break
+        await asyncio.sleep(0.1)
+    info = await asyncio.to_thread(_admin_info, admin)
+    assert info["limbo"]["ledgers"] == 0, info["limbo"]
+    assert info["limbo"]["entries_copied"] >= last_acked + 1 - tail, info["limbo"]
+
+    direct = await BookKeeper.connect(cluster.metadata_uri)
+    try:
+        reader = await direct.open_ledger(ledger_id, password=PASSWORD, recovery=False)
+        payloads = [entry.payload for entry in await reader.read(0, last_acked)]
+    finally:
+        await direct.close()
+    final_md = await recoverer.get_ledger_metadata(ledger_id)
+    assert await verify_full_replication(cluster.bookies, final_md, payloads) == 3 * len(payloads)
+    result, report = await finish(
+        cluster,
+        [ledger_id],
+        tmp_path,
+        name="F28",
+        schedule=(
+            f"{everywhere} entries on all, {tail} on {b1},{b2} only; {b2} reformatted, "
+            f"{b1} killed; recovery refused twice; {b1} back; sealed {sealed}"
+        ),
+    )
+    assert_safe(result, report, seed=seed)
