@@ -228,6 +228,7 @@ class AutorecoveryConfig:
     auditor_enabled: bool = True  # Stand for auditor election.
     lost_bookie_delay_seconds: float = 30.0  # A bookie gone this long has its ledgers marked.
     audit_interval_seconds: float = 3600.0  # Periodic check of every ledger against the registry.
+    ledger_check_interval_seconds: float = 86400.0  # Live bookies hold their entries? 0: never.
     auditor_lease_ttl_seconds: float = 10.0  # A dead auditor is replaced about this fast.
     worker_lease_ttl_seconds: float = 10.0  # Locks of a dead worker vanish after this.
     open_ledger_grace_seconds: float = 30.0  # An open ledger's writer gets this long to move off.
@@ -239,7 +240,11 @@ class AutorecoveryConfig:
     admin_token: str = ""  # Token for other bookies' admin HTTP; empty: this bookie's admin.token.
 
     def __post_init__(self) -> None:
-        non_negative = ("lost_bookie_delay_seconds", "open_ledger_grace_seconds")
+        non_negative = (
+            "lost_bookie_delay_seconds",
+            "open_ledger_grace_seconds",
+            "ledger_check_interval_seconds",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be >= 0")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -38,10 +38,13 @@ from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICA
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 
+from .checker import LedgerChecker
+from .concurrency import first_failure
 from .metrics import AutorecoveryMetrics
 
 log = structlog.get_logger(__name__)
 
+_LEDGER_CHECKERS = 8  # Ledgers the ledger check looks at concurrently.
 _MIN_AUDIT_GAP_SECONDS = 0.2  # A storm of registry changes still audits a few times a second.
 _DISABLED_RECHECK_SECONDS = 30.0  # The switch is watched; this only bounds a missed event.
 _WATCH_RETRY = (0.5, 10.0)  # Backoff of a failed watch: initial and maximum seconds.
@@ -59,7 +62,7 @@ class AuditReport:
     lost_bookie_delay_seconds: float = 0.0  # The delay this audit applied.
 
 
-async def all_ledgers(metadata: Metadata) -> AsyncIterator[LedgerMetadata]:
+async def all_ledgers(metadata: Metadata) -> AsyncGenerator[LedgerMetadata, None]:
     """Every ledger's metadata, one page of the store at a time (unreadable ones logged)."""
     async for kv in metadata.store.iterate_prefix(LEDGERS_PREFIX):
         ledger_id = ledger_id_of(kv.key)
@@ -100,9 +103,16 @@ class Auditor:
         *,
         lost_bookie_delay_seconds: float,
         audit_interval_seconds: float,
+        checker: LedgerChecker | None = None,
+        ledger_check_interval_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`checker` and `ledger_check_interval_seconds` (> 0): also check, that often, that
+        live bookies hold every entry of their fragments (the first check one interval after
+        election)."""
         self._metadata = metadata
+        self._checker = checker if ledger_check_interval_seconds > 0 else None
+        self._check_interval = ledger_check_interval_seconds
         self._metrics = metrics
         self._configured_delay = lost_bookie_delay_seconds
         self._delay = lost_bookie_delay_seconds
@@ -112,6 +122,7 @@ class Auditor:
         self._wake = asyncio.Event()
         self._reasons: set[str] = {"elected"}
         self._next_periodic = clock()
+        self._next_ledger_check = clock() + ledger_check_interval_seconds
 
     def trigger(self, reason: str = "requested") -> None:
         """Audit soon (the bookie set changed, or an operator asked: then without the delay)."""
@@ -208,11 +219,60 @@ class Auditor:
             )
         return narrowed, dropped
 
+    async def check_ledgers(self) -> int:
+        """The ledger check: mark every closed ledger whose live bookies lack entries of
+        their fragments, those bookies as forced out (they are alive, so no audit drops them;
+        the workers move the fragments to other bookies). Ledgers newly marked."""
+        assert self._checker is not None
+        checker = self._checker
+        started = time.monotonic()
+        ledgers = all_ledgers(self._metadata)
+        created = checked = 0
+        lock = asyncio.Lock()  # One reader of the shared ledger iterator at a time.
+
+        async def next_closed() -> LedgerMetadata | None:
+            async with lock:
+                async for md in ledgers:
+                    if md.is_closed:
+                        return md
+            return None
+
+        async def check_some() -> None:
+            nonlocal created, checked
+            while (md := await next_closed()) is not None:
+                checked += 1
+                incomplete = await checker.incomplete_bookies(md)
+                if not incomplete:
+                    continue
+                result = await self._metadata.underreplication.mark(
+                    md.ledger_id, incomplete, forced=True
+                )
+                created += int(result.created)
+                log.warning(
+                    "ledger_check_incomplete",
+                    ledger_id=md.ledger_id,
+                    missing={bookie: len(ids) for bookie, ids in incomplete.items()},
+                    first_missing={bookie: ids[0] for bookie, ids in incomplete.items()},
+                )
+
+        try:
+            await first_failure([check_some() for _ in range(_LEDGER_CHECKERS)])
+        finally:
+            await ledgers.aclose()
+        if created:
+            self._metrics.ledgers_marked.inc(created)
+        self._metrics.audit_seconds.observe(time.monotonic() - started)
+        self._next_ledger_check = self._clock() + self._check_interval
+        log.info("ledger_check_done", ledgers_checked=checked, ledgers_marked=created)
+        return created
+
     def next_wait(self) -> float:
         """Seconds until an audit is due without any event: the periodic one, or sooner when a
         lost bookie's delay runs out. Bookies already past their delay add no wake-up."""
         now = self._clock()
         wait = max(0.0, self._next_periodic - now)
+        if self._checker is not None:
+            wait = min(wait, max(0.0, self._next_ledger_check - now))
         for since in self._lost_since.values():
             due = since + self._delay
             if due > now:
@@ -251,6 +311,9 @@ class Auditor:
                     self._metrics.audits.labels(reason=_main_reason(reasons)).inc()
                     report = await self.audit_once(skip_delay="requested" in reasons)
                     log.debug("audited", reasons=sorted(reasons), **_report_fields(report))
+                    if self._checker is not None and self._clock() >= self._next_ledger_check:
+                        self._metrics.audits.labels(reason="ledger_check").inc()
+                        await self.check_ledgers()
                     wait = self.next_wait()
                 else:
                     wait = _DISABLED_RECHECK_SECONDS

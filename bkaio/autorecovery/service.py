@@ -31,6 +31,7 @@ from bkaio.meta import Metadata, open_metadata
 from bkaio.supervision import Restart, Supervisor
 
 from .auditor import Auditor
+from .checker import LedgerChecker
 from .cluster import ClusterView, MasterKeys
 from .metrics import AutorecoveryMetrics
 from .replicator import Replicator
@@ -118,6 +119,8 @@ class AutorecoveryService:
                 self.metrics,
                 lost_bookie_delay_seconds=config.lost_bookie_delay_seconds,
                 audit_interval_seconds=config.audit_interval_seconds,
+                checker=LedgerChecker(self.view),
+                ledger_check_interval_seconds=config.ledger_check_interval_seconds,
             )
             self.auditor = auditor
             loop = asyncio.get_running_loop()
@@ -173,6 +176,8 @@ async def run_autorecovery(
     )
     try:
         await service.start()
+        assert service.supervisor is not None
+        service.supervisor.install_loop_exception_handler()  # This process is ours alone.
         await (stop or asyncio.Event()).wait()
     finally:
         await service.close()

@@ -18,6 +18,7 @@ import structlog
 from bkaio.errors import (
     BKError,
     BookieUnavailableError,
+    NoSuchLedgerError,
     ProtocolError,
     error_for_status,
 )
@@ -34,6 +35,7 @@ from bkaio.ledger_client.types import AddCallback, ClientConfig, LacAnswer, Stor
 from bkaio.protocol import (
     Flag,
     FrameEncoder,
+    ListEntriesResponse,
     Op,
     ReadEntryResponse,
     ReadLacResponse,
@@ -347,6 +349,24 @@ class BookiePool:
         )
         assert isinstance(response, ReadLacResponse)
         return LacAnswer(response.lac, response.last_entry_id)
+
+    async def list_entries(self, bookie_id: str, ledger_id: int) -> list[tuple[int, int]]:
+        """LIST_ENTRIES: the entries of the ledger the bookie holds, as ascending inclusive
+        ranges (empty when it has none of the ledger). DataUnknownError from a bookie with the
+        ledger in limbo: its list proves nothing."""
+        try:
+            response = await self._call_ok(
+                bookie_id,
+                ledger_id,
+                Op.LIST_ENTRIES,
+                (ledger_id,),
+                self._config.read_timeout,
+                f"LIST_ENTRIES of ledger {ledger_id}",
+            )
+        except NoSuchLedgerError:
+            return []
+        assert isinstance(response, ListEntriesResponse)
+        return [(first, last) for first, last in response.ranges]
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         """WRITE_LAC to one bookie."""

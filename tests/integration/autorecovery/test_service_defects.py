@@ -167,3 +167,40 @@ async def test_marks_of_a_bookie_that_came_back_are_dropped(
         assert cluster.bookie_ids[2] in md.ensembles[0][1]  # Nothing was moved.
         await verify_full_replication(cluster, md, payloads)
     _no_tracebacks(cluster)
+
+
+async def test_entries_missing_on_a_live_bookie_are_found_and_moved(
+    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
+) -> None:
+    """The ledger check (BookKeeper's periodic check): a writer that went on at Qa while b2
+    was down and could not be replaced leaves b2's fragment short, though b2 comes back and the
+    metadata still names it. The check finds it; the workers move the fragment to b3."""
+    cluster = await bookie_cluster_factory(
+        count=4,
+        metadata_uri=etcd_server.uri,
+        config=_config(lost_bookie_delay_seconds=3600.0, ledger_check_interval_seconds=2.0),
+    )
+    meta = await cluster.metadata()
+    await cluster.stop(3)
+    await cluster.wait_until_deregistered(3)
+    payloads = [b"entry-%d" % i for i in range(40)]
+    async with BookKeeper.connect(etcd_server.uri, add_timeout=30.0) as bk:
+        handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        await asyncio.gather(*(handle.append(p) for p in payloads[:20]))
+        cluster.kill9(2)  # No writable bookie left to replace it: the writer goes on at Qa.
+        await asyncio.gather(*(handle.append(p) for p in payloads[20:]))
+        await handle.close()
+    b2 = cluster.bookie_ids[2]
+    md = await meta.ledgers.get(handle.ledger_id)
+    assert any(b2 in ensemble for _, ensemble in md.ensembles)
+    await cluster.start(2)
+    await cluster.start(3)
+
+    async def moved() -> bool:
+        current = await meta.ledgers.get(handle.ledger_id)
+        named = any(b2 in ensemble for _, ensemble in current.ensembles)
+        return not named and not await list_under_replicated(meta)
+
+    await wait_for(moved, 60, f"ledger {handle.ledger_id}'s short fragment moved off {b2}")
+    await verify_full_replication(cluster, await meta.ledgers.get(handle.ledger_id), payloads)
+    _no_tracebacks(cluster)
