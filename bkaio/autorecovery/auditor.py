@@ -164,7 +164,7 @@ class Auditor:
         for ledger_id in sorted(missing_by_ledger):
             result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
             created += int(result.created)
-        narrowed, dropped = await self._reevaluate(marks, locked, index, lost)
+        narrowed, dropped = await self._reevaluate(marks, locked, index, lost, registered)
         under_replicated = len(marks) + created - dropped
         if created:
             self._metrics.ledgers_marked.inc(created)
@@ -190,39 +190,52 @@ class Auditor:
         locked: set[int],
         index: dict[str, set[int]],
         lost: set[str],
+        registered: set[str],
     ) -> tuple[int, int]:
         """Narrow or drop marks whose bookies came back or were moved off; (narrowed, dropped).
-        A locked mark is left to its holder, which re-checks before copying."""
+        Incomplete bookies stay while they are registered and named (a lost one is marked
+        missing instead). A locked mark is left to its holder, which re-checks before copying."""
         narrowed = dropped = 0
         for record in marks:
             if record.ledger_id in locked:
                 continue
+            ledger_id = record.ledger_id
             still = {
                 bookie_id
                 for bookie_id in record.missing_bookies
-                if record.ledger_id in index.get(bookie_id, ())
+                if ledger_id in index.get(bookie_id, ())
                 and (bookie_id in lost or bookie_id in record.forced_bookies)
             }
-            if still == set(record.missing_bookies):
+            still_incomplete = {
+                bookie_id
+                for bookie_id in record.incomplete_bookies
+                if ledger_id in index.get(bookie_id, ()) and bookie_id in registered
+            }
+            if still == set(record.missing_bookies) and still_incomplete == set(
+                record.incomplete_bookies
+            ):
                 continue
-            if not await self._metadata.underreplication.narrow(record, still):
+            underreplication = self._metadata.underreplication
+            if not await underreplication.narrow(record, still, still_incomplete):
                 continue  # Changed meanwhile (a worker, a new mark): the next audit sees it.
-            if still:
+            if still or still_incomplete:
                 narrowed += 1
             else:
                 dropped += 1
             log.info(
                 "audit_mark_updated",
-                ledger_id=record.ledger_id,
+                ledger_id=ledger_id,
                 missing_before=list(record.missing_bookies),
                 missing_now=sorted(still),
+                incomplete_before=list(record.incomplete_bookies),
+                incomplete_now=sorted(still_incomplete),
             )
         return narrowed, dropped
 
     async def check_ledgers(self) -> int:
         """The ledger check: mark every closed ledger whose live bookies lack entries of
-        their fragments, those bookies as forced out (they are alive, so no audit drops them;
-        the workers move the fragments to other bookies). Ledgers newly marked."""
+        their fragments, those bookies as incomplete (the workers copy the entries they lack
+        back to them). Ledgers newly marked."""
         assert self._checker is not None
         checker = self._checker
         started = time.monotonic()
@@ -245,7 +258,7 @@ class Auditor:
                 if not incomplete:
                     continue
                 result = await self._metadata.underreplication.mark(
-                    md.ledger_id, incomplete, forced=True
+                    md.ledger_id, incomplete, incomplete=True
                 )
                 created += int(result.created)
                 log.warning(

@@ -13,11 +13,12 @@ is fenced or marked:
 - `recover` of a bookie that is registered and alive, unless `force` (BookieAliveError):
   recovering a live bookie's ledgers fences their writers.
 A ledger with an entry no surviving bookie can serve is reported at once (`on_failure`) and
-left (marked, for the workers); other failures are retried up to `attempts` times, with a
-backoff, within `timeout_seconds`. `skip_open_ledgers` leaves ledgers that are not closed
-alone (nothing fenced). `decommission` records the bookie as decommissioned first: the bookie
-turns read-only (so writers move their open ledgers off it by ensemble change) and stays so,
-also across restarts, until `recommission_bookie`.
+left (marked, for the workers); other failures (a replacement that timed out, none writable
+now) are retried in later rounds, with a backoff, until `timeout_seconds`, when what is left
+is reported. `skip_open_ledgers` leaves ledgers that are not closed alone (nothing fenced).
+`decommission` records the bookie as decommissioned first: the bookie turns read-only (so
+writers move their open ledgers off it by ensemble change) and stays so, also across restarts,
+until `recommission_bookie`.
 """
 
 from __future__ import annotations
@@ -237,7 +238,6 @@ async def recover_bookie(
     skip_open_ledgers: bool = False,
     on_failure: FailureCallback | None = None,
     concurrency: int = 4,
-    attempts: int = 3,
     timeout_seconds: float = 600.0,
 ) -> RecoveryReport:
     """Re-replicate now every fragment `bookie_id` holds (it is dead, or about to be wiped).
@@ -264,7 +264,6 @@ async def recover_bookie(
             progress,
             on_failure,
             concurrency=concurrency,
-            attempts=attempts,
             open_grace_seconds=0.0,
             skip_open=skip_open_ledgers,
             forced=registered,
@@ -281,7 +280,6 @@ async def decommission_bookie(
     open_ledger_grace_seconds: float = 30.0,
     on_failure: FailureCallback | None = None,
     concurrency: int = 4,
-    attempts: int = 3,
     timeout_seconds: float = 900.0,
 ) -> RecoveryReport:
     """Drain a bookie: record it as decommissioned (a running one turns read-only, so writers
@@ -303,7 +301,6 @@ async def decommission_bookie(
             progress,
             on_failure,
             concurrency=concurrency,
-            attempts=attempts,
             open_grace_seconds=open_ledger_grace_seconds,
             skip_open=False,
             forced=False,  # The decommission record keeps it missing for every worker.
@@ -339,19 +336,17 @@ class _Drain:
         on_failure: FailureCallback | None,
         *,
         concurrency: int,
-        attempts: int,
         open_grace_seconds: float,
         skip_open: bool,
         forced: bool,
     ) -> None:
-        assert concurrency >= 1 and attempts >= 1, (concurrency, attempts)
+        assert concurrency >= 1, concurrency
         self._meta = meta
         self._bookie_id = bookie_id
         self._token = admin_token
         self._progress = progress
         self._on_failure = on_failure
         self._concurrency = concurrency
-        self._attempts = attempts
         self._open_grace = open_grace_seconds
         self._skip_open = skip_open
         self._forced = forced
@@ -360,6 +355,7 @@ class _Drain:
         self._done = self._total = self._entries_total = 0
         self._replicated = self._recovered = self._fragments = self._entries = self._bytes = 0
         self._tries: dict[int, int] = {}
+        self._last_error: dict[int, str] = {}  # Of ledgers still being retried.
         self._failed: dict[int, str] = {}  # Given up on in this run.
         self._unreadable: dict[int, int] = {}
         self._skipped: set[int] = set()
@@ -382,9 +378,8 @@ class _Drain:
                     break
                 if time.monotonic() > deadline:
                     for ledger_id in pending:
-                        self._give_up(
-                            ledger_id, f"still names the bookie after {timeout_seconds} s"
-                        )
+                        why = self._last_error.get(ledger_id, "no attempt succeeded")
+                        self._give_up(ledger_id, f"not moved within {timeout_seconds} s: {why}")
                     break
                 self._registered = replicator.registered()
                 self._decommissioned = await self._meta.decommissioned.ids()
@@ -471,6 +466,9 @@ class _Drain:
         completed = False
         try:
             recover_now = time.monotonic() - self._started >= self._open_grace
+            incomplete = [b for b in claimed.incomplete_bookies if b in self._registered]
+            if incomplete:  # Completing the mark must not forget what the ledger check found.
+                await replicator.fill_ledger_in_place(ledger_id, incomplete)
             result = await replicator.replicate_ledger(
                 ledger_id, self._missing(claimed), recover_open_tail=recover_now
             )
@@ -485,11 +483,10 @@ class _Drain:
         except EntryUnreadableError as error:
             self._unreadable[ledger_id] = error.entry_id
             self._give_up(ledger_id, str(error), error.entry_id)
-        except BKError as error:
+        except BKError as error:  # Retried next round; reported if still failing at the end.
             tries = self._tries[ledger_id] = self._tries.get(ledger_id, 0) + 1
+            self._last_error[ledger_id] = f"{type(error).__name__}: {error}"
             log.warning("drain_ledger_failed", ledger_id=ledger_id, tries=tries, error=str(error))
-            if tries >= self._attempts:
-                self._give_up(ledger_id, f"{type(error).__name__}: {error}")
         finally:
             if not completed:
                 with contextlib.suppress(BKError):

@@ -8,17 +8,19 @@ For each ledger in limbo, in ledger id order, until none is left:
    few of them answer, and never seals short;
 3. every closed fragment of this bookie (each segment naming it, the entries of its write sets)
    is copied to this bookie with RECOVERY_ADD from the other bookies of each entry's write set
-   (`FragmentCopier`, range reads where E == Qw); entries it already holds are accepted again
-   as duplicates;
+   (`Replicator.fill_in_place`, range reads where E == Qw); entries it already holds are
+   accepted again as duplicates;
 4. `clear(ledger_id)` takes the ledger out of limbo on its shard (persisted there).
 A ledger that cannot be repaired now (recovery undecided, an entry unreadable, the master key
-unknown) is retried after a jittered backoff that grows per ledger, while the others go on.
+unknown) is retried after a jittered backoff that grows per ledger, while the others go on; a
+change of the registered bookies (one coming back) retries them all at once.
 Runs in the bookie parent under its supervisor, whether or not autorecovery is enabled there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -28,11 +30,8 @@ import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, NoSuchLedgerError
-from bkaio.meta import LedgerMetadata
 
 from .cluster import ClusterView, MasterKeys
-from .copier import CopyJob, FragmentCopier
-from .fragments import Fragment, ReplicationError, fragment_entries, fragments_on
 from .metrics import AutorecoveryMetrics
 from .replicator import Replicator
 
@@ -79,7 +78,6 @@ class LimboRepair:
         self._progress = progress
         metrics = AutorecoveryMetrics()  # Its own registry: limbo counts in `progress`.
         self._replicator = Replicator(view, keys, metrics, entries_in_flight=entries_in_flight)
-        self._copier = FragmentCopier(view, metrics, entries_in_flight=entries_in_flight)
         self._retry = (retry_initial_seconds, retry_max_seconds)
         self._clock = clock
 
@@ -89,11 +87,18 @@ class LimboRepair:
         backoffs: dict[int, Backoff] = {}
         not_before: dict[int, float] = {}
         log.warning("limbo_repair_started", bookie_id=self.bookie_id, ledgers=len(pending))
+        changed = self._view.changed
         while pending:
             now = self._clock()
             due = [ledger_id for ledger_id in pending if not_before.get(ledger_id, 0.0) <= now]
             if not due:
-                await asyncio.sleep(min(not_before[i] for i in pending) - now)
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(not_before[i] for i in pending) - now):
+                        await changed.wait()
+                if changed.is_set():  # A bookie came (back): what failed may work now.
+                    not_before.clear()
+                    backoffs.clear()
                 continue
             for ledger_id in due:
                 try:
@@ -139,34 +144,6 @@ class LimboRepair:
         if not metadata.is_closed and self.bookie_id in metadata.ensembles[-1][1]:
             metadata = await self._replicator.recover_open_ledger(metadata)
             recovered = True
-        entries = payload_bytes = 0
-        for fragment in fragments_on(metadata, {self.bookie_id}):
-            if fragment.open_tail:
-                continue  # Not ours to write: the writer moved off this bookie (see above).
-            copied, copied_bytes = await self._copy(metadata, fragment)
-            entries += copied
-            payload_bytes += copied_bytes
+        entries, payload_bytes = await self._replicator.fill_in_place(metadata, {self.bookie_id})
+        self._progress.copied(entries, payload_bytes)
         return LedgerRepair(ledger_id, entries, payload_bytes, recovered, deleted=False)
-
-    async def _copy(self, metadata: LedgerMetadata, fragment: Fragment) -> tuple[int, int]:
-        """Copy one fragment of this bookie back to it, from the others of each write set."""
-        if not any(fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum)):
-            return 0, 0
-        key = await self._keys.master_key(metadata)
-        if key is None:
-            raise ReplicationError(
-                f"ledger {metadata.ledger_id}: no live bookie knows its master key, so its "
-                f"entries cannot be copied back to {self.bookie_id}",
-                ledger_id=metadata.ledger_id,
-            )
-        job = CopyJob(
-            metadata,
-            fragment,
-            self.bookie_id,
-            key,
-            avoid=frozenset({self.bookie_id}),
-            origin_readable=False,  # Itself: in limbo, it would only answer DATA_UNKNOWN.
-        )
-        copied, copied_bytes = await self._copier.copy(job)
-        self._progress.copied(copied, copied_bytes)
-        return copied, copied_bytes

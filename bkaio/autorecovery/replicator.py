@@ -11,6 +11,10 @@ The open tail (last segment of a ledger not CLOSED) is never rewritten under a l
 the caller decides when to fence and close the ledger first (`recover_open_tail`), after a
 grace period in which the writer can move off the bookie by itself (an ensemble change).
 The caller holds the ledger's under-replication lock while this runs.
+
+`fill_in_place` is the other repair: a live bookie whose fragments lack entries (found by the
+ledger check, or a bookie leaving limbo) gets them copied back from the other bookies of each
+entry's write set; the metadata does not change.
 """
 
 from __future__ import annotations
@@ -151,6 +155,68 @@ class Replicator:
             seconds=round(seconds, 3),
         )
         return result
+
+    async def fill_ledger_in_place(
+        self, ledger_id: int, bookie_ids: Collection[str]
+    ) -> tuple[int, int]:
+        """`fill_in_place` on the ledger's current metadata (nothing when it was deleted); one
+        ReplicationError when it fails."""
+        try:
+            metadata = await self._view.metadata.ledgers.get(ledger_id)
+        except NoSuchLedgerError:
+            return 0, 0
+        try:
+            return await self.fill_in_place(metadata, bookie_ids)
+        except ReplicationError:
+            raise
+        except BKError as error:
+            raise ReplicationError(
+                f"ledger {ledger_id}: {type(error).__name__}: {error}", ledger_id=ledger_id
+            ) from error
+
+    async def fill_in_place(
+        self, metadata: LedgerMetadata, bookie_ids: Collection[str]
+    ) -> tuple[int, int]:
+        """Copy to each of `bookie_ids` the entries of its closed fragments of the ledger, from
+        the other bookies of each entry's write set (never from itself); entries it holds are
+        taken again as duplicates. (entries, payload bytes) copied; a ReplicationError when an
+        entry has no readable copy or the bookie refuses."""
+        entries = payload_bytes = 0
+        key: bytes | None = None
+        for fragment in fragments_on(metadata, bookie_ids):
+            if fragment.open_tail:
+                continue  # Its writer's: never written behind a live writer's back.
+            if not any(fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum)):
+                continue
+            if key is None:
+                key = await self._keys.master_key(metadata)
+                if key is None:
+                    raise ReplicationError(
+                        f"ledger {metadata.ledger_id}: no live bookie knows its master key, so "
+                        f"no entry can be copied back to {fragment.bookie_id}",
+                        ledger_id=metadata.ledger_id,
+                    )
+            job = CopyJob(
+                metadata,
+                fragment,
+                fragment.bookie_id,
+                key,
+                avoid=frozenset({fragment.bookie_id}),
+                origin_readable=False,  # It lacks entries (or is in limbo): read the others.
+            )
+            try:
+                copied, copied_bytes = await self._copier.copy(job)
+            except CopyRefusedError as error:
+                raise ReplicationError(str(error), ledger_id=metadata.ledger_id) from error
+            entries += copied
+            payload_bytes += copied_bytes
+        log.info(
+            "ledger_filled_in_place",
+            ledger_id=metadata.ledger_id,
+            bookies=sorted(bookie_ids),
+            entries=entries,
+        )
+        return entries, payload_bytes
 
     async def recover_open_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
         """Fence and close an open ledger (its writer did not move off a lost bookie, or a

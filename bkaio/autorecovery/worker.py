@@ -3,8 +3,9 @@
 Runs in every bookie (by default) and in `bkaio autorecovery` processes, under the service's
 supervisor. Each of its `worker_concurrency` loops claims one marked ledger at a time with a
 lock bound to the worker's lease (so the locks of a dead worker vanish with its lease), moves
-the ledger's fragments off the bookies still missing (`Replicator`), and drops the mark when
-nothing is left on them.
+the ledger's fragments off the bookies still missing (`Replicator`), copies to its incomplete
+bookies (live ones whose fragments lack entries: the ledger check) the entries they lack, and
+drops the mark when that is done.
 
 Before copying, the mark is checked against the cluster as it is now: a bookie that is
 registered again (and was neither decommissioned nor forced out by an operator) is not
@@ -200,13 +201,22 @@ class ReplicationWorker:
         completed = False
         try:
             missing = await self._still_missing(claimed)
-            if not missing:
+            registered = self._replicator.registered()
+            incomplete = [b for b in claimed.incomplete_bookies if b in registered]
+            if not missing and not incomplete:
                 completed = await underreplication.complete(claimed)
                 log.info(
                     "mark_dropped_bookies_back",
                     ledger_id=ledger_id,
                     missing_bookies=list(claimed.missing_bookies),
                 )
+                return
+            if incomplete:
+                await self._replicator.fill_ledger_in_place(ledger_id, incomplete)
+            if not missing:
+                completed = await underreplication.complete(claimed)
+                self._skips.pop(ledger_id, None)
+                self._metrics.ledgers_replicated.inc()
                 return
             waited_ms = now_ms() - claimed.ctime_ms
             result = await self._replicator.replicate_ledger(

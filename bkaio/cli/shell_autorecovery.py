@@ -388,7 +388,8 @@ def who_is_auditor(metadata_uri: str, as_json: bool) -> None:
 @metadata_option
 @json_option
 def list_under_replicated(metadata_uri: str, as_json: bool) -> None:
-    """Ledgers marked under-replicated: the bookies they miss and how long ago marked."""
+    """Ledgers marked under-replicated: the bookies they miss (or that miss entries), and
+    how long ago they were marked."""
     from bkaio import autorecovery
 
     records = run(autorecovery.list_under_replicated(metadata_uri))
@@ -400,6 +401,7 @@ def list_under_replicated(metadata_uri: str, as_json: bool) -> None:
                 "ledger_id": record.ledger_id,
                 "missing_bookies": list(record.missing_bookies),
                 "forced_bookies": list(record.forced_bookies),
+                "incomplete_bookies": list(record.incomplete_bookies),
                 "marked_at": datetime.fromtimestamp(record.ctime_ms / 1000, UTC).isoformat(
                     timespec="seconds"
                 ),
@@ -410,13 +412,14 @@ def list_under_replicated(metadata_uri: str, as_json: bool) -> None:
         [
             {
                 "ledger_id": row["ledger_id"],
-                "missing": ",".join(row["missing_bookies"]),
+                "missing": ",".join(row["missing_bookies"]) or "-",
+                "incomplete": ",".join(row["incomplete_bookies"]) or "-",
                 "age": format_age(row["age_seconds"]),
                 "marked_at": row["marked_at"],
             }
             for row in rows
         ],
-        ["ledger_id", "missing", "age", "marked_at"],
+        ["ledger_id", "missing", "incomplete", "age", "marked_at"],
     )
     emit(rows, as_json=as_json, human=human if rows else "no under-replicated ledgers")
 

@@ -2,7 +2,8 @@
 bookies and auditor election.
 
 Layout (reference/bookkeeper.md section 4.3, mapped to flat keys):
-    /underreplicated/<20-digit ledger id>     msgpack {missing_bookies, ctime_ms, forced_bookies}
+    /underreplicated/<20-digit ledger id>     msgpack {missing_bookies, ctime_ms, forced_bookies,
+                                                       incomplete_bookies}
     /underreplication/locks/<ledger id>       leased lock of the worker re-replicating it
     /underreplication/disable                 present: autorecovery is disabled
     /underreplication/control/lost_bookie_delay   text seconds: overrides the configured delay
@@ -44,12 +45,23 @@ MAX_LOST_BOOKIE_DELAY_SECONDS = 7 * 24 * 3600.0  # A week: longer is a typo, not
 @dataclass(frozen=True, slots=True)
 class UnderreplicatedLedger:
     ledger_id: int
-    missing_bookies: tuple[str, ...]
+    missing_bookies: tuple[str, ...]  # Move the ledger's fragments off these.
     ctime_ms: int  # When the ledger was first marked (kept across merges): the mark's age.
     version: int
-    # Bookies an operator asked to move off although they may be alive (`recover --force`,
-    # `decommission`): an audit never drops them as "back again".
+    # Of `missing_bookies`, those an operator asked to move off although they may be alive
+    # (`recover --force`): an audit never drops them as "back again".
     forced_bookies: tuple[str, ...] = ()
+    # Live bookies whose fragments lack entries (the ledger check): filled in place.
+    incomplete_bookies: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ledger_id": self.ledger_id,
+            "missing_bookies": list(self.missing_bookies),
+            "forced_bookies": list(self.forced_bookies),
+            "incomplete_bookies": list(self.incomplete_bookies),
+            "ctime_ms": self.ctime_ms,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +82,16 @@ def _lock_key(ledger_id: int) -> str:
     return f"{LOCKS_PREFIX}{ledger_id:020d}"
 
 
-def _encode_mark(missing: Iterable[str], ctime_ms: int, forced: Iterable[str]) -> bytes:
+def _encode_mark(
+    missing: Iterable[str], ctime_ms: int, forced: Iterable[str], incomplete: Iterable[str]
+) -> bytes:
     packed: bytes = msgpack.packb(
-        {"missing_bookies": list(missing), "ctime_ms": ctime_ms, "forced_bookies": list(forced)}
+        {
+            "missing_bookies": list(missing),
+            "ctime_ms": ctime_ms,
+            "forced_bookies": list(forced),
+            "incomplete_bookies": list(incomplete),
+        }
     )
     return packed
 
@@ -87,6 +106,7 @@ def _decode(kv: KeyValue) -> UnderreplicatedLedger:
             int(record["ctime_ms"]),
             kv.version,
             tuple(record.get("forced_bookies", ())),
+            tuple(record.get("incomplete_bookies", ())),
         )
     except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData) as error:
         raise InvalidMetadataError(f"under-replication record {kv.key}: {error!r}") from None
@@ -107,52 +127,73 @@ class UnderReplicationManager:
         self._store = store
 
     async def mark(
-        self, ledger_id: int, missing_bookies: Iterable[str], *, forced: bool = False
+        self,
+        ledger_id: int,
+        bookies: Iterable[str],
+        *,
+        forced: bool = False,
+        incomplete: bool = False,
     ) -> MarkResult:
-        """Record that `ledger_id` lost copies on `missing_bookies` (merged with earlier marks).
-        `forced`: an operator asked to move off them even if they are alive."""
-        missing = set(missing_bookies)
+        """Record that `ledger_id` lost copies on `bookies` (merged with earlier marks).
+        `forced`: an operator asked to move off them even if they are alive. `incomplete`:
+        they are alive but lack entries of their fragments; fill them in place."""
+        added = set(bookies)
         key = _ur_key(ledger_id)
         while True:
             kv = await self._store.get(key)
             old = None if kv is None else _decode(kv)
-            bookies = tuple(sorted(missing | set(old.missing_bookies if old else ())))
-            forced_set = set(old.forced_bookies if old else ()) | (missing if forced else set())
-            forced_bookies = tuple(sorted(forced_set))
-            if (
-                old is not None
-                and bookies == old.missing_bookies
-                and forced_bookies == old.forced_bookies
+            missing = set(old.missing_bookies if old else ())
+            forced_set = set(old.forced_bookies if old else ())
+            incomplete_set = set(old.incomplete_bookies if old else ())
+            if incomplete:
+                incomplete_set |= added
+            else:
+                missing |= added
+                if forced:
+                    forced_set |= added
+            new = (tuple(sorted(missing)), tuple(sorted(forced_set)), tuple(sorted(incomplete_set)))
+            if old is not None and new == (
+                old.missing_bookies,
+                old.forced_bookies,
+                old.incomplete_bookies,
             ):
                 return MarkResult(old, created=False, changed=False)
             ctime_ms = old.ctime_ms if old else now_ms()
-            value = _encode_mark(bookies, ctime_ms, forced_bookies)
             try:
                 version = await self._store.compare_and_swap(
-                    key, value, expected_version=0 if kv is None else kv.version
+                    key,
+                    _encode_mark(new[0], ctime_ms, new[1], new[2]),
+                    expected_version=0 if kv is None else kv.version,
                 )
             except (MetadataVersionError, MetadataOutcomeUnknownError):
                 continue  # Marked concurrently (or we do not know): read and merge again.
-            record = UnderreplicatedLedger(ledger_id, bookies, ctime_ms, version, forced_bookies)
+            record = UnderreplicatedLedger(ledger_id, new[0], ctime_ms, version, new[1], new[2])
             return MarkResult(record, created=old is None, changed=True)
 
-    async def narrow(self, record: UnderreplicatedLedger, still_missing: Collection[str]) -> bool:
-        """Keep only `still_missing` of the record's bookies; drop the mark when none is left.
+    async def narrow(
+        self,
+        record: UnderreplicatedLedger,
+        still_missing: Collection[str],
+        still_incomplete: Collection[str],
+    ) -> bool:
+        """Keep only the record's bookies still missing and still incomplete; drop the mark
+        when none is left.
 
         Compare-and-swap on the record's version: False (nothing written) when it changed
         since it was read, so a concurrent mark is never lost."""
         keep = tuple(b for b in record.missing_bookies if b in still_missing)
-        if keep == record.missing_bookies:
+        keep_incomplete = tuple(b for b in record.incomplete_bookies if b in still_incomplete)
+        if keep == record.missing_bookies and keep_incomplete == record.incomplete_bookies:
             return True
         key = _ur_key(record.ledger_id)
         try:
-            if not keep:
+            if not keep and not keep_incomplete:
                 await self._store.delete(key, expected_version=record.version)
             else:
                 forced = [b for b in record.forced_bookies if b in keep]
                 await self._store.compare_and_swap(
                     key,
-                    _encode_mark(keep, record.ctime_ms, forced),
+                    _encode_mark(keep, record.ctime_ms, forced, keep_incomplete),
                     expected_version=record.version,
                 )
         except MetadataVersionError:

@@ -4,6 +4,8 @@ ledgers unchanged; an unreadable LIMBO file refuses the start."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bkaio.bookie.limbo import enter_limbo, limbo_path
@@ -12,6 +14,7 @@ from bkaio.meta import LedgerMetadata
 from bkaio.protocol.messages import (
     Flag,
     ReadEntryRequest,
+    ReadEntryResponse,
     ReadRangeRequest,
     Response,
 )
@@ -82,3 +85,32 @@ async def test_an_unreadable_limbo_file_refuses_the_start(
     limbo_path(load_bookie_config(cluster[0].config_path), 0).write_bytes(b"{garbage")
     with pytest.raises(RuntimeError, match="unreadable limbo file"):
         await cluster.start(0, timeout_seconds=30)
+
+
+async def test_recovery_adds_below_the_last_entry_are_answered(
+    bookie_cluster_factory: BookieClusterFactory,
+) -> None:
+    """What a limbo repair or a fill-in does: entries 0..4 after 5..9, and a pipelined mix of
+    stored and new ones. (The add path once took every entry below the ledger's last one for
+    stored, and looked again forever: no answer.)"""
+    cluster = await bookie_cluster_factory(count=1, config=CONFIG)
+    client = await RawClient.connect("127.0.0.1", cluster[0].port)
+    ledger_id = 31
+
+    def adds(entry_ids: range) -> list[Any]:
+        return [
+            add_request(client.next_id(), ledger_id, e, b"x%d" % e, flags=Flag.RECOVERY_ADD)
+            for e in entry_ids
+        ]
+
+    try:
+        for entry_ids in (range(5, 10), range(0, 5), range(0, 12)):
+            answers = await client.pipeline(adds(entry_ids), timeout_seconds=20)
+            assert {a.status for a in answers.values()} == {Status.OK}, entry_ids
+        for entry_id in range(12):
+            request = ReadEntryRequest(client.next_id(), ledger_id, entry_id, Flag.NONE, None)
+            answer = await client.request(request)
+            assert isinstance(answer, ReadEntryResponse) and answer.entry is not None
+            assert answer.entry.payload == b"x%d" % entry_id
+    finally:
+        await client.close()

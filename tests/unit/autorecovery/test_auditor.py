@@ -281,3 +281,25 @@ async def test_the_running_auditor_follows_requests_and_delay_changes(meta: Meta
         await asyncio.gather(task, return_exceptions=True)
     for registration in registrations:
         await registration.deregister()
+
+
+async def test_incomplete_bookies_stay_marked_while_registered_and_named(meta: Metadata) -> None:
+    """A live bookie the ledger check found short stays marked (a worker fills it in); it
+    leaves the mark when it is no longer registered (then it is lost, and marked missing after
+    the delay) or the ledger no longer names it."""
+    registrations = [await _register(meta, port) for port in (3181, 3182, 3183)]
+    first = await _ledger(meta, (B1, B2, B3))
+    second = await _ledger(meta, (B1, B2, B3))
+    await meta.underreplication.mark(first, [B3], incomplete=True)
+    await meta.underreplication.mark(second, [B2], incomplete=True)
+    auditor = _auditor(meta, FakeClock(), delay=60.0)
+    await auditor.audit_once()
+    marks = {m.ledger_id: m async for m in meta.underreplication.list()}
+    assert marks[first].incomplete_bookies == (B3,) and marks[first].missing_bookies == ()
+    await registrations[2].deregister()  # B3 gone: not incomplete, lost (within the delay).
+    md = await meta.ledgers.get(second)
+    await meta.ledgers.update(md.replace(ensembles=((0, (B1, B4, B3)),)))  # B2 moved off.
+    report = await auditor.audit_once()
+    assert report.marks_dropped == 2 and await _marks(meta) == []
+    for registration in registrations[:2]:
+        await registration.deregister()
