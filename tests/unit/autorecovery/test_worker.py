@@ -6,6 +6,7 @@ supervisor."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 
@@ -95,24 +96,38 @@ async def test_a_failing_ledger_is_released_backed_off_and_others_go_on(meta: Me
             return await meta.underreplication.get(2) is None
 
         await _until(second_done, 10.0)
-        await asyncio.sleep(1.5)
+        started = time.monotonic()
+
+        async def retried() -> bool:
+            return replicator.calls.count(1) >= 3
+
+        await _until(retried, 10.0)
         assert not task.done()
         assert await meta.underreplication.get(1) is not None  # Still marked...
-        assert 1 not in await meta.underreplication.locked()  # ...and not held meanwhile.
+        held = 0
+        for _ in range(10):  # ...and not held while the worker backs off.
+            held += 1 in await meta.underreplication.locked()
+            await asyncio.sleep(0.1)
+        assert held <= 2, held
         tries = replicator.calls.count(1)
         # Retried with a growing backoff (0.2, 0.4, 0.8, 0.8 s ...), not in a tight loop.
-        assert 2 <= tries <= 8, replicator.calls
+        assert tries <= 3 + (time.monotonic() - started) / 0.2, replicator.calls
         replicator.failing.clear()
 
-        async def first_done() -> bool:
-            return await meta.underreplication.get(1) is None
+        async def first_done() -> bool:  # Counted once the mark is gone and the lock back.
+            replicated = metrics.registry.get_sample_value(
+                "bkaio_autorecovery_ledgers_replicated_total"
+            )
+            return replicated == 2 and await meta.underreplication.get(1) is None
 
         await _until(first_done, 10.0)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     registry = metrics.registry
-    assert registry.get_sample_value("bkaio_autorecovery_replication_failures_total") == tries
+    assert (
+        registry.get_sample_value("bkaio_autorecovery_replication_failures_total") or 0
+    ) >= tries
     assert registry.get_sample_value("bkaio_autorecovery_ledgers_replicated_total") == 2
 
 
