@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,8 +24,8 @@ from bkaio.supervision import Restart, Supervisor
 
 
 @pytest.fixture
-async def meta(tmp_path: Path) -> AsyncIterator[Metadata]:
-    metadata = await open_metadata(f"sqlite://{tmp_path / 'meta.db'}")
+async def meta(sqlite_metadata_uri: str) -> AsyncIterator[Metadata]:
+    metadata = await open_metadata(sqlite_metadata_uri)
     try:
         yield metadata
     finally:

@@ -82,11 +82,13 @@ async def test_clearing_persists_and_the_last_one_removes_the_file(tmp_path: Pat
     assert limbo.summary() == {"ledgers": 0, "entered_at": None, "reason": None}
 
 
-async def test_limbo_is_persisted_before_the_cookie_copy_is_published(tmp_path: Path) -> None:
+async def test_limbo_is_persisted_before_the_cookie_copy_is_published(
+    tmp_path: Path, sqlite_metadata_uri: str
+) -> None:
     """A start that dies after stamping the directories but before publishing the copy finds
     no copy again next time, and runs the hook again (the limbo set is never skipped)."""
     config = _config(tmp_path, shards=1)
-    meta = await open_metadata(f"sqlite://{tmp_path / 'meta.db'}")
+    meta = await open_metadata(sqlite_metadata_uri)
     calls: list[list[Cookie]] = []
 
     async def crash(cookies: list[Cookie]) -> None:
