@@ -1,7 +1,8 @@
 """Re-replication throughput: entries copied per second after a bookie is lost.
 
     .venv/bin/python -m benchmarks.rereplication_bench [--bookies 4] [--payloads 1024,65536]
-        [--shapes 3/3/2,3/2/2] [--mode recover|autorecovery|both] [--figure PATH] [--json]
+        [--shapes 3/3/2,3/2/2] [--mode recover|autorecovery|both] [--megabytes 30]
+        [--min-entries 2000] [--figure PATH] [--json]
 
 For each payload size and ensemble shape (E/Qw/Qa): a real etcd and real bookie processes
 (tests/fixtures/bookies.py), ledgers written with that shape, one bookie killed with SIGKILL,
@@ -11,8 +12,9 @@ then its fragments moved to the others:
 - `autorecovery`: the service inside the surviving bookies (lost-bookie delay 0), timed from
   the kill until no ledger names the dead bookie (detection, audit, claims and copies).
 Shapes with E == Qw copy by READ_RANGE (every bookie holds every entry of a segment); others
-copy entry by entry. About `--megabytes` of payload is written per run, so 64 KiB runs use
-fewer entries. Prints entries/s and MB/s per run; `--figure` draws them (PNG, matplotlib).
+copy entry by entry. About `--megabytes` of payload is written per run, and at least
+`--min-entries` entries (so 64 KiB runs write more). Prints entries/s and MB/s per run;
+`--figure` draws them (PNG, matplotlib).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ async def _one_run(
     args: argparse.Namespace, base: Path, uri: str, mode: str, shape_text: str, payload: int
 ) -> Run:
     shape = _shape(shape_text)
-    entries_total = max(50, int(args.megabytes * 1e6 / payload))
+    entries_total = max(args.min_entries, int(args.megabytes * 1e6 / payload))
     ledgers = args.ledgers
     entries = max(10, entries_total // ledgers)
     autorecovery: dict[str, Any] = {"enabled": mode == "autorecovery"}
@@ -183,8 +185,12 @@ def draw(runs: list[Run], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.mode}\nE/Qw/Qa {r.shape}\n{r.payload_bytes // 1024} KiB" for r in runs]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(runs)), 4.2))
+    labels = [
+        f"{r.mode}\n{r.shape} ({'range' if _shape(r.shape)[0] == _shape(r.shape)[1] else 'entry'})"
+        f"\n{r.payload_bytes // 1024} KiB"
+        for r in runs
+    ]
+    figure, (left, right) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(runs)), 7.5))
     left.bar(labels, [r.entries_per_second for r in runs], color="#3b6ea5")
     left.set_ylabel("entries re-replicated per second")
     right.bar(labels, [r.megabytes_per_second for r in runs], color="#a55b3b")
@@ -201,7 +207,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bookies", type=int, default=4)
     parser.add_argument("--ledgers", type=int, default=10)
-    parser.add_argument("--megabytes", type=float, default=20.0, help="payload written per run")
+    parser.add_argument("--megabytes", type=float, default=30.0, help="payload written per run")
+    parser.add_argument(
+        "--min-entries", type=int, default=2000, help="...but at least this many entries"
+    )
     parser.add_argument(
         "--payloads",
         type=lambda text: [int(p) for p in text.split(",")],
@@ -226,7 +235,7 @@ def main() -> None:
     if args.figure is not None:
         title = (
             f"re-replication after kill -9 of 1 of {args.bookies} bookies "
-            f"({args.megabytes:g} MB written per run)"
+            f"({args.megabytes:g} MB, at least {args.min_entries} entries written per run)"
         )
         draw(runs, args.figure, title)
 
