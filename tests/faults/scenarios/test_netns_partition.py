@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from bkaio.meta import initialise_cluster_at
-
 from tests.faults.harness.child import WriterChild
 from tests.faults.harness.cluster import FaultCluster
 from tests.faults.harness.final import assert_safe, finish
