@@ -163,6 +163,8 @@ class Supervisor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._status: dict[str, TaskStatus] = {}
         self._stopping = False
+        self._previous_handler: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None
+        self._previous_handler = None
         self.fatal: asyncio.Future[FatalTaskFailure] = asyncio.get_running_loop().create_future()
 
     # --- running ------------------------------------------------------------------------------
@@ -260,12 +262,14 @@ class Supervisor:
     # --- the event loop's handler -------------------------------------------------------------
 
     def install_loop_exception_handler(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Route what reaches the loop's exception handler here: ERROR log, counted."""
+        """Route what reaches the loop's exception handler here: ERROR log, counted.
+
+        A handler installed before (a test's, which fails the test) still sees every report."""
         target = loop if loop is not None else asyncio.get_running_loop()
+        self._previous_handler = target.get_exception_handler()
         target.set_exception_handler(self._loop_exception)
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        del loop
         error = context.get("exception")
         self._failures.labels(task=EVENT_LOOP_TASK).inc()
         self._log.error(
@@ -275,6 +279,8 @@ class Supervisor:
             error=None if error is None else f"{type(error).__name__}: {error}",
             exc_info=error,
         )
+        if self._previous_handler is not None:
+            self._previous_handler(loop, context)
 
     # --- looking and stopping -----------------------------------------------------------------
 

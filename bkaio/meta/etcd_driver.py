@@ -556,6 +556,10 @@ class EtcdMetadataStore(MetadataStore):
                 keeper.cancel()
                 self._watch_calls.pop(call, None)
                 self._moved_calls.discard(call)
+                # cancel() does nothing to a call that already ended (etcd went away): ending
+                # the request stream is what lets gRPC's task that reads it finish.
+                with contextlib.suppress(asyncio.QueueFull):
+                    outgoing.put_nowait(None)
                 call.cancel()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
@@ -624,6 +628,6 @@ def _cancelling() -> bool:
 
 async def _requests(outgoing: asyncio.Queue[Any]) -> AsyncIterator[Any]:
     """A watch stream's requests: the create, then progress requests as they are queued, until
-    the call is cancelled."""
-    while True:
-        yield await outgoing.get()
+    None (the watch is over) or the call is cancelled."""
+    while (request := await outgoing.get()) is not None:
+        yield request

@@ -17,6 +17,7 @@ from bkaio.supervision import (
     Supervisor,
     TaskState,
 )
+from tests.fixtures.loop_errors import LoopErrors
 
 FAST = Restart(initial_delay_seconds=0.001, max_delay_seconds=0.002)
 
@@ -266,7 +267,7 @@ async def test_names_are_unique_and_spawn_after_stop_is_refused() -> None:
         supervisor.spawn("b", asyncio.Event().wait, FAST)
 
 
-async def test_the_loop_handler_logs_and_counts() -> None:
+async def test_the_loop_handler_logs_and_counts(loop_errors: LoopErrors) -> None:
     registry = CollectorRegistry()
     supervisor = Supervisor("test", registry=registry)
     loop = asyncio.get_running_loop()
@@ -286,6 +287,9 @@ async def test_the_loop_handler_logs_and_counts() -> None:
     (event,) = [e for e in logs if e["event"] == "event_loop_exception"]
     assert event["log_level"] == "error"
     assert "callback bug" in event["error"]
+    # The handler that was there before (this suite's, which fails a test) saw it too.
+    (report,) = loop_errors.take()
+    assert isinstance(report["exception"], ValueError)
 
 
 async def test_stop_gives_up_on_a_task_that_ignores_cancellation() -> None:
