@@ -59,6 +59,7 @@ from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.wal import JournalFactory, JournalLike
 from bkaio.wal.records import (
+    Corruption,
     EntryRecord,
     FenceRecord,
     JournalMark,
@@ -219,38 +220,44 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         return storage
 
     async def _replay(self, journal_index: int, mark: JournalMark | None) -> None:
+        """Apply the journal's records after `mark`, a bounded batch at a time.
+
+        Memory stays bounded whatever the journal's size: the reader holds one batch, and the
+        write cache is flushed (and the mark of what is applied checkpointed) whenever it is
+        half full, as it is for adds. A corruption stops replay before anything after it is
+        applied, and the bookie refuses to start.
+        """
         journal = self._journals[journal_index]
-        result = await self._loop.run_in_executor(self._reader_pool, journal.replay, mark)
-        for corruption in result.corruption:
-            log.error(
-                "journal_corruption",
-                file=str(corruption.file),
-                offset=corruption.offset,
-                reason=corruption.reason,
-            )
-        if result.corruption:
-            first = result.corruption[0]
-            raise BookieIOError(
-                f"journal {first.file} is corrupt at offset {first.offset} ({first.reason}) "
-                "with valid records after it: acknowledged data may be damaged; refusing to start"
-            )
-        if result.torn_tail is not None:
-            tail = result.torn_tail
+        reader = journal.iter_replay(mark)
+        # Batches well under the cache, so that flushing at half of it keeps it bounded.
+        batches = reader.batches(min(REPLAY_BATCH_BYTES, self.config.write_cache_bytes // 4))
+        counts = {"entries": 0, "keys": 0, "fences": 0, "lacs": 0}
+        while True:
+            batch = await self._loop.run_in_executor(self._reader_pool, next, batches, None)
+            if reader.corruption:
+                _refuse_corrupt_journal(reader.corruption)
+            if batch is None:
+                break
+            for _mark, record in batch:
+                self._apply_record(record, counts)
+            self.stats.replayed_records += len(batch)
+            self._marks[journal_index].advance(batch[-1][0])
+            if self._active.bytes >= self.config.write_cache_bytes // 2:
+                async with self._flush_lock:
+                    await self._checkpoint_locked()
+        if reader.torn_tail is not None:
+            tail = reader.torn_tail
             log.warning(
                 "journal_torn_tail", file=str(tail.file), offset=tail.offset, reason=tail.reason
             )
-        for tail in result.earlier_torn_tails:
+        for tail in reader.earlier_torn_tails:
             log.info("journal_earlier_torn_tail", file=str(tail.file), offset=tail.offset)
-        counts = {"entries": 0, "keys": 0, "fences": 0, "lacs": 0}
-        for _mark, record in result.records:
-            self._apply_record(record, counts)
-        self.stats.replayed_records += len(result.records)
-        self._marks[journal_index].advance(result.end_mark)
+        self._marks[journal_index].advance(reader.end_mark)
         log.info(
             "journal_replayed",
             journal=journal_index,
             after=None if mark is None else f"{mark.file_id}:{mark.offset}",
-            end=f"{result.end_mark.file_id}:{result.end_mark.offset}",
+            end=f"{reader.end_mark.file_id}:{reader.end_mark.offset}",
             **counts,
         )
 
@@ -528,3 +535,19 @@ def _close_disks(logs: list[EntryLogDirectory], indexes: list[LedgerIndex]) -> N
             entry_logs.close()
     for index in indexes:
         index.close()
+
+
+# Replay reads the journal in batches of at most this much (less for a small write cache).
+REPLAY_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def _refuse_corrupt_journal(corruption: list[Corruption]) -> None:
+    for damage in corruption:
+        log.error(
+            "journal_corruption", file=str(damage.file), offset=damage.offset, reason=damage.reason
+        )
+    first = corruption[0]
+    raise BookieIOError(
+        f"journal {first.file} is corrupt at offset {first.offset} ({first.reason}) "
+        "with valid records after it: acknowledged data may be damaged; refusing to start"
+    )
