@@ -308,6 +308,12 @@ class Supervisor:
         if not self.fatal.done():
             self.fatal.set_result(FatalTaskFailure(name, error))
 
+    def report(self, name: str, error: BaseException) -> None:
+        """A failure caught where it happened (one callback of many raised; the others must
+        still run) and handled there: logged and counted like a task's."""
+        status = self._status.get(name) or TaskStatus(name, "report", TaskState.FINISHED)
+        self._record_failure(status, name, error)
+
     def report_fatal(self, name: str, error: BaseException) -> None:
         """A failure found outside a supervised task (a callback, a thread) that ends the
         service: reported like a task's, then fatal."""

@@ -101,15 +101,17 @@ class ReplicationWorker:
                 await watcher
 
     async def _watch_queue(self) -> None:
+        backoff = Backoff(min(0.2, self._poll), self._poll)
         while True:
             try:
                 events = self._metadata.store.watch_prefix(_QUEUE_WATCH_PREFIX)
                 async with contextlib.aclosing(events):
                     async for _ in events:
                         self._work.set()
+                        backoff.reset()
             except BKError as error:
                 log.warning("replication_queue_watch_failed", error=str(error))
-            await asyncio.sleep(self._poll)
+            await asyncio.sleep(backoff.next_delay())
 
     async def _wait_for_work(self) -> None:
         with contextlib.suppress(TimeoutError):

@@ -57,7 +57,7 @@ from bkaio.protocol import (
     Status,
     decode_response,
 )
-from bkaio.supervision import spawn_job
+from bkaio.supervision import loop_supervisor, spawn_job
 
 log = structlog.get_logger(__name__)
 
@@ -386,8 +386,8 @@ class BookieConnection(asyncio.Protocol):
         for callback in waiters:
             try:
                 callback()
-            except Exception:  # One ledger's failure must not keep the others waiting.
-                log.exception("writable_callback_failed", bookie=self._label)
+            except Exception as error:  # One ledger's failure must not keep the others waiting.
+                loop_supervisor().report("writable_callback", error)
 
     # ----------------------------------------------------------------- connecting
 

@@ -388,3 +388,15 @@ async def test_a_stop_step_is_bounded() -> None:
         assert not await bounded(asyncio.sleep(30), "deregister", seconds=0.01)
     assert [e["event"] for e in logs] == ["stop_step_timed_out"]
     assert await bounded(asyncio.sleep(0), "deregister", seconds=1)
+
+
+async def test_a_failure_handled_where_it_happened_is_still_reported() -> None:
+    registry = CollectorRegistry()
+    supervisor = Supervisor("client", registry=registry)
+    with capture_logs() as logs:
+        supervisor.report("writable_callback", ValueError("one ledger's callback"))
+    (event,) = logs
+    assert event["event"] == "task_failed" and event["log_level"] == "error"
+    assert failures(registry, "writable_callback") == 1
+    assert supervisor.healthy
+    await supervisor.stop()
