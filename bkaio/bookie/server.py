@@ -21,7 +21,7 @@ import structlog
 
 from bkaio.config import BookieConfig
 from bkaio.entrylog.api import LedgerStorage
-from bkaio.entrylog.types import StoredEntry
+from bkaio.entrylog.types import DiskUsage, StoredEntry
 from bkaio.errors import (
     BKError,
     NoSuchEntryError,
@@ -60,6 +60,7 @@ from bkaio.protocol.messages import (
 from bkaio.security.ledger_keys import LedgerKeyRefusedError, LedgerKeyVerifier
 from bkaio.security.tokens import AuthFailureThrottle, tokens_equal
 from bkaio.status import Status
+from bkaio.supervision import loop_supervisor
 
 from .adds import REQUEST_OVERHEAD_BYTES, AddPath
 from .interfaces import Peer
@@ -108,6 +109,8 @@ class ShardServer(AddPath):
         self.memory_paused: set[Peer] = set()
         self.forced_read_only = config.read_only.start_read_only
         self.disk_full = False
+        self.storage_failed = False  # Flushes fail (storage `write_failure`): read-only.
+        self.disk_usages: list[DiskUsage] = []  # As the last disk check measured them.
         self.disk_usage_fraction_max = 0.0
         self.stopping = False
         self._on_read_only_change = on_read_only_change
@@ -143,30 +146,43 @@ class ShardServer(AddPath):
 
     @property
     def read_only(self) -> bool:
-        return self.forced_read_only or self.disk_full
+        return self.forced_read_only or self.disk_full or self.storage_failed
 
-    def set_read_only(self, *, forced: bool | None = None, disk_full: bool | None = None) -> None:
+    def set_read_only(
+        self,
+        *,
+        forced: bool | None = None,
+        disk_full: bool | None = None,
+        storage_failed: bool | None = None,
+    ) -> None:
         before = self.read_only
         if forced is not None:
             self.forced_read_only = forced
         if disk_full is not None:
             self.disk_full = disk_full
+        if storage_failed is not None:
+            self.storage_failed = storage_failed
         if self.read_only != before:
             self.log.warning(
                 "shard_read_only_changed",
                 read_only=self.read_only,
                 forced=self.forced_read_only,
                 disk_full=self.disk_full,
+                storage_failed=self.storage_failed,
             )
             if self._on_read_only_change is not None:
                 self._on_read_only_change(self.read_only)
 
-    def measure_disk_usage(self) -> float:
-        """The highest usage fraction of the shard's disks (blocking: run it in an executor)."""
-        return max((usage.fraction for usage in self.storage.disk_usage()), default=0.0)
+    def measure_disk_usage(self) -> list[DiskUsage]:
+        """The usage of the shard's disks (blocking, statvfs: run it in an executor)."""
+        return self.storage.disk_usage()
 
-    def apply_disk_usage(self, highest: float) -> None:
-        """Flip read-only when a disk passes `disk_read_only_fraction`; back below the low mark."""
+    def apply_disk_usage(self, usages: list[DiskUsage]) -> None:
+        """Keep the measured usage (GET_BOOKIE_INFO answers from it, without a statvfs on the
+        loop); flip read-only when a disk passes `disk_read_only_fraction`, back below the low
+        mark."""
+        self.disk_usages = usages
+        highest = max((usage.fraction for usage in usages), default=0.0)
         self.disk_usage_fraction_max = highest
         thresholds = self.config.read_only
         if not self.disk_full and highest >= thresholds.disk_read_only_fraction:
@@ -280,7 +296,7 @@ class ShardServer(AddPath):
         if isinstance(request, PingRequest):
             return PingResponse(request.request_id, Status.OK)
         if isinstance(request, GetBookieInfoRequest):
-            usages = self.storage.disk_usage()
+            usages = self.disk_usages  # The last disk check's: statvfs stays off the loop.
             total = sum(u.total_bytes for u in usages if u.kind == "ledger") or sum(
                 u.total_bytes for u in usages
             )
@@ -316,8 +332,8 @@ class ShardServer(AddPath):
         except asyncio.CancelledError:
             self._finish(peer, request.request_id, size)
             raise
-        except Exception:
-            self.log.exception("request_crashed", op=request.op.name)
+        except Exception as crash:  # Answered, and reported: a bug, not a bad request.
+            loop_supervisor().report(f"request_{request.op.name.lower()}", crash)
             response = request.error_response(Status.INTERNAL_ERROR)
         self._finish(peer, request.request_id, size)
         peer.respond(response)

@@ -105,6 +105,7 @@ class ShardWorker:
         self._gc_metadata: Any = None
         self._control_calls = 0  # Names the control requests run as tasks.
         self.supervisor: Supervisor | None = None
+        self._storage: Any = None  # The shard's ShardStorage once open.
 
     def send(self, message: dict[str, Any]) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -118,8 +119,17 @@ class ShardWorker:
             crash_points=self.seams.crash_points,
             ack_policy=self.seams.journal_ack,
         )
+        journal.on_failure = self._journal_failed
         self._journals.append(journal)
         return journal
+
+    def _journal_failed(self, error: BKError) -> None:
+        """A journal write or sync failed: it has stopped acknowledging (every add waiting on
+        it, and every later one, fails), and nothing here can make it durable again. Fatal:
+        the parent marks the bookie unhealthy and deregisters it, and the process exits 3 so
+        that systemd restarts it (BookKeeper stops a bookie whose journal fails too)."""
+        if self.supervisor is not None:
+            self.supervisor.report_fatal("journal", error)
 
     def _journal_stats(self) -> list[JournalStats]:
         return [journal.metrics for journal in self._journals]
@@ -179,6 +189,10 @@ class ShardWorker:
             key_verifier=key_verifier,
         )
         self.server = server
+        self._storage = storage
+        storage.write_failure_listener = lambda failed: server.set_read_only(storage_failed=failed)
+        if storage.write_failure is not None:  # Failed before the listener was there.
+            server.set_read_only(storage_failed=True)
         await self._check_disks()
         port = config.shard_port(self.shard_index)
         try:
@@ -278,11 +292,11 @@ class ShardWorker:
         assert server is not None
         loop = asyncio.get_running_loop()
         try:
-            highest = await loop.run_in_executor(None, server.measure_disk_usage)
+            usages = await loop.run_in_executor(None, server.measure_disk_usage)
         except OSError as error:
             self.log.warning("disk_check_failed", error=str(error))
             return
-        server.apply_disk_usage(highest)
+        server.apply_disk_usage(usages)
 
     async def _disk_loop(self) -> None:
         interval = self.config.read_only.disk_check_interval_seconds
@@ -391,6 +405,11 @@ class ShardWorker:
         if request_id is not None:
             self.send({"reply": request_id, "result": result})
 
+    @property
+    def storage_write_failure(self) -> str | None:
+        """Why the shard's flushes fail (it is read-only meanwhile), None while they work."""
+        return None if self._storage is None else self._storage.write_failure
+
     async def _info(self, server: ShardServer) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         usages = await loop.run_in_executor(None, server.storage.disk_usage)  # statvfs.
@@ -403,6 +422,7 @@ class ShardWorker:
             "read_only": server.read_only,
             "forced_read_only": server.forced_read_only,
             "disk_full": server.disk_full,
+            "storage_write_failure": self.storage_write_failure,
             "connections": len(server.connections),
             "inflight_requests": server.inflight_requests,
             "disks": [

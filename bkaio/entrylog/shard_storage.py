@@ -57,6 +57,7 @@ from bkaio.errors import (
 )
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
+from bkaio.supervision import Degrade, loop_supervisor
 from bkaio.wal import JournalFactory, JournalLike
 from bkaio.wal.records import (
     Corruption,
@@ -97,6 +98,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         storage_thread: ThreadPoolExecutor,
         reader_pool: ThreadPoolExecutor,
         crash_points: CrashPoints = NO_CRASH_POINTS,
+        disk: Disk = OS_DISK,
     ) -> None:
         self.config = config
         self.cookie = cookie
@@ -110,6 +112,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self._indexes = indexes
         self._usage_function = usage_function
         self._crash_points = crash_points
+        self._disk = disk  # The checkpoint's lastMark goes through it, as the entry logs do.
         self._storage_thread = storage_thread  # Flush, compaction, deletes: one at a time.
         self._reader_pool = reader_pool
         self._loop = asyncio.get_running_loop()
@@ -127,6 +130,11 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self.room_pressure_listener: Callable[[bool], None] | None = None
         self._room_pressure = False
         self._flush_failing = False  # The last periodic flush failed (a full or broken disk).
+        # Why flushes fail (an entry log, index or checkpoint write: ENOSPC, EIO, EROFS), None
+        # while they work. Told to `write_failure_listener` (True/False) as it changes: the
+        # bookie is read-only meanwhile (BookKeeper's failed ledger directory).
+        self.write_failure: str | None = None
+        self.write_failure_listener: Callable[[bool], None] | None = None
         self._flush_requested = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
@@ -207,6 +215,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             storage_thread,
             reader_pool,
             crash_points,
+            entry_log_disk,
         )
         storage._written_marks = list(marks)
         try:
@@ -216,7 +225,14 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         except BaseException:
             await storage.close()
             raise
-        storage._flusher = asyncio.create_task(storage._flush_loop(), name="bkaio-storage-flush")
+        # Under the loop's supervisor (the shard worker's): a flush that fails is reported, the
+        # shard turns read-only (`_write_failed`), and the loop runs again after a backoff.
+        storage._flusher = loop_supervisor().spawn(
+            "storage_flush",
+            storage._flush_loop,
+            Degrade(storage._write_failed, initial_delay_seconds=0.2, max_delay_seconds=5.0),
+            instance=f"shard-{shard_index}",
+        )
         return storage
 
     async def _replay(self, journal_index: int, mark: JournalMark | None) -> None:

@@ -77,7 +77,9 @@ async def test_health_status_and_task_counters_are_visible(
     assert status == 200 and body["healthy"] is True
     parent_tasks = {task["name"] for task in body["tasks"]}
     assert {"registration_mode", "worker_control[0]", "worker_control[1]"} <= parent_tasks
-    for shard in body["shards"]:
+    status, info = await asyncio.to_thread(_get, bookie.admin_url + "/api/v1/bookie/info")
+    assert status == 200 and info["healthy"] is True
+    for shard in info["shards"]:
         assert shard["healthy"] is True
         tasks = {task["name"]: task for task in shard["tasks"]}
         assert {"sweep", "disk_check", "loop_lag_watch", "gc"} <= set(tasks)
