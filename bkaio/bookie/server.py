@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -102,7 +103,9 @@ class ShardServer(AddPath):
         self.metrics = metrics
         self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
         self.connections: set[Peer] = set()
-        self.lac_waiters = LacWaiters(config.server.max_long_poll_waiters)
+        self.lac_waiters = LacWaiters(
+            config.server.max_long_poll_waiters, config.server.max_long_poll_waiters_per_connection
+        )
         self.tasks: set[asyncio.Task[None]] = set()
         self.inflight_requests = 0
         self.inflight_bytes = 0
@@ -268,6 +271,8 @@ class ShardServer(AddPath):
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         started = time.perf_counter()
+        if op is Op.READ_LAC:  # Its long poll counts against this connection's bound too.
+            handler = partial(self._read_lac, owner=peer)
         task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -463,7 +468,7 @@ class ShardServer(AddPath):
         if flags & Flag.FENCE:
             await self._fence(ledger_id, master_key)
 
-    async def _read_lac(self, request: ReadLacRequest) -> Response:
+    async def _read_lac(self, request: ReadLacRequest, owner: object = None) -> Response:
         ledger_id = request.ledger_id
         await self._route_and_fence(ledger_id, request.flags, request.master_key)
         long_poll = bool(request.flags & Flag.LONG_POLL)
@@ -473,7 +478,7 @@ class ShardServer(AddPath):
         if long_poll and lac <= request.previous_lac and not self.stopping:
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             try:
-                self.lac_waiters.add(ledger_id, request.previous_lac, future)
+                self.lac_waiters.add(ledger_id, request.previous_lac, future, owner)
             except TooManyRequestsError:
                 self.metrics.limit_hit("max_long_poll_waiters")
                 raise
