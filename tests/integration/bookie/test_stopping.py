@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bkaio.localproc import LOOPBACK, free_port_range
 from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, BookieProcess
 from tests.fixtures.etcd import EtcdServer
 
@@ -38,14 +39,21 @@ def _text(url: str) -> str:
         return str(response.read().decode())
 
 
-def _start_autorecovery(metadata_uri: str, log_path: Path) -> subprocess.Popen[bytes]:
+def _bookie_info(config_path: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "bkaio.cli", "bookie", "info", "--config", str(config_path)]
+    output = subprocess.run([*command, "--json"], check=True, capture_output=True, text=True)
+    info: dict[str, Any] = json.loads(output.stdout)
+    return info
+
+
+def _start_logged(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bkaio.autorecovery", "--metadata", metadata_uri],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-        )
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+
+
+def _start_autorecovery(metadata_uri: str, log_path: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "bkaio.autorecovery", "--metadata", metadata_uri]
+    return _start_logged(command, log_path)
 
 
 async def _sigterm_and_wait(process: subprocess.Popen[bytes]) -> int | None:
@@ -84,6 +92,8 @@ async def test_health_status_and_task_counters_are_visible(
         tasks = {task["name"]: task for task in shard["tasks"]}
         assert {"sweep", "disk_check", "loop_lag_watch", "gc"} <= set(tasks)
         assert all(task["failures"] == 0 for task in tasks.values())
+    info = await asyncio.to_thread(_bookie_info, bookie.config_path)
+    assert info["status"]["healthy"] is True and info["status"]["tasks"]  # `bkaio bookie info`.
     metrics = await asyncio.to_thread(_text, bookie.admin_url + "/metrics")
     assert 'bkaio_task_failures_total{task="sweep"} 0.0' in metrics
     assert 'bkaio_task_failures_total{task="registration_mode"} 0.0' in metrics
@@ -149,6 +159,31 @@ async def test_sigterm_stops_autorecovery_whose_etcd_is_gone(
         await asyncio.sleep(1.0)
         code = await _sigterm_and_wait(process)
         assert code == 0, log_path.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def test_sigterm_stops_a_standalone_cluster_waiting_for_its_metadata(
+    tmp_path: Path,
+) -> None:
+    """`bkaio standalone --metadata etcd://<nothing there>`: its bookies wait for etcd, and so
+    does the standalone process; SIGTERM stops all of them."""
+    dead = f"etcd://{LOOPBACK}:{free_port_range(1)}/standalone"
+    log_path = tmp_path / "standalone.log"
+    command = [sys.executable, "-m", "bkaio.cli", "standalone", "--bookies", "1"]
+    command += ["--data-dir", str(tmp_path / "data"), "--metadata", dead]
+    process = await asyncio.to_thread(_start_logged, command, log_path)
+    try:
+        deadline = time.monotonic() + 60
+        bookie_log = tmp_path / "data" / "bookie-0" / "bookie.log"
+        while not (bookie_log.exists() and b"etcd_retrying" in bookie_log.read_bytes()):
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            await asyncio.sleep(0.1)
+        code = await _sigterm_and_wait(process)
+        assert code is not None, log_path.read_text()[-3000:]
     finally:
         if process.poll() is None:
             process.kill()
