@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+import prometheus_client
 import structlog
 import uvloop
 from aiohttp import web
@@ -61,7 +62,7 @@ from bkaio.supervision import (
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
-from .metrics import AggregatingCollector, snapshot_registry
+from .metrics import AggregatingCollector, BkaioOnly, snapshot_registry
 from .sdnotify import SystemdNotifier
 
 log = structlog.get_logger(__name__)
@@ -264,7 +265,11 @@ class BookieParent:
         for worker, reply in zip(self.workers, replies, strict=True):
             if isinstance(reply, dict) and "families" in reply:
                 self._aggregate.snapshots[worker.shard_index] = reply["families"]
-        self._aggregate.snapshots[-1] = snapshot_registry([self._own_registry])
+        # Its own tasks' failures, and those of library jobs (autorecovery's client, counted
+        # in the default registry).
+        self._aggregate.snapshots[-1] = snapshot_registry(
+            [self._own_registry, BkaioOnly(prometheus_client.REGISTRY)]
+        )
 
     async def set_forced_read_only(self, value: bool) -> None:
         self.forced_read_only = value

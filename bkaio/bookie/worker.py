@@ -49,7 +49,7 @@ from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
 from .gc import GarbageCollector, MetadataGcSource
 from .loop_lag import watch_loop_lag
-from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
+from .metrics import BkaioOnly, JournalStatsCollector, ShardMetrics, snapshot_registry
 from .seams import PRODUCTION_SEAMS, StorageSeams
 from .server import ShardServer
 
@@ -381,7 +381,7 @@ class ShardWorker:
         if server is None:
             result = {"error": "shard not started"}
         elif method == "metrics":
-            registries: list[Any] = [self.metrics.registry, _BkaioOnly(prometheus_client.REGISTRY)]
+            registries: list[Any] = [self.metrics.registry, BkaioOnly(prometheus_client.REGISTRY)]
             result = {"families": snapshot_registry(registries)}
         elif method == "info":
             self._run_control_call("control_info", request_id, partial(self._info, server))
@@ -436,16 +436,6 @@ class ShardWorker:
                 for u in usages
             ],
         }
-
-
-class _BkaioOnly:
-    """The bkaio_* families of a registry (the default one also holds process_* and gc_*)."""
-
-    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Any:
-        return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
 
 
 def main(
