@@ -300,8 +300,6 @@ class StandaloneCluster:
         self.bookies: list[SupervisedBookie] = []
         self.etcd: Any = None
         self.metrics = StandaloneMetrics()
-        # Set by a signal handler: start() gives up waiting (metadata may be unreachable).
-        self.stopping = False
 
     def start(self) -> None:
         if self.layout.etcd_client_port:
@@ -326,16 +324,9 @@ class StandaloneCluster:
 
         expected = {f"{LOOPBACK}:{port}" for port in self.layout.bookie_ports}
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        opening = asyncio.ensure_future(open_metadata(self.layout.metadata_uri))
-        while not opening.done():  # Retried while etcd starts; a stop request ends the wait.
-            if self.stopping:
-                opening.cancel()
-                await asyncio.gather(opening, return_exceptions=True)
-                return
-            await asyncio.wait([opening], timeout=0.1)
-        meta = opening.result()
+        meta = await open_metadata(self.layout.metadata_uri)
         try:
-            while not self.stopping:
+            while True:
                 self._check_children()
                 registered = {info.bookie_id for info in await meta.bookies.list()}
                 if expected <= registered:
@@ -541,33 +532,31 @@ def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool, metrics_port
     def request_stop(signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
-        cluster.stopping = True  # Also while it starts.
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     ready_path = data_dir / READY_FILE
     try:
         cluster.start()
-        if not stopping:  # Told to stop while starting: straight to the stop below.
-            description = cluster.describe()
-            _write_atomically(ready_path, json.dumps(description))
-            human = "\n".join(
-                [
-                    f"bkaio standalone: {bookies} bookies up",
-                    f"metadata  {layout.metadata_uri}",
-                    *(
-                        f"bookie    {b['bookie_id']}  admin {b['admin_url']}"
-                        for b in description["bookies"]
-                    ),
-                    f"try       {_client_env(description)}bkaio shell simpletest",
-                    f"admin     token in {data_dir / STATE_FILE} (for shell recover/decommission)",
-                    "stop      Ctrl-C",
-                ]
-            )
-            emit(description, as_json=as_json, human=human)
-            while not stopping:
-                if cluster.supervise(time.monotonic()):
-                    _write_atomically(ready_path, json.dumps(cluster.describe()))  # The new pids.
-                time.sleep(POLL_SECONDS)
+        description = cluster.describe()
+        _write_atomically(ready_path, json.dumps(description))
+        human = "\n".join(
+            [
+                f"bkaio standalone: {bookies} bookies up",
+                f"metadata  {layout.metadata_uri}",
+                *(
+                    f"bookie    {b['bookie_id']}  admin {b['admin_url']}"
+                    for b in description["bookies"]
+                ),
+                f"try       {_client_env(description)}bkaio shell simpletest",
+                f"admin     token in {data_dir / STATE_FILE} (for shell recover/decommission)",
+                "stop      Ctrl-C",
+            ]
+        )
+        emit(description, as_json=as_json, human=human)
+        while not stopping:
+            if cluster.supervise(time.monotonic()):
+                _write_atomically(ready_path, json.dumps(cluster.describe()))  # The new pids.
+            time.sleep(POLL_SECONDS)
     finally:
         ready_path.unlink(missing_ok=True)
         code = cluster.stop()

@@ -19,7 +19,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bkaio.localproc import LOOPBACK, free_port_range
 from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, BookieProcess
 from tests.fixtures.etcd import EtcdServer
 
@@ -165,26 +164,42 @@ async def test_sigterm_stops_autorecovery_whose_etcd_is_gone(
             process.wait()
 
 
-async def test_sigterm_stops_a_standalone_cluster_waiting_for_its_metadata(
-    tmp_path: Path,
-) -> None:
-    """`bkaio standalone --metadata etcd://<nothing there>`: its bookies wait for etcd, and so
-    does the standalone process; SIGTERM stops all of them."""
-    dead = f"etcd://{LOOPBACK}:{free_port_range(1)}/standalone"
+async def test_sigterm_stops_a_standalone_cluster_whose_etcd_is_gone(tmp_path: Path) -> None:
+    """`bkaio standalone --etcd`, its etcd killed: SIGTERM stops the standalone process and its
+    bookies (which no longer reach their metadata) all the same."""
+    data = tmp_path / "data"
     log_path = tmp_path / "standalone.log"
-    command = [sys.executable, "-m", "bkaio.cli", "standalone", "--bookies", "1"]
-    command += ["--data-dir", str(tmp_path / "data"), "--metadata", dead]
-    process = await asyncio.to_thread(_start_logged, command, log_path)
+    command = [sys.executable, "-m", "bkaio.cli", "standalone", "--bookies", "1", "--etcd"]
+    process = await asyncio.to_thread(_start_logged, [*command, "--data-dir", str(data)], log_path)
     try:
-        deadline = time.monotonic() + 60
-        bookie_log = tmp_path / "data" / "bookie-0" / "bookie.log"
-        while not (bookie_log.exists() and b"etcd_retrying" in bookie_log.read_bytes()):
+        deadline = time.monotonic() + 120
+        while not (data / "ready.json").exists():
             assert process.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, log_path.read_text()
             await asyncio.sleep(0.1)
+        (etcd,) = [pid for pid in _descendants(process.pid) if _is_etcd(pid)]
+        os.kill(etcd, signal.SIGKILL)
+        await asyncio.sleep(1.0)  # The bookies' keep-alives and watches are retrying by now.
         code = await _sigterm_and_wait(process)
         assert code is not None, log_path.read_text()[-3000:]
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        for child in _children(pending.pop()):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def _is_etcd(pid: int) -> bool:
+    try:
+        first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except FileNotFoundError:
+        return False
+    return first.endswith(b"etcd")
