@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-replay bench-idle clean system-deps venv
 
 venv: $(STAMP)
 
@@ -107,6 +107,15 @@ bench-meta: venv system-deps
 
 bench-spark: venv
 	$(PY) benchmarks/spark_bench.py
+
+# RSS of a shard replaying a 2 GiB journal, above an idle one (target <= 256 MiB); ~4 GiB of disk.
+bench-replay: venv
+	$(PY) benchmarks/replay_memory_bench.py
+
+# CPU of an idle 3-bookie standalone cluster per process, over 20 s (target < 1 % each).
+bench-idle: venv
+	$(PY) benchmarks/idle_cpu_bench.py
+	$(PY) benchmarks/idle_cpu_bench.py --etcd
 
 # Every fault scenario, with longer schedules and many seeds; prints the lost/violations table.
 # Then the 30-minute autorecovery soak (tests/soak; BKAIO_SOAK_MINUTES changes its length).

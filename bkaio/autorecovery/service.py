@@ -7,9 +7,11 @@ service stops, when it resigns so that another takes over at once.
 
 Both long-lived tasks run under a `Supervisor` (bkaio/supervision.py, policy `Restart`): an
 unexpected exception is logged at ERROR with the task's name, counted in
-`bkaio_task_failures_total{task="autorecovery-worker"|"auditor-election"}`, and the task is
-restarted after a jittered backoff. Expected failures (a ledger that cannot be copied now, the
-metadata store unreachable) are handled inside the tasks and never end them.
+`bkaio_task_failures_total{task="replication_worker"|"auditor_election"}`, and the task is
+restarted after a jittered backoff. They run in the supervisor of the process that hosts the
+service (a bookie's parent, or `run_autorecovery`'s own), so that process's /metrics counts
+them. Expected failures (a ledger that cannot be copied now, the metadata store unreachable)
+are handled inside the tasks and never end them.
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ import contextlib
 import os
 import socket
 import ssl
+from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from bkaio.backoff import Backoff
 from bkaio.config import AutorecoveryConfig
 from bkaio.errors import BKError
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import Metadata, open_metadata
-from bkaio.supervision import Restart, Supervisor
+from bkaio.supervision import (
+    EXIT_TASK_FAILED,
+    Restart,
+    Supervisor,
+    bounded,
+    loop_supervisor,
+    unless_stopped,
+)
 
 from .auditor import Auditor
 from .checker import LedgerChecker
@@ -72,16 +82,18 @@ class AutorecoveryService:
         )
         self.auditor: Auditor | None = None  # Set while this service is the elected auditor.
         self.worker: ReplicationWorker | None = None
-        # Its own supervisor (also inside a bookie): stopping autorecovery stops just these
-        # tasks. It counts into the host's registry, so a bookie's /metrics shows them.
-        self.supervisor: Supervisor | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         await self.view.start()
-        supervisor = self.supervisor = Supervisor("autorecovery", registry=self.metrics.registry)
-        policy = Restart(initial_delay_seconds=1.0, max_delay_seconds=60.0)
+        # Both are loops that start over cleanly: a bug in either is reported and restarted
+        # (bkaio/supervision.py), in the supervisor of the process running the service.
+        supervisor = loop_supervisor()
+        instance = f"{self.owner}#{id(self)}"
         if self.config.auditor_enabled:
-            supervisor.spawn("auditor-election", self._elect, policy)
+            self._tasks.append(
+                supervisor.spawn("auditor_election", self._elect, Restart(), instance=instance)
+            )
         worker = ReplicationWorker(
             self.metadata,
             self.replicator,
@@ -95,7 +107,9 @@ class AutorecoveryService:
             poll_interval_seconds=self.config.poll_interval_seconds,
         )
         self.worker = worker
-        supervisor.spawn("autorecovery-worker", worker.run, policy)
+        self._tasks.append(
+            supervisor.spawn("replication_worker", worker.run, Restart(), instance=instance)
+        )
         log.info("autorecovery_started", owner=self.owner, auditor=self.config.auditor_enabled)
 
     async def _elect(self) -> None:
@@ -109,7 +123,7 @@ class AutorecoveryService:
                 )
             except BKError as error:
                 delay = retry.next_delay()
-                log.warning("auditor_election_failed", error=str(error))
+                log.warning("auditor_election_failed", error=str(error), retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
                 continue
             retry.reset()
@@ -141,9 +155,10 @@ class AutorecoveryService:
             log.warning("auditor_leadership_ended", owner=self.owner)
 
     async def close(self) -> None:
-        supervisor, self.supervisor = self.supervisor, None
-        if supervisor is not None:
-            await supervisor.stop()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.keys.close()
         await self.view.close()
         log.info("autorecovery_stopped", owner=self.owner)
@@ -161,24 +176,40 @@ async def run_autorecovery(
     owner: str | None = None,
     stop: asyncio.Event | None = None,
     metrics_registry: CollectorRegistry | None = None,
-) -> None:
+) -> int:
     """Run an auditor candidate and a replication worker until `stop` is set (or cancelled).
 
-    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys).
+    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys). Returns
+    the process exit code: 0 when stopped, `EXIT_TASK_FAILED` when a task failed for good.
+    Stops within a few seconds of `stop` whatever the metadata store is doing.
     """
-    metadata = await open_metadata(metadata_uri)
-    service = AutorecoveryService(
-        metadata,
-        owner=owner or default_owner(),
-        config=config,
-        admin_token=admin_token,
-        metrics=AutorecoveryMetrics(metrics_registry),
-    )
+    stop = stop if stop is not None else asyncio.Event()
+    supervisor = Supervisor("autorecovery", registry=metrics_registry or REGISTRY)
+    supervisor.adopt_loop()
+    supervisor.install_loop_exception_handler()
     try:
-        await service.start()
-        assert service.supervisor is not None
-        service.supervisor.install_loop_exception_handler()  # This process is ours alone.
-        await (stop or asyncio.Event()).wait()
+        opening = asyncio.ensure_future(open_metadata(metadata_uri))
+        if not await unless_stopped(opening, stop):
+            return 0
+        metadata = opening.result()
+        service = AutorecoveryService(
+            metadata,
+            owner=owner or default_owner(),
+            config=config,
+            admin_token=admin_token,
+            metrics=AutorecoveryMetrics(metrics_registry),
+        )
+        try:
+            if await unless_stopped(asyncio.ensure_future(service.start()), stop):
+                stop_wait = asyncio.ensure_future(stop.wait())
+                fatal: asyncio.Future[Any] = supervisor.fatal
+                try:
+                    await asyncio.wait([stop_wait, fatal], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop_wait.cancel()
+        finally:
+            await bounded(service.close(), "stop_autorecovery")  # Resigns as auditor.
+            await bounded(metadata.close(), "close_metadata")
     finally:
-        await service.close()
-        await metadata.close()
+        await supervisor.stop()
+    return EXIT_TASK_FAILED if supervisor.fatal.done() else 0

@@ -33,7 +33,11 @@ def test_a_deadlock_is_reported() -> None:
 
     with pytest.raises(SimDeadlockError):
         run_simulation(main())
-    assert isinstance(SimLoop(), SimLoop)
+    loop = SimLoop()
+    try:
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+    finally:
+        loop.close()
 
 
 def test_scripted_2614_schedule_keeps_acked_writes() -> None:
