@@ -157,7 +157,7 @@ def bookie_info(bookie_id: str | None, metadata_uri: str, as_json: bool) -> None
 @click.argument("bookie_id", type=BOOKIE_ID)
 @click.option("--entries", default=10, show_default=True, type=POSITIVE_INT)
 @click.option(
-    "--timeout",
+    "--check-timeout",
     "timeout_seconds",
     default=30.0,
     show_default=True,
