@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Protocol
 
 from bkaio.errors import BKError
 
@@ -21,7 +21,25 @@ class LedgerLeftBehindError(BKError):
     """A test ledger could not be closed or deleted."""
 
 
-async def discard(bk: Any, handle: Any) -> list[str]:
+class ScratchHandle(Protocol):
+    """What cleaning up needs of a ledger handle (bkaio.ledger_client.LedgerHandle)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ScratchClient(Protocol):
+    """What cleaning up needs of a client (bkaio.ledger_client.BookKeeper)."""
+
+    async def delete_ledger(self, ledger_id: int) -> None: ...
+
+
+async def discard(bk: ScratchClient, handle: ScratchHandle) -> list[str]:
     """Close (if open) and delete the ledger; what went wrong, if anything."""
     problems: list[str] = []
     if not handle.is_closed:
@@ -37,7 +55,7 @@ async def discard(bk: Any, handle: Any) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def scratch_ledger(bk: Any, handle: Any) -> AsyncIterator[None]:
+async def scratch_ledger(bk: ScratchClient, handle: ScratchHandle) -> AsyncIterator[None]:
     try:
         yield
     except BKError as error:

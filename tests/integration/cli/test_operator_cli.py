@@ -3,6 +3,7 @@ against one real standalone cluster for the whole module (3 bookies, SQLite meta
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -20,7 +21,10 @@ from bkaio.bookie.offline import (
     read_entry_log,
     read_journal,
 )
+from bkaio.cli.main import main
 from bkaio.config import load_bookie_config
+from bkaio.errors import NotEnoughBookiesError
+from bkaio.ledger_client import LedgerHandle
 from tests.fixtures.standalone import (
     Standalone,
     bkaio,
@@ -152,6 +156,35 @@ def test_bookiesanity_uses_only_the_named_bookie(cluster: Standalone) -> None:
         ]
     unknown = bkaio("shell", "bookiesanity", "127.0.0.1:9", "--metadata", cluster.uri)
     assert unknown.returncode == 1 and "UnknownBookieError" in unknown.stderr
+
+
+def test_simpletest_that_fails_half_way_closes_and_deletes_its_ledger(
+    cluster: Standalone, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 section 4: the 4th append fails; the command says so in one line, and the
+    ledger it made is closed and deleted (in-process, so that the test can make the append
+    fail; the cluster is real)."""
+    before = set(bkaio_json("shell", "listledgers", "--metadata", cluster.uri))
+    made: list[LedgerHandle] = []
+    real_append = LedgerHandle.append
+
+    def append_failing_at_the_fourth(handle: LedgerHandle, payload: bytes) -> Any:
+        if handle not in made:
+            made.append(handle)
+        if handle.last_add_pushed < 2:
+            return real_append(handle, payload)
+        failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        failed.set_exception(NotEnoughBookiesError("injected by the test: the 4th append"))
+        return failed
+
+    monkeypatch.setattr(LedgerHandle, "append", append_failing_at_the_fourth)
+    code = main(["shell", "simpletest", "--entries", "10", "--metadata", cluster.uri])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip() == "bkaio: NotEnoughBookiesError: injected by the test: the 4th append"
+    assert len(made) == 1 and made[0].is_closed
+    monkeypatch.undo()
+    assert set(bkaio_json("shell", "listledgers", "--metadata", cluster.uri)) == before
 
 
 # -- offline tools on a bookie's directories -------------------------------------------------
