@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, table
+from bkaio.cli.params import BOOKIE_ID
 from bkaio.errors import BKError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,9 +41,10 @@ def admin_token_option(function: F) -> F:
     return decorator(function)
 
 
-def timeout_option(default: float) -> Callable[[F], F]:
+def timeout_option(action: str, default: float) -> Callable[[F], F]:
+    # Not `--timeout`: every shell command's `--timeout` is the wait for etcd (metadata_option).
     return click.option(
-        "--timeout",
+        f"--{action}-timeout",
         "timeout_seconds",
         default=default,
         show_default=True,
@@ -172,7 +174,7 @@ def _plan_human(plan: Any, detailed: bool) -> str:
 
 
 @click.command("recover")
-@click.argument("bookie_id")
+@click.argument("bookie_id", type=BOOKIE_ID)
 @click.option("--force", is_flag=True, help="Recover although the bookie is registered and alive.")
 @click.option("--query", is_flag=True, help="Only list the ledgers that would be recovered.")
 @click.option(
@@ -181,7 +183,7 @@ def _plan_human(plan: Any, detailed: bool) -> str:
 @click.option(
     "--skip-open-ledgers", is_flag=True, help="Leave ledgers that are not closed alone (no fence)."
 )
-@timeout_option(600.0)
+@timeout_option("recover", 600.0)
 @admin_token_option
 @metadata_option
 @json_option
@@ -228,7 +230,7 @@ def recover(
 
 
 @click.command("decommission")
-@click.argument("bookie_id")
+@click.argument("bookie_id", type=BOOKIE_ID)
 @click.option(
     "--grace",
     "grace_seconds",
@@ -237,7 +239,7 @@ def recover(
     type=click.FloatRange(min=0.0),
     help="Seconds writers get to move open ledgers off the bookie before they are fenced.",
 )
-@timeout_option(900.0)
+@timeout_option("decommission", 900.0)
 @admin_token_option
 @metadata_option
 @json_option
@@ -268,7 +270,7 @@ def decommission(
 
 
 @click.command("recommission")
-@click.argument("bookie_id")
+@click.argument("bookie_id", type=BOOKIE_ID)
 @metadata_option
 @json_option
 def recommission(bookie_id: str, metadata_uri: str, as_json: bool) -> None:

@@ -91,7 +91,9 @@ async def test_recover_refuses_live_and_unknown_bookies_and_plans_without_acting
         assert (await meta.ledgers.get(writer.ledger_id)).state is LedgerState.OPEN
         assert [md.ledger_id for md in await _naming(meta, target)] == [writer.ledger_id]
 
-        done = await bkaio_cli("shell", "recover", target, "--timeout", "120", "--json", *token)
+        done = await bkaio_cli(
+            "shell", "recover", target, "--recover-timeout", "120", "--json", *token
+        )
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["complete"] and report["open_ledgers_recovered"] == 1
