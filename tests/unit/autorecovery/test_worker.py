@@ -155,7 +155,7 @@ async def test_a_bug_in_the_worker_is_reported_and_the_worker_restarted(meta: Me
     registry = CollectorRegistry()
     supervisor = Supervisor("autorecovery", registry=registry)
     worker = _worker(meta, replicator, AutorecoveryMetrics(registry))
-    supervisor.spawn("autorecovery-worker", worker.run, Restart(initial_delay_seconds=0.05))
+    supervisor.spawn("replication_worker", worker.run, Restart(initial_delay_seconds=0.05))
     try:
 
         async def done() -> bool:
@@ -167,5 +167,5 @@ async def test_a_bug_in_the_worker_is_reported_and_the_worker_restarted(meta: Me
     (status,) = supervisor.statuses()
     assert status.failures == 1 and "a bug" in (status.last_error or "")
     assert (
-        registry.get_sample_value("bkaio_task_failures_total", {"task": "autorecovery-worker"}) == 1
+        registry.get_sample_value("bkaio_task_failures_total", {"task": "replication_worker"}) == 1
     )
