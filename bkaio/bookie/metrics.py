@@ -48,6 +48,7 @@ OPS = (
     "add_entry",
     "read_entry",
     "read_range",
+    "read_entries",
     "read_lac",
     "write_lac",
     "force",
