@@ -166,6 +166,8 @@ class LedgerHandle:
         self._max_piggybacked_lac = -1
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_tasks: set[asyncio.Task[None]] = set()
+        self._push_lac = context.config.explicit_lac_on_ack
+        self._lac_push_due = False  # A `_lac_pushed` is scheduled.
         self._log = log.bind(ledger_id=self.ledger_id)
         # `BookiePool.add_entry_many` when the context has it (test fakes may not).
         self._add_entry_many = getattr(context.ops, "add_entry_many", None)
@@ -509,6 +511,9 @@ class LedgerHandle:
                 self._failures.progress()
             if self._lac_timer is None:
                 self._schedule_explicit_lac()
+            if self._push_lac and not self._lac_push_due:
+                self._lac_push_due = True
+                self._loop.call_soon(self._lac_pushed)
         if self._waiting:
             self._send_waiting()
         if not pending and not self._waiting:
@@ -700,6 +705,23 @@ class LedgerHandle:
         interval = self._ctx.config.explicit_lac_interval
         if interval > 0 and self._lac_timer is None and not self._closed:
             self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
+
+    def _lac_pushed(self) -> None:
+        """`explicit_lac_on_ack`: once the loop iteration whose acks moved the LAC is done,
+        WRITE_LAC unless an add sent or queued since carries the LAC (tailing readers then
+        learn of the entry without waiting for the next add)."""
+        self._lac_push_due = False
+        lac = self._lac
+        latest = (
+            self._waiting[-1] if self._waiting else self._pending[-1] if self._pending else None
+        )
+        carried = max(self._max_piggybacked_lac, -1 if latest is None else latest.lac)
+        if lac <= carried or self._error is not None or self._closed:
+            return
+        self._max_piggybacked_lac = lac
+        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
+        self._lac_tasks.add(task)
+        task.add_done_callback(self._lac_tasks.discard)
 
     def _explicit_lac_due(self) -> None:
         self._lac_timer = None
