@@ -37,6 +37,21 @@ class RecordRun:
     payload_bytes: int = 0
     next_entry_id: int = 0  # The first wanted entry not looked at (past `last`: all were).
 
+    def fits(self, payload_bytes: int, max_count: int, max_bytes: int) -> bool:
+        """Whether one more entry of `payload_bytes` stays within the limits (the first always
+        does)."""
+        return self.count < max_count and (
+            not self.count or self.payload_bytes + payload_bytes <= max_bytes
+        )
+
+    def add_cached(self, entry: StoredEntry) -> None:
+        """Append a cached entry, packed as a record."""
+        self.parts += pack_record(
+            entry.ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
+        )
+        self.count += 1
+        self.payload_bytes += len(entry.payload)
+
 
 async def read_records(
     loop: asyncio.AbstractEventLoop,
@@ -57,7 +72,7 @@ async def read_records(
     cached = [found for cache in caches if (found := cache.entries_of(ledger_id))]
     if cached:
         recent = _from_cache_alone(
-            cached, ledger_id, first_entry_id, last_entry_id, stride, max_count, max_bytes
+            cached, first_entry_id, last_entry_id, stride, max_count, max_bytes
         )
         if recent is not None:
             recent.next_entry_id = min(recent.next_entry_id, last_entry_id + 1)
@@ -86,15 +101,14 @@ async def read_records(
         run = RecordRun(parts, len(scan.entry_ids), scan.payload_bytes)
         run.next_entry_id = scan.limited_at if scan.limited_at is not None else last_entry_id + 1
     else:
-        run = _merge(scan, parts, cached, ledger_id, first_entry_id, last_entry_id, stride,
-                     max_count, max_bytes)  # fmt: skip
+        run = _merge(scan, parts, cached, first_entry_id, last_entry_id, stride, max_count,
+                     max_bytes)  # fmt: skip
     run.next_entry_id = min(run.next_entry_id, last_entry_id + 1)
     return run
 
 
 def _from_cache_alone(
     cached: list[dict[int, StoredEntry]],
-    ledger_id: int,
     first_entry_id: int,
     last_entry_id: int,
     stride: int,
@@ -110,14 +124,9 @@ def _from_cache_alone(
         entry = _cached(cached, entry_id)
         if entry is None:
             return None
-        size = len(entry.payload)
-        if run.count >= max_count or (run.count and run.payload_bytes + size > max_bytes):
+        if not run.fits(len(entry.payload), max_count, max_bytes):
             break
-        run.parts += pack_record(
-            ledger_id, entry_id, entry.lac, entry.length, entry.digest, entry.payload
-        )
-        run.count += 1
-        run.payload_bytes += size
+        run.add_cached(entry)
         entry_id += stride
     run.next_entry_id = entry_id
     return run
@@ -144,7 +153,6 @@ def _merge(
     scan: IndexScan,
     parts: list[bytes | memoryview],
     cached: list[dict[int, StoredEntry]],
-    ledger_id: int,
     first_entry_id: int,
     last_entry_id: int,
     stride: int,
@@ -168,14 +176,9 @@ def _merge(
         while next_id < until and next_id <= last_entry_id:
             entry = _cached(cached, next_id)
             if entry is not None:
-                size = len(entry.payload)
-                if run.count >= max_count or (run.count and run.payload_bytes + size > max_bytes):
+                if not run.fits(len(entry.payload), max_count, max_bytes):
                     return False
-                run.parts += pack_record(
-                    ledger_id, entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload
-                )
-                run.count += 1
-                run.payload_bytes += size
+                run.add_cached(entry)
             next_id += stride
         return True
 
@@ -202,7 +205,7 @@ def _merge(
                 run.next_entry_id = next_id
                 return run
             size = len(record) - RECORD_HEAD_BYTES
-            if run.count >= max_count or (run.count and run.payload_bytes + size > max_bytes):
+            if not run.fits(size, max_count, max_bytes):
                 run.next_entry_id = entry_id
                 return run
             run.parts.append(record)
