@@ -110,8 +110,8 @@ async def test_a_read_across_the_flush_boundary_keeps_the_limits(
     await add(storage, 1, range(20, 40))
     assert await read(storage, 1, 15, 39, max_count=10) == (list(range(15, 25)), 25)
     assert await read(storage, 1, 15, 39, max_bytes=750) == (list(range(15, 22)), 22)
-    await add(storage, 1, [45])
     await add_entry(storage, entry(1, 42), KEY)
+    await add_entry(storage, entry(1, 45), KEY)
     assert await read(storage, 1, 30, 50) == ([*range(30, 40), 42, 45], 51)
 
 
