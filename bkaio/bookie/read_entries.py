@@ -14,13 +14,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from bkaio.config import ServerConfig
+from bkaio.entrylog.api import LedgerStorage
 from bkaio.errors import NoSuchLedgerError, TooManyRequestsError
 from bkaio.protocol import I64_MAX, ReadEntriesRequest, ReadEntriesResponse, Response, Status
 
-if TYPE_CHECKING:
-    from bkaio.bookie.server import ShardServer
+from .lac_waiters import LacWaiters
+from .metrics import ShardMetrics
+
+
+class ShardServer(Protocol):
+    """What these handlers use of the shard's server (bkaio/bookie/server.py)."""
+
+    storage: LedgerStorage
+    limits: ServerConfig
+    metrics: ShardMetrics
+    lac_waiters: LacWaiters
+    stopping: bool
 
 
 async def wait_for_lac(

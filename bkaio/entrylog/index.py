@@ -20,10 +20,10 @@ from pathlib import Path
 
 import lmdb
 
+from bkaio.entry_records import RECORD_HEAD_BYTES
 from bkaio.entrylog.entry_log import LOCATION, EntryLocation
 from bkaio.entrylog.types import LedgerState, StoredEntry
 from bkaio.errors import BookieIOError
-from bkaio.protocol.records import RECORD_HEAD_BYTES
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _SIZE = struct.Struct(">I")  # The size field of a packed location (at byte 8).

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from bkaio.entry_records import RECORD_HEAD_BYTES, pack_record
 from bkaio.entrylog.entry_log import EntryLogDirectory
 from bkaio.entrylog.index import IndexScan, LedgerIndex
 from bkaio.entrylog.types import StoredEntry
 from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BookieIOError
-from bkaio.protocol.records import RECORD_HEAD_BYTES, pack_record
 
 # A read whose entry logs keep vanishing under compaction gives up after this many tries.
 _ATTEMPTS = 3

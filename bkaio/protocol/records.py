@@ -1,43 +1,38 @@
-"""Entry records: how a READ_ENTRIES answer carries entries (docs/protocol.md, "Range reads").
+"""Entry records as a reader takes them from a READ_ENTRIES answer (docs/protocol.md, "Range
+reads"); the format is `bkaio.entry_records`' (re-exported here):
 
     record  u32 body length | u32 crc32c(body) | body
     body    i64 ledger_id | i64 entry_id | i64 lac | i64 length | u32 digest | payload
 
-The same bytes as a record of a bookie's entry log (bkaio/entrylog/entry_log.py), so a bookie
-sends a run of records read from disk with one `pread` as they are, without a copy or a Python
-call per entry. A reader does not trust the record checksum: it checks every entry's digest
-(`digest = crc32c(ledger_id, entry_id, lac, length || payload)`, written by the writer), which
-covers the same bytes but the digest itself. `scan_records` is the reader's one pass over an
+The same bytes as a record of a bookie's entry log, so a bookie sends a run of records read
+from disk with one `pread` as they are, without a copy or a Python call per entry. A reader
+does not trust the record checksum: it checks every entry's digest (`digest =
+crc32c(ledger_id, entry_id, lac, length || payload)`, written by the writer), which covers the
+same bytes but the digest itself. `scan_records` is the reader's one pass over an
 answer; the loop is written out because it runs once per entry read.
 
-Sans-IO and pure: imports struct and crc32c only.
+Sans-IO and pure: imports crc32c and the record format only.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import crc32c
 
-# The record head up to the payload: body length, record checksum, then the body's ids.
-RECORD_HEAD = struct.Struct(">IIqqqqI")
-RECORD_HEAD_BYTES = RECORD_HEAD.size  # 44
-RECORD_PREFIX_BYTES = 8  # Body length and record checksum.
-RECORD_BODY_HEAD_BYTES = RECORD_HEAD_BYTES - RECORD_PREFIX_BYTES  # 36: ids, lac, length, digest.
+from bkaio.entry_records import (
+    RECORD_BODY_HEAD_BYTES,
+    RECORD_HEAD,
+    RECORD_HEAD_BYTES,
+    RECORD_PREFIX_BYTES,
+    pack_record,
+    record_fields,
+)
+
+__all__ = ["RecordScan", "pack_record", "record_fields", "scan_records"]
+
 _DIGESTED_HEAD_END = RECORD_PREFIX_BYTES + 32  # The digest covers the 32 bytes of ids first.
-_BODY_HEAD = struct.Struct(">qqqqI")
 _crc32c = crc32c.crc32c
-
-
-def pack_record(
-    ledger_id: int, entry_id: int, lac: int, length: int, digest: int, payload: bytes
-) -> tuple[bytes, bytes]:
-    """One record as (head, payload): the two buffers to send, the payload not copied."""
-    body_head = _BODY_HEAD.pack(ledger_id, entry_id, lac, length, digest)
-    checksum = _crc32c(payload, _crc32c(body_head))
-    prefix = struct.pack(">II", len(body_head) + len(payload), checksum)
-    return prefix + body_head, payload
 
 
 @dataclass(slots=True)
@@ -110,10 +105,3 @@ def scan_records(
         expected = entry_id + stride
         offset = end
     return scan
-
-
-def record_fields(records: bytes, offset: int) -> tuple[int, int, int, int, int]:
-    """(ledger_id, entry_id, lac, length, digest) of the record at `offset` (one `scan_records`
-    accepted, so it is whole)."""
-    _, _, ledger_id, entry_id, lac, length, digest = RECORD_HEAD.unpack_from(records, offset)
-    return ledger_id, entry_id, lac, length, digest
