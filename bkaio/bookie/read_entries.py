@@ -68,15 +68,23 @@ async def wait_for_lac(
     return max(lac, _lac_of(server, ledger_id))  # A WRITE_LAC may be ahead of storage.
 
 
-def notify_lac_early(server: ShardServer, ledger_id: int, master_key: bytes, lac: int) -> None:
-    """A WRITE_LAC of `lac`, its key checked against the one storage holds: wake the long
-    polls it satisfies before storage has journaled it. The LAC only says the writer has its
-    entries acknowledged (on an ack quorum of bookies, durably), which a reader may act on at
-    once; journaling it only keeps this bookie's LAC across a restart. A ledger without a key
-    here yet waits for storage."""
-    state = server.storage.ledger_state(ledger_id)
-    if state is not None and state.master_key == master_key and lac > state.lac:
-        server.lac_waiters.notify(ledger_id, lac)
+def notify_lac_early(
+    storage: LedgerStorage, waiters: LacWaiters, ledger_id: int, master_key: bytes, lac: int
+) -> None:
+    """A LAC that a WRITE_LAC or an add's piggyback brings, its key checked against the one
+    storage holds: wake the long polls it satisfies now, before storage has journaled (and
+    applied) it. The LAC only says the writer has those entries acknowledged (on an ack quorum
+    of bookies, durably), which a reader may act on at once; journaling it only keeps this
+    bookie's LAC across a restart. A ledger without a key here yet, or fenced, waits for
+    storage."""
+    state = storage.ledger_state(ledger_id)
+    if (
+        state is not None
+        and state.master_key == master_key
+        and lac > state.lac
+        and not state.fenced
+    ):
+        waiters.notify(ledger_id, lac)
 
 
 def _lac_of(server: ShardServer, ledger_id: int) -> int:

@@ -499,7 +499,9 @@ class ShardServer(AddPath):
         self._check_shard(ledger_id)
         await self._check_ledger_key(ledger_id, request.master_key)
         if self.lac_waiters:  # Long polls learn the LAC now, not once it is journaled.
-            notify_lac_early(self, ledger_id, request.master_key, request.lac)
+            notify_lac_early(
+                self.storage, self.lac_waiters, ledger_id, request.master_key, request.lac
+            )
         await self.storage.write_lac(ledger_id, request.master_key, request.lac)
         if self.lac_waiters:
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))

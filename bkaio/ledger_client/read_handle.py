@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
+from operator import itemgetter
 from types import TracebackType
 
 import structlog
@@ -37,6 +38,7 @@ log = structlog.get_logger(__name__)
 # A tail's long poll is cut into rounds this long; between rounds the handle re-reads the
 # metadata, so a close or an ensemble change is noticed within one round.
 _LONG_POLL_ROUND_SECONDS = 1.0
+_payload_of = itemgetter(2)  # Of an `Entry` (a NamedTuple), without a Python call.
 # Payload bytes per entry assumed until the handle has read some (an open ledger's metadata has
 # no length): generous, so a first request is rarely cut short.
 _GUESS_ENTRY_BYTES = 4096.0
@@ -245,7 +247,7 @@ class ReadHandle:
     def _learn_entry_bytes(self, batch: list[Entry]) -> None:
         """Follow the payload size the ledger's entries have (for `_request_bytes`)."""
         if batch:
-            average = sum(len(entry.payload) for entry in batch) / len(batch)
+            average = sum(map(len, map(_payload_of, batch))) / len(batch)
             self._entry_bytes = max(1.0, (self._entry_bytes + average) / 2)
 
     async def _check_range(self, first_entry_id: int, last_entry_id: int) -> None:
@@ -300,7 +302,10 @@ class ReadHandle:
         return entry
 
     async def close(self) -> None:
-        """Release the handle (reads hold no resources between calls; closing is optional)."""
+        """Release the handle: cancels the long polls a tail sent ahead (else they end within
+        a poll round, at most a second; closing is optional)."""
+        self._poller.close()
+        self._tail.clear()
 
     async def __aenter__(self) -> ReadHandle:
         return self

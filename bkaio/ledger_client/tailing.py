@@ -42,6 +42,14 @@ STRAGGLER_SECONDS = 0.002
 # answered for this long.
 LAC_ONLY_AFTER_SECONDS = 0.005
 
+_Asks = dict[asyncio.Future[EntriesAnswer], tuple[int, int]]  # A poll -> (index, first entry).
+
+
+def _retrieve(ask: asyncio.Future[EntriesAnswer]) -> None:
+    if not ask.cancelled():
+        ask.exception()
+
+
 _new_entry = cast(
     Callable[[tuple[int, int, bytes]], Entry], functools.partial(tuple.__new__, Entry)
 )
@@ -55,6 +63,9 @@ class TailPoller:
         self.ledger_id = ledger_id
         self._write_quorum = write_quorum
         self._entries_index = 0  # Ensemble == write quorum: the bookie asked for entries.
+        # The next round's polls, sent as soon as a round moved the LAC (a poll is waiting at
+        # the bookies while the consumer works): (bookies, previous_lac, asks, started at).
+        self._next: tuple[tuple[str, ...], int, _Asks, float] | None = None
 
     def _ask(
         self,
@@ -79,32 +90,59 @@ class TailPoller:
             )
         )
 
+    def _first_asks(
+        self, bookies: tuple[str, ...], previous_lac: int, wait_seconds: float
+    ) -> _Asks:
+        """A round's first polls: every stride's bookie (striped), else the entries bookie."""
+        size = len(bookies)
+        first = previous_lac + 1
+        count = self._ctx.config.read_batch_entries
+        asks: _Asks = {}
+        if size != self._write_quorum:
+            for index, bookie_id in enumerate(bookies):
+                start = first + (index - first) % size  # The first entry of stride `index`.
+                ask = self._ask(bookie_id, start, size, count, previous_lac, wait_seconds)
+                asks[ask] = (index, start)
+        else:
+            index = self._entries_index % size
+            asks[self._ask(bookies[index], first, 1, count, previous_lac, wait_seconds)] = (
+                index,
+                first,
+            )
+        return asks
+
+    def close(self) -> None:
+        """Cancel the polls sent ahead for a round nobody asked for."""
+        if self._next is not None:
+            _, _, asks, _ = self._next
+            self._next = None
+            for ask in asks:
+                ask.cancel()
+
     async def poll(
         self, bookies: tuple[str, ...], previous_lac: int, wait_seconds: float
     ) -> tuple[int, list[Entry]]:
         """One round: (the highest LAC any bookie answered, at least `previous_lac`; the entries
-        previous_lac + 1 ... that came, in order and without a gap, possibly none)."""
+        previous_lac + 1 ... that came, in order and without a gap, possibly none).
+
+        Polls sent ahead by the previous round (for this `previous_lac`) are used as they are;
+        when this round moves the LAC, the next round's polls are sent before it returns.
+        """
         size = len(bookies)
         first = previous_lac + 1
         striped = size != self._write_quorum
-        count = self._ctx.config.read_batch_entries
-        asks: dict[asyncio.Future[EntriesAnswer], tuple[int, int]] = {}  # -> (index, first)
-        if striped:
-            for index, bookie_id in enumerate(bookies):
-                start = first + (index - first) % size  # The first entry of stride `index`.
-                asks[self._ask(bookie_id, start, size, count, previous_lac, wait_seconds)] = (
-                    index,
-                    start,
-                )
+        loop = asyncio.get_running_loop()
+        ahead = self._next
+        if ahead is not None and ahead[0] == bookies and ahead[1] == previous_lac:
+            self._next = None
+            _, _, asks, started = ahead
         else:
-            entries_index = self._entries_index % size
-            ask = self._ask(bookies[entries_index], first, 1, count, previous_lac, wait_seconds)
-            asks[ask] = (entries_index, first)
+            self.close()
+            asks, started = self._first_asks(bookies, previous_lac, wait_seconds), loop.time()
         # Contiguous segment: the other bookies are asked for their LAC only once the entries
         # bookie has been quiet for LAC_ONLY_AFTER_SECONDS (entries flowing: one request a
         # round; the entries bookie down or stuck: the others tell the LAC moved).
-        loop = asyncio.get_running_loop()
-        lac_only_at = None if striped else loop.time() + LAC_ONLY_AFTER_SECONDS
+        lac_only_at = None if striped else started + LAC_ONLY_AFTER_SECONDS
         best = previous_lac
         found: dict[int, bytes] = {}
         entries_answered = False
@@ -164,6 +202,11 @@ class TailPoller:
                         break
         finally:
             await cancel_all(list(pending))
+        if best > previous_lac:
+            ahead_asks = self._first_asks(bookies, best, wait_seconds)
+            for ask in ahead_asks:  # Perhaps never awaited (the reader moved on or went away).
+                ask.add_done_callback(_retrieve)
+            self._next = (bookies, best, ahead_asks, loop.time())
         payloads: list[bytes] = []
         for entry_id in range(first, best + 1):
             payload = found.get(entry_id)

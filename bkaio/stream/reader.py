@@ -347,6 +347,8 @@ class StreamReader:
     async def _open(self, segment: Segment) -> ReadHandle:
         if self._handle_ledger_id != segment.ledger_id:
             await self._stop_batches()
+            if self._handle is not None:
+                await self._handle.close()
             self._handle = await self._bk.open_ledger(
                 segment.ledger_id, password=STREAM_PASSWORD, recovery=False
             )
@@ -440,6 +442,8 @@ class StreamReader:
             with contextlib.suppress(BKError):
                 await asyncio.shield(self._ack_task)
         await self._stop_batches()
+        if self._handle is not None:
+            await self._handle.close()
         if self._watch_task is not None:
             await cancel_and_wait(self._watch_task)
 

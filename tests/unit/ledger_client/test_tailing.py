@@ -4,11 +4,13 @@ every ensemble shape, around a dead bookie; the writer's LAC pushed on acknowled
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from bkaio.errors import NoSuchEntryError
 from bkaio.ledger_client import LedgerHandle
+from bkaio.ledger_client.types import EntriesAnswer
 from tests.unit.ledger_client.cluster import FakeCluster, fake_cluster
 
 SHAPES = [(3, 3), (3, 2), (5, 2)]
@@ -88,3 +90,28 @@ async def test_the_writer_pushes_its_lac_on_acknowledgement(on_ack: bool) -> Non
     assert (entry is not None) == on_ack
     if on_ack:
         assert entry is not None and entry.payload == b"alone"
+
+
+async def test_the_next_poll_waits_at_the_bookies_while_the_consumer_works() -> None:
+    cluster = fake_cluster(3, explicit_lac_interval=0, explicit_lac_on_ack=True)
+    lh = await writer(cluster, 3, 3)
+    rh = await cluster.client.open_ledger(lh.ledger_id, recovery=False)
+    polls: list[int] = []  # previous_lac of every long poll, in the order they were sent.
+    read_entries = cluster.ops.read_entries
+
+    async def recording(*args: Any, **kwargs: Any) -> EntriesAnswer:
+        if kwargs.get("previous_lac") is not None:
+            polls.append(kwargs["previous_lac"])
+        return await read_entries(*args, **kwargs)
+
+    cluster.ops.read_entries = recording  # type: ignore[method-assign]
+    poll = asyncio.ensure_future(rh.wait_for_entries(0, timeout=5.0))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(*(lh.append(b"%d" % i) for i in range(3)))
+    got = await poll
+    lac = got[-1].entry_id
+    assert polls[-1] == lac  # Sent before the consumer asked for entry lac + 1.
+    await lh.append(b"next")
+    assert [e.payload for e in await rh.wait_for_entries(lac + 1, timeout=5.0)][-1] == b"next"
+    await rh.close()  # Cancels the poll it sent ahead again.
+    await asyncio.sleep(0.01)
