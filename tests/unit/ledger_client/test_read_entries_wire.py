@@ -171,6 +171,8 @@ async def test_a_connection_lost_before_its_hello_answer_fails_the_read() -> Non
     )
     await asyncio.sleep(0)
     bookie.connection.connection_lost(None)
-    with pytest.raises(BookieUnavailableError, match="lost connection"):
+    with pytest.raises(
+        BookieUnavailableError, match="closed the connection before answering HELLO"
+    ):
         await read
     await pool.close()
