@@ -282,9 +282,11 @@ class ShardServer(AddPath):
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         started = time.perf_counter()
-        if op is Op.READ_LAC or op is Op.READ_ENTRIES:
-            # Their long polls count against this connection's bound too.
-            handler = partial(handler, owner=peer)
+        # Long polls count against this connection's bound too.
+        if op is Op.READ_LAC:
+            handler = partial(self._read_lac, owner=peer)
+        elif op is Op.READ_ENTRIES:
+            handler = partial(self._read_entries, owner=peer)
         task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
