@@ -75,9 +75,11 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
-# bkaio against NATS JetStream, every workload 3 times (under 15 minutes); see docs/benchmarks.md.
+# Everything, unattended (about 22 minutes; docs/benchmarks.md): bkaio against NATS JetStream,
+# every append workload 3 times (under 15 minutes), then the read benchmarks (`bench-reads`).
 bench: $(BENCH_STAMP)
 	$(VENV)/bin/bkaio bench --suite full
+	$(MAKE) bench-reads
 
 # About a minute: CI's smoke test runs a part of it.
 bench-quick: $(BENCH_STAMP)
