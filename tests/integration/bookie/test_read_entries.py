@@ -14,6 +14,7 @@ from bkaio.protocol import (
     HelloResponse,
     ReadEntriesRequest,
     ReadEntriesResponse,
+    ReadLacRequest,
     Status,
     WriteLacRequest,
 )
@@ -113,6 +114,30 @@ async def test_a_long_poll_answers_with_the_entries_up_to_the_lac(
     await reader.close()
 
 
+async def test_long_polls_count_against_their_connections_bound_with_lac_polls(
+    bookie_cluster_factory: BookieClusterFactory,
+) -> None:
+    config = {**FIRST_SIGHT, "server": {**FIRST_SIGHT["server"]}}
+    config["server"]["max_long_poll_waiters_per_connection"] = 2
+    cluster = await bookie_cluster_factory(config=config)
+    greedy = await RawClient.connect(cluster[0].host, cluster[0].port)
+    other = await RawClient.connect(cluster[0].host, cluster[0].port)
+    poll = Flag.LONG_POLL
+    # A READ_LAC poll and a READ_ENTRIES poll wait on this connection: its bound.
+    greedy.send(ReadLacRequest(greedy.next_id(), LEDGER, poll, None, -1, 30_000))
+    greedy.send(read(greedy, 0, I64_MAX, flags=poll, timeout_ms=30_000))
+    await greedy.writer.drain()
+    await asyncio.sleep(0.2)
+    assert not greedy.pending  # Both wait.
+    refused = await greedy.request(read(greedy, 0, I64_MAX, flags=poll, timeout_ms=30_000))
+    assert refused.status is Status.TOO_MANY_REQUESTS
+    # Another connection has its own slots: its poll waits (answered at its timeout).
+    answered = await other.request(read(other, 0, I64_MAX, flags=poll, timeout_ms=200))
+    assert found(answered, 0, I64_MAX) == ([], 0)
+    await greedy.close()
+    await other.close()
+
+
 async def test_flags_other_than_long_poll_are_a_bad_request(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
@@ -124,3 +149,4 @@ async def test_flags_other_than_long_poll_are_a_bad_request(
     assert isinstance(answer, ErrorResponse | ReadEntriesResponse)
     assert answer.status is Status.BAD_REQUEST
     assert await client.closed_by_peer()
+    await client.close()
