@@ -39,7 +39,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bkaio.bench.pacer import PunctualSleeper
+from bkaio.bench.pacer import open_metronome
 from bkaio.bookie.connection import BookieServerProtocol
 from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ShardServer
@@ -216,14 +216,21 @@ async def bench(
             if profiler is not None:
                 profiler.enable()
             if interval_ms > 0:  # Open loop: a batch every interval, answered or not.
-                sleeper = PunctualSleeper.open()
-                assert sleeper is not None, "needs Linux (timerfd)"
-                began = time.perf_counter()
-                for index, data in enumerate(batches):
-                    await sleeper.sleep_until(began + index * interval_ms / 1000)
+                metronome = open_metronome()
+                fed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                unfed = iter(batches)
+
+                def feed() -> None:  # One batch per tick (ticks missed under load: later).
+                    data = next(unfed, None)
+                    if data is None:
+                        metronome.stop()
+                        fed.set_result(None)
+                        return
                     connection.data_received(data)
+
+                metronome.start(metronome.now(), interval_ms / 1000, feed)
+                await fed
                 await answered()
-                sleeper.close()
             else:
                 for data in batches:
                     connection.data_received(data)
