@@ -243,14 +243,21 @@ class _Pacer:
         sent = self._sent
         # The epsilon: a tick exactly at an append's time counts it due despite rounding.
         due = min(self._total, int((self._metronome.now() - began) * self._rate + 1e-6) + 1)
-        while sent < due and not tracker.stopped:
-            if tracker.outstanding >= self._max_outstanding:
-                tracker.outcome.overloaded = True
-                tracker.stopped = True
-                break
-            tracker.issue(began + sent * interval)  # The intended time, not now.
-            sent += 1
-        self._sent = sent
+        try:
+            while sent < due and not tracker.stopped:
+                if tracker.outstanding >= self._max_outstanding:
+                    tracker.outcome.overloaded = True
+                    tracker.stopped = True
+                    break
+                tracker.issue(began + sent * interval)  # The intended time, not now.
+                sent += 1
+        except Exception as error:  # `send` raised: the run ends with it, as in a coroutine.
+            self._metronome.stop()
+            if not self._finished.done():
+                self._finished.set_exception(error)
+            return
+        finally:
+            self._sent = sent
         if (sent >= self._total or tracker.stopped) and not self._finished.done():
             self._metronome.stop()
             self._finished.set_result(None)

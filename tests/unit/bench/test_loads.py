@@ -372,3 +372,18 @@ async def test_a_metronome_stopped_from_its_tick_ticks_no_more() -> None:
     await ticked
     await asyncio.sleep(0.01)  # Ten periods: none of them ticks.
     assert ticks == 1
+
+
+async def test_an_append_that_raises_ends_the_open_loop_with_its_error() -> None:
+    clock = FakeClock()
+    metronome = FakeMetronome(clock)
+    system = FakeSystem(clock)
+
+    def send(payload: bytes) -> Awaitable[Any]:
+        if system.sent == 7:
+            raise RuntimeError("ledger closed")
+        return system.send(payload)
+
+    with pytest.raises(RuntimeError, match="ledger closed"):
+        await run_open(send, b"x", rate_per_second=5000, duration_seconds=1.0, metronome=metronome)
+    assert metronome.stopped.is_set() and system.sent == 7
