@@ -219,6 +219,9 @@ async def bench(
                 metronome = open_metronome()
                 fed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 unfed = iter(batches)
+                fed_at: list[float] = []  # When each batch was fed.
+                latencies: list[float] = []  # Fed to answered (written), per batch.
+                write = transport.write
 
                 def feed() -> None:  # One batch per tick (ticks missed under load: later).
                     data = next(unfed, None)
@@ -226,11 +229,24 @@ async def bench(
                         metronome.stop()
                         fed.set_result(None)
                         return
+                    fed_at.append(time.perf_counter())
                     connection.data_received(data)
 
+                def timed_write(data: bytes) -> None:
+                    now = time.perf_counter()
+                    answered_batches = (len(fed_at) * batch - server.inflight_requests) // batch
+                    latencies.extend(now - at for at in fed_at[len(latencies) : answered_batches])
+                    write(data)
+
+                transport.write = timed_write  # type: ignore[method-assign]
                 metronome.start(metronome.now(), interval_ms / 1000, feed)
                 await fed
                 await answered()
+                latencies.sort()
+                print(
+                    f"  fed to answered, per batch: p50 {latencies[len(latencies) // 2] * 1e3:.3f}"
+                    f" p99 {latencies[int(len(latencies) * 0.99)] * 1e3:.3f} ms (loaded box?)"
+                )
             else:
                 for data in batches:
                     connection.data_received(data)
@@ -249,7 +265,11 @@ async def bench(
                 f"wall {wall * 1e6 / count:.1f} µs/add, "
                 f"{transport.writes - writes_before} answer writes"
             )
-            print(f"  journal groups (whole run): {journal.groups}, records {journal.records}")
+            print(
+                f"  journal groups (whole run): {journal.groups}, records {journal.records}, "
+                f"sync mean {journal.sync_seconds_total / max(journal.syncs, 1) * 1e3:.3f} ms, "
+                f"holds {journal.holds} ({journal.holds_fruitless} fruitless)"
+            )
             print_thread_costs(threads_before, threads_after, groups)
             if profiler is not None:
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
