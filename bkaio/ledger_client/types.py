@@ -175,7 +175,9 @@ class ClientConfig:
     # long, so that the next burst shares its frames, the bookies' journal groups and their
     # answers (fewer wake-ups per append at moderate rates). A lone append never waits; a wait
     # that catches nothing pauses waiting for a while. 0 = off: every burst leaves at once.
-    add_batch_wait_us: int = 0
+    # The default outlasts one millisecond: the gap between the bursts of a writer that sends
+    # what fell due once a millisecond (bkaio bench's open loop, docs/performance.md).
+    add_batch_wait_us: int = 1500
     # Reads (docs/client.md "Reads"): a range request asks one bookie for this many entries
     # (of a striped segment: the ones of one stride) ...
     read_batch_entries: int = 512
