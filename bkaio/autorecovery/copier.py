@@ -27,6 +27,7 @@ from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata
 from bkaio.protocol.digest import entry_digest
+from bkaio.protocol.records import record_fields, scan_records
 
 from .cluster import ClusterView
 from .concurrency import first_failure
@@ -208,19 +209,25 @@ class FragmentCopier:
             batch: list[StoredCopy] = []
             for source in sources:
                 try:
-                    answer = await pool.read_range(
+                    answer = await pool.read_entries(
                         source,
                         md.ledger_id,
                         next_id,
-                        min(last - next_id + 1, self._entries_in_flight),
-                        max_bytes,
+                        last,
+                        max_count=min(last - next_id + 1, self._entries_in_flight),
+                        max_bytes=max_bytes,
                     )
                 except BKError:
-                    continue  # Down, or lacks `next_id`: the next source, then one by one.
-                for copy in answer:
-                    if copy.entry_id != next_id + len(batch) or not digest_ok(md, copy):
+                    continue  # Down, or in limbo: the next source, then one by one.
+                # Digests checked by the scan; a run from `next_id` is taken, up to a gap.
+                scan = scan_records(answer.records, md.ledger_id, next_id, 1, last)
+                for entry_id, offset, payload in zip(
+                    scan.entry_ids, scan.offsets, scan.payloads, strict=True
+                ):
+                    if entry_id != next_id + len(batch):
                         break
-                    batch.append(copy)
+                    fields = record_fields(answer.records, offset)
+                    batch.append(StoredCopy(entry_id, fields[2], fields[3], fields[4], payload))
                 if batch:
                     break
             if not batch:

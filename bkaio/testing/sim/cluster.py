@@ -33,9 +33,10 @@ from bkaio.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from bkaio.ledger_client.types import AddCallback, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import AddCallback, EntriesAnswer, LacAnswer, StoredCopy
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata
+from bkaio.protocol.records import pack_record
 
 T = TypeVar("T")
 Kind = Literal["add", "read", "read_lac", "write_lac"]
@@ -89,6 +90,26 @@ class SimBookie:
         if found is None:
             raise NoSuchEntryError(f"{self.bookie_id}: ledger {ledger_id} has no entry {entry_id}")
         return found
+
+    def read_entries(
+        self, ledger_id: int, first: int, last: int, stride: int, max_count: int
+    ) -> EntriesAnswer:
+        """The wanted entries held, as records (no byte limit, no long poll)."""
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None:
+            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
+        parts: list[bytes] = []
+        next_id = first
+        count = 0
+        while next_id <= last and count < max_count:
+            copy = ledger.entries.get(next_id)
+            if copy is not None:
+                parts += pack_record(
+                    ledger_id, next_id, copy.lac, copy.length, copy.digest, copy.payload
+                )
+                count += 1
+            next_id += stride
+        return EntriesAnswer(ledger.lac, next_id, b"".join(parts))
 
     def read_lac(self, ledger_id: int, fence: bool, key: bytes | None) -> LacAnswer:
         if fence:
@@ -273,6 +294,28 @@ class SimBookieOps:
             fence,
             self.read_timeout,
             lambda b: b.read(ledger_id, entry_id, fence, master_key),
+        )
+
+    async def read_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        stride: int = 1,
+        max_count: int,
+        max_bytes: int,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> EntriesAnswer:
+        del max_bytes, previous_lac, long_poll_seconds  # No byte limit; long polls answer at once.
+        return await self._exchange(
+            bookie_id,
+            "read",
+            False,
+            self.read_timeout,
+            lambda b: b.read_entries(ledger_id, first_entry_id, last_entry_id, stride, max_count),
         )
 
     async def read_lac(

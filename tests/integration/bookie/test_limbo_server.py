@@ -14,6 +14,7 @@ from bkaio.meta import LedgerMetadata
 from bkaio.protocol.messages import (
     Flag,
     ReadEntryRequest,
+    ReadEntriesRequest,
     ReadEntryResponse,
     ReadRangeRequest,
     Response,
@@ -54,6 +55,11 @@ async def test_a_ledger_in_limbo_answers_data_unknown_and_is_fenced(
     def read_range(ledger_id: int, first: int) -> ReadRangeRequest:
         return ReadRangeRequest(client.next_id(), ledger_id, first, 10, 1 << 20, Flag.NONE, None)
 
+    def read_entries(ledger_id: int) -> ReadEntriesRequest:
+        return ReadEntriesRequest(
+            client.next_id(), ledger_id, 0, 9, 1, 10, 1 << 20, Flag.NONE, -1, 0
+        )
+
     try:
         plain = await ask(add_request(client.next_id(), limbo_ledger, 0, b"zero"))
         assert plain.status is Status.FENCED
@@ -65,6 +71,8 @@ async def test_a_ledger_in_limbo_answers_data_unknown_and_is_fenced(
         assert (await ask(read(limbo_ledger, 1))).status is Status.DATA_UNKNOWN
         assert (await ask(read_range(limbo_ledger, 0))).status is Status.OK  # Entry 0 only.
         assert (await ask(read_range(limbo_ledger, 1))).status is Status.DATA_UNKNOWN
+        # A range answer would hold entry 0 alone, saying 1..9 are not stored: refused whole.
+        assert (await ask(read_entries(limbo_ledger))).status is Status.DATA_UNKNOWN
         again = await ask(add_request(client.next_id(), limbo_ledger, 1, b"one"))
         assert again.status is Status.FENCED  # Still fenced: it is not out of limbo.
 
@@ -73,6 +81,7 @@ async def test_a_ledger_in_limbo_answers_data_unknown_and_is_fenced(
         assert added.status is Status.OK
         assert (await ask(read(other_ledger, 5))).status is Status.NO_SUCH_ENTRY
         assert (await ask(read(other_ledger + 1, 0))).status is Status.NO_SUCH_LEDGER
+        assert (await ask(read_entries(other_ledger))).status is Status.OK
     finally:
         await client.close()
 
