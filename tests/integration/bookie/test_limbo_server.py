@@ -13,8 +13,8 @@ from bkaio.config import load_bookie_config
 from bkaio.meta import LedgerMetadata
 from bkaio.protocol.messages import (
     Flag,
-    ReadEntryRequest,
     ReadEntriesRequest,
+    ReadEntryRequest,
     ReadEntryResponse,
     ReadRangeRequest,
     Response,
