@@ -37,22 +37,26 @@ async def test_promoted_follower_has_every_acknowledged_update_and_fences_the_ol
     ):
         leader = await example.Replica.start("a", client_a, "accounts")
         follower = await example.Replica.start("b", client_b, "accounts")
-        await leader.promote()
-        expected: dict[str, str] = {}
-        for i in range(200):
-            await leader.set(f"k{i % 50}", f"v{i}")  # Acknowledged from here on.
-            expected[f"k{i % 50}"] = f"v{i}"
-        await follower.promote()  # Fences the leader; catches up to the sealed end.
-        assert follower.state == expected
-        with pytest.raises(LedgerFencedError):
-            await leader.set("k0", "lost?")
-        last = await follower.set("k0", "after")
-        await leader.wait_applied(last.seq)
-        assert leader.state == follower.state == {**expected, "k0": "after"}
-        await leader.stop()
-        await follower.stop()
-        assert follower.writer is not None
-        await follower.writer.close()
+        try:
+            await leader.promote()
+            expected: dict[str, str] = {}
+            for i in range(200):
+                await leader.set(f"k{i % 50}", f"v{i}")  # Acknowledged from here on.
+                expected[f"k{i % 50}"] = f"v{i}"
+            await follower.promote()  # Fences the leader; catches up to the sealed end.
+            assert follower.state == expected
+            with pytest.raises(LedgerFencedError):
+                await leader.set("k0", "lost?")
+            last = await follower.set("k0", "after")
+            # Each replica applies the stream by tailing it, the new leader its own write too.
+            await leader.wait_applied(last.seq)
+            await follower.wait_applied(last.seq)
+            assert leader.state == follower.state == {**expected, "k0": "after"}
+        finally:  # Followers stopped even when an assertion failed: no task outlives the test.
+            await leader.stop()
+            await follower.stop()
+            if follower.writer is not None:
+                await follower.writer.close()
 
 
 async def test_demo_reports_a_clean_fail_over(
