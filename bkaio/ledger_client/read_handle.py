@@ -9,7 +9,6 @@ Imports no transport code.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -115,7 +114,8 @@ class ReadHandle:
         """
         if entry_id < 0:
             raise InvalidArgumentError(f"ledger {self.ledger_id}: entry id {entry_id} < 0")
-        deadline = time.monotonic() + timeout
+        clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
+        deadline = clock() + timeout
         while True:
             if self._md.is_closed and entry_id > self._md.last_entry_id:
                 raise NoSuchEntryError(
@@ -124,7 +124,7 @@ class ReadHandle:
                 )
             if entry_id <= self._lac:
                 return await self._read_one(entry_id)
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock()
             if remaining <= 0:
                 return None
             wait = min(remaining, _LONG_POLL_ROUND_SECONDS)
