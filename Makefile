@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
 
 venv: $(STAMP)
 
@@ -107,6 +107,19 @@ bench-meta: venv system-deps
 
 bench-spark: venv
 	$(PY) benchmarks/spark_bench.py
+
+# Deterministic simulation of the real bookie and client code (docs/faults.md): `make sim
+# SEEDS=N` runs seeds 0..N-1 (every one must pass), then checks that each deliberately broken
+# part is caught within 1000 seeds; `make sim SEED=S` replays one seed and prints its report;
+# MUTATION=name runs with that broken part (with SEEDS: until a seed catches it). JOBS workers.
+SEEDS ?= 1000
+SEED ?=
+MUTATION ?=
+JOBS ?= 2
+sim: venv
+	PYTHONHASHSEED=0 $(PY) -m bkaio.testing.sim --jobs $(JOBS) \
+		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(MUTATION),,--mutation-checks 1000)) \
+		$(if $(MUTATION),--mutation $(MUTATION))
 
 # Every fault scenario, with longer schedules and many seeds; prints the lost/violations table.
 SOAK_ARGS ?=
