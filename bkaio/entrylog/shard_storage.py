@@ -58,7 +58,6 @@ from bkaio.errors import (
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.wal import JournalFactory, JournalLike
-from bkaio.wal.threads import OS_THREAD_POOLS, ThreadPools
 from bkaio.wal.records import (
     EntryRecord,
     FenceRecord,
@@ -67,6 +66,7 @@ from bkaio.wal.records import (
     LacRecord,
     MasterKeyRecord,
 )
+from bkaio.wal.threads import OS_THREAD_POOLS, ThreadPools
 
 __all__ = [
     "CompactionReport",
