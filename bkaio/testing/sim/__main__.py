@@ -16,6 +16,7 @@ hashing is part of the schedule.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bkaio.testing.sim.pool import Job, run_seeds, search_mutation
-from bkaio.testing.sim.runner import MUTATIONS, SimOutcome
+from bkaio.testing.sim.runner import MUTATIONS, SimOutcome, run_in_child
 from bkaio.testing.sim.scenarios import SCENARIOS
 
 
@@ -49,9 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         help="then check that each mutation is caught within N seeds",
     )
     parser.add_argument("--save", type=Path, help="write failing seeds' histories here")
+    parser.add_argument(
+        "--log",
+        choices=["debug", "info", "warning", "error"],
+        help="with --seed: print the real code's logs at this level (virtual time in t=)",
+    )
     args = parser.parse_args(args_list)
     if args.seed is not None:
-        return _one(args.seed, args.scenario, args.mutation, args.save)
+        return _one(args.seed, args.scenario, args.mutation, args.save, args.log)
     if args.mutation is not None:
         return _search(args.mutation, args.first_seed, args.seeds, args.scenario, args.jobs)
     status = _many(args.first_seed, args.seeds, args.scenario, args.jobs, args.save)
@@ -60,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _one(seed: int, scenario: str | None, mutation: str | None, save: Path | None) -> int:
-    (outcome,) = run_seeds([(seed, scenario, mutation)], workers=1)
+def _one(
+    seed: int, scenario: str | None, mutation: str | None, save: Path | None, log: str | None
+) -> int:
+    if log is None:
+        (outcome,) = run_seeds([(seed, scenario, mutation)], workers=1)
+    else:  # Same schedule (the child starts from a fresh state too), logs on stdout.
+        level = getattr(logging, log.upper())
+        outcome = run_in_child(seed, scenario=scenario, mutation=mutation, log_level=level)
     print(outcome.report(limit=50))
     print(
         f"virtual {outcome.virtual_seconds:.3f} s, {outcome.callbacks} callbacks, "

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from bkaio.errors import BKError
-from bkaio.journal.crash_points import NO_CRASH_POINTS
 from bkaio.journal.writer import ACK_AFTER_SYNC, JournalAckPolicy
 from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
 from bkaio.meta.bookies import BookieInfo
@@ -31,6 +30,8 @@ from bkaio.testing.sim.nodes import Environment, SimBookie, SimClient
 PASSWORD = b"sim"
 START_TIMEOUT_SECONDS = 30.0
 FINAL_TIMEOUT_SECONDS = 120.0
+FINAL_ATTEMPTS = 5
+FINAL_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -142,7 +143,7 @@ class SimCluster:
         self.network.heal()
         for bookie in self.bookies:
             bookie.disk.repair()
-            bookie.crash_points = NO_CRASH_POINTS
+            bookie.disarm_crash_point()
             if not bookie.alive:
                 self.restart_bookie(bookie)
         for bookie in self.bookies:
@@ -170,14 +171,22 @@ class SimCluster:
     async def _final_reads(self, client: SimClient) -> str | None:
         bk = await client.connect()
         for ledger_id in self.ledgers:
-            inv = self.history.invoke("final", "seal", ledger_id)
-            try:
-                handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=True)
-            except BKError as error:
-                self.history.failed(inv, error)
-                return f"final recovery of ledger {ledger_id} failed: {error!r}"
+            handle = None
+            failure = ""
+            for _attempt in range(FINAL_ATTEMPTS):  # Recovery may fail and be retried.
+                inv = self.history.invoke("final", "seal", ledger_id)
+                try:
+                    handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=True)
+                except BKError as error:
+                    self.history.failed(inv, error)
+                    failure = f"final recovery of ledger {ledger_id} failed: {error!r}"
+                    await asyncio.sleep(FINAL_RETRY_SECONDS)
+                    continue
+                self.history.ok(inv, value=handle.last_entry_id)
+                break
+            if handle is None:
+                return failure
             last = handle.last_entry_id
-            self.history.ok(inv, value=last)
             invs = [
                 self.history.invoke("final", "read", ledger_id, entry=e, extra={"final": True})
                 for e in range(last + 1)

@@ -86,6 +86,9 @@ class SimCrashPoint:
         self._crash = crash
         self.reached_count = 0
 
+    def disarm(self) -> None:
+        self.point = ""
+
     def reached(self, name: str) -> None:
         if name != self.point:
             return
@@ -156,6 +159,12 @@ class SimBookie(SimProcess):
         self.disk.crash(power_loss=power_loss)
         self.env.network.process_died(self, incarnation)
         self.server = self.storage = None
+
+    def disarm_crash_point(self) -> None:
+        """The armed point (if any) fires no more, in this incarnation or a later one."""
+        if isinstance(self.crash_points, SimCrashPoint):
+            self.crash_points.disarm()
+        self.crash_points = NO_CRASH_POINTS
 
     def arm_crash_point(self, point: str, passes: int, *, power_loss: bool) -> None:
         self.crash_points = SimCrashPoint(point, passes, lambda: self.crash(power_loss=power_loss))

@@ -30,7 +30,7 @@ import struct
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +94,23 @@ class SimOutcome:
 
 
 @contextmanager
-def _quiet_logs() -> Iterator[None]:
+def _logs(level: int) -> Iterator[None]:
+    """The real code's logs at `level` (CRITICAL: silent), stamped with the virtual time."""
     saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-    logging.disable(logging.CRITICAL)
+
+    def virtual_time(
+        _logger: object, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        with contextlib.suppress(RuntimeError):
+            event["t"] = round(asyncio.get_running_loop().time(), 6)
+        return event
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=[virtual_time, structlog.dev.ConsoleRenderer(colors=False)],
+        cache_logger_on_first_use=False,
+    )
+    logging.disable(level)
     try:
         yield
     finally:
@@ -113,7 +126,12 @@ def scratch_directory() -> Path:
 
 
 def run_seed(
-    seed: int, *, root: Path, scenario: str | None = None, mutation: str | None = None
+    seed: int,
+    *,
+    root: Path,
+    scenario: str | None = None,
+    mutation: str | None = None,
+    log_level: int = logging.CRITICAL,
 ) -> SimOutcome:
     """Run one seed in this process, in `root` (emptied first).
 
@@ -155,7 +173,7 @@ def run_seed(
             cluster.history.close_open("simulation-phase-ended")
             outcome.problem = await cluster.finish()
 
-    with _quiet_logs(), sealed():
+    with _logs(log_level), sealed():
         try:
             loop.run_until_complete(main())
         except (SimDeadlockError, SimLivelockError, SimViolation, TimeoutError) as error:
@@ -184,14 +202,16 @@ def run_in_child(
     scenario: str | None = None,
     mutation: str | None = None,
     root: Path | None = None,
+    log_level: int = logging.CRITICAL,
 ) -> SimOutcome:
-    """`run_seed` in a forked child process; the outcome comes back through a pipe."""
+    """`run_seed` in a forked child process; the outcome comes back through a pipe. With a
+    `log_level` below CRITICAL the real code's logs go to stdout (a replay's detail)."""
     directory = root if root is not None else scratch_directory()
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # The child.
         os.close(reader)
-        child_main(writer, seed, scenario, mutation, directory)
+        child_main(writer, seed, scenario, mutation, directory, log_level)
     os.close(writer)
     try:
         outcome = receive_message(reader)
@@ -207,13 +227,20 @@ def run_in_child(
 
 
 def child_main(
-    fd: int, seed: int, scenario: str | None, mutation: str | None, root: Path
+    fd: int,
+    seed: int,
+    scenario: str | None,
+    mutation: str | None,
+    root: Path,
+    log_level: int = logging.CRITICAL,
 ) -> NoReturn:
     """In a forked child: run the seed, send the outcome to `fd`, exit at once (nothing of
     the simulated processes runs again: no collection, no finalizers)."""
     gc.disable()  # A child lives for one seed; collections would only cost time.
     try:
-        outcome = run_seed(seed, root=root, scenario=scenario, mutation=mutation)
+        outcome = run_seed(
+            seed, root=root, scenario=scenario, mutation=mutation, log_level=log_level
+        )
     except BaseException:
         outcome = SimOutcome(
             seed, scenario or "?", mutation, problem=f"runner crashed:\n{traceback.format_exc()}"

@@ -90,6 +90,7 @@ class _Run:
         self.created: asyncio.Future[int] = self.loop.create_future()
         self.work: list[tuple[asyncio.Task[Any], SimClient]] = []
         self.tails: list[asyncio.Task[Any]] = []
+        self.nemesis: list[asyncio.TimerHandle] = []
         self.until = self.loop.time() + PHASE_SECONDS
 
     def client(self, name: str) -> SimClient:
@@ -119,8 +120,9 @@ class _Run:
         return client
 
     def at(self, delay: float, action: Callable[[], object]) -> None:
-        """Run `action` (the nemesis, outside every process) `delay` virtual seconds from now."""
-        self.loop.call_later(delay, action)
+        """Run `action` (the nemesis, outside every process) `delay` virtual seconds from now,
+        unless the troubled phase is over by then."""
+        self.nemesis.append(self.loop.call_later(delay, action))
 
     async def ledger(self) -> int | None:
         try:
@@ -128,22 +130,43 @@ class _Run:
         except Exception:
             return None
 
-    async def settle(self, grace: float = 0.5) -> None:
+    async def settle(self, grace: float = 0.5, *, final: bool = True) -> None:
         """Wait until every writer and recoverer finished or its process died (at most until
-        the phase ends), give the tail readers `grace` seconds more, then stop them."""
+        the phase ends), give the tail readers `grace` seconds more, then stop them; `final`:
+        and end the troubled phase (`end`)."""
         # Polled (in virtual time): a process's death sets no event its tasks could await.
         while self.loop.time() < self.until and any(  # noqa: ASYNC110
             not task.done() and client.alive for task, client in self.work
         ):
             await asyncio.sleep(0.05)
         await asyncio.sleep(grace)
+        if not final:
+            return
         for task in self.tails:
             task.cancel()
+        self.end()
+
+    def end(self) -> None:
+        """The troubled phase is over: no fault planned for later strikes the final phase."""
+        for timer in self.nemesis:
+            timer.cancel()
+        for bookie in self.cluster.bookies:
+            bookie.disarm_crash_point()
 
 
 def _at_count(count: int, action: Callable[[], object], reached: int) -> None:
     if reached == count:
         action()
+
+
+def _restart_armed(
+    cluster: SimCluster, bookie: SimBookie, point: str, passes: int, power: bool
+) -> None:
+    """Restart `bookie` (now) with crash point `point` armed for its `passes`-th pass."""
+    cluster.note(f"arm {point}:{passes} on {bookie.name}")
+    cluster.crash_bookie(bookie, power_loss=False)
+    bookie.arm_crash_point(point, passes, power_loss=power)
+    cluster.restart_bookie(bookie)
 
 
 def _pick_bookies(rng: random.Random, cluster: SimCluster, count: int) -> list[SimBookie]:
@@ -299,7 +322,7 @@ async def bookie_crash_unsynced(cluster: SimCluster, rng: random.Random) -> str:
         if writer_dies:
             run.at(crash_at, partial(cluster.crash_client, w))
     elif when == "idle":
-        await run.settle(grace=rng.uniform(0.0, 0.2))
+        await run.settle(grace=rng.uniform(0.0, 0.2), final=False)
         power_loss()
         crash_at = 0.0
     recover_at = crash_at + rng.uniform(0.1, 2.0)
@@ -358,9 +381,10 @@ async def chaos(cluster: SimCluster, rng: random.Random) -> str:
             run.recover(f"r{len(events)}", at)
         elif kind == "writer":
             run.at(at, partial(cluster.crash_client, w))
-        else:
+        else:  # Restarted with a crash point armed: it dies there, some passes later.
             point = rng.choice(CRASH_POINTS)
-            bookie.arm_crash_point(point, rng.randint(1, 20), power_loss=rng.random() < 0.5)
+            passes, power = rng.randint(1, 20), rng.random() < 0.5
+            run.at(at, partial(_restart_armed, cluster, bookie, point, passes, power))
             run.at(at + rng.uniform(0.5, 2.0), partial(cluster.restart_bookie, bookie))
     await run.settle()
     return f"{plan} events {events}"
