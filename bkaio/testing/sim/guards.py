@@ -28,9 +28,14 @@ import lmdb
 from bkaio.testing.sim import process
 from bkaio.testing.sim.loop import SimViolation
 
+# Every refusal of the current (or last) sealed run: code may catch the exception, the runner
+# still sees that it happened and fails the seed.
+violations: list[str] = []
+
 
 def _refuse(what: str) -> Any:
     def refused(*args: Any, **kwargs: Any) -> Any:
+        violations.append(what)
         raise SimViolation(f"{what} inside the simulation")
 
     return refused
@@ -38,6 +43,7 @@ def _refuse(what: str) -> Any:
 
 @contextlib.contextmanager
 def sealed() -> Iterator[None]:
+    violations.clear()
     real_open, real_close, real_lmdb_open = os.open, os.close, lmdb.open
 
     def tracked_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:

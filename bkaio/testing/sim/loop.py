@@ -87,6 +87,7 @@ class SimLoop(asyncio.BaseEventLoop):
             self, "default-executor", 8, lambda: delay_rng.uniform(*executor_delay)
         )
         self.errors: list[dict[str, Any]] = []  # What reached the exception handler.
+        self.violations: list[str] = []  # Real I/O refused (even if the code caught it).
         self.set_exception_handler(self._record_error)
 
     # ----------------------------------------------------------------- time and scheduling
@@ -115,6 +116,7 @@ class SimLoop(asyncio.BaseEventLoop):
         context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         if self._thread_id is not None and threading.get_ident() != self._thread_id:
+            self.violations.append("a call from another thread")
             raise SimViolation("call_soon_threadsafe from another thread: threads are simulated")
         return self.call_soon(callback, *args, context=context)
 
@@ -192,10 +194,12 @@ class SimLoop(asyncio.BaseEventLoop):
         if executor is None:
             executor = self.default_executor
         if not isinstance(executor, SimPool):
+            self.violations.append("a real executor")
             raise SimViolation(f"run_in_executor on a real executor {executor!r}")
         return asyncio.wrap_future(executor.submit(func, *args), loop=self)
 
     def set_default_executor(self, executor: Any) -> None:
+        self.violations.append("a real default executor")
         raise SimViolation("a real default executor in the simulation")
 
     # ----------------------------------------------------------------- the network
@@ -209,14 +213,14 @@ class SimLoop(asyncio.BaseEventLoop):
         ssl: Any = None,
         **kwargs: Any,
     ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
-        if self.network is None:
-            raise SimViolation("create_connection without a simulated network")
-        if ssl is not None:
-            raise SimViolation("TLS is not simulated")
+        if self.network is None or ssl is not None:
+            self.violations.append("a connection outside the simulated network")
+            raise SimViolation("create_connection: no simulated network, or TLS (not simulated)")
         assert host is not None and port is not None, (host, port)
         return await self.network.connect(protocol_factory, host, port)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        self.violations.append("real I/O on the loop")
         raise SimViolation("real I/O (sockets, pipes, signals, subprocesses) in the simulation")
 
     create_server = _refuse

@@ -40,6 +40,7 @@ import structlog
 
 from bkaio.testing.checker import CheckResult, check
 from bkaio.testing.mutations import UNFENCED_RECOVERY_READS, AckBeforeSync
+from bkaio.testing.sim import guards
 from bkaio.testing.sim.cluster import SimCluster
 from bkaio.testing.sim.guards import sealed
 from bkaio.testing.sim.loop import SimDeadlockError, SimLivelockError, SimLoop, SimViolation
@@ -185,6 +186,7 @@ def run_seed(
     outcome.virtual_seconds = loop.time()
     outcome.callbacks = loop.callbacks_run
     outcome.errors = [_describe(error) for error in loop.errors if not _ignorable(error)]
+    outcome.errors += [f"refused: {what}" for what in (*loop.violations, *guards.violations)]
     if holder:
         cluster = holder[0]
         outcome.result = check(cluster.history.ops)

@@ -104,10 +104,20 @@ async def close(cluster: SimCluster, client: SimClient, handle: LedgerHandle) ->
     cluster.history.ok(inv, value=handle.last_add_confirmed)
 
 
+async def _created(ledger: asyncio.Future[int]) -> int | None:
+    """The writer's ledger, or None when it could not create one."""
+    try:
+        return await asyncio.shield(ledger)
+    except BKError:
+        return None
+
+
 async def recoverer(
     cluster: SimCluster, client: SimClient, ledger: asyncio.Future[int]
 ) -> int | None:
-    ledger_id = await ledger
+    ledger_id = await _created(ledger)
+    if ledger_id is None:
+        return None
     inv = cluster.history.invoke(client.name, "seal", ledger_id)
     try:
         bk = await client.connect()
@@ -124,7 +134,9 @@ async def tail_reader(
 ) -> None:
     """Read every entry as it becomes confirmed, until the ledger closes or `until` (virtual)."""
     history = cluster.history
-    ledger_id = await ledger
+    ledger_id = await _created(ledger)
+    if ledger_id is None:
+        return
     loop = asyncio.get_running_loop()
     bk = await client.connect()
     handle = None

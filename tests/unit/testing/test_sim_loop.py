@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from bkaio.testing.sim import guards
 from bkaio.testing.sim.guards import sealed
 from bkaio.testing.sim.loop import SimDeadlockError, SimLivelockError, SimLoop, SimViolation
 from bkaio.testing.sim.process import SimProcess
@@ -124,6 +125,8 @@ def test_real_threads_sockets_sleeps_and_subprocesses_are_refused() -> None:
         return refused
 
     assert simulate(main) == ["thread", "sleep", "socket", "subprocess", "executor"]
+    # Recorded even though caught: the runner fails a seed whose code tried (and swallowed it).
+    assert guards.violations == ["a real thread", "time.sleep", "a real socket", "a subprocess"]
     time.sleep(0)  # Everything is back outside the simulation.
     socket.socket().close()
 
