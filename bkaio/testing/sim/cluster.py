@@ -103,10 +103,15 @@ class SimCluster:
         self.notes.append(f"t={self.loop.time():.3f} {text}")
 
     async def start(self) -> None:
-        """Start every bookie and wait until each is registered."""
+        """Start every bookie and wait until each is registered (one that fails to start
+        exits and is started again)."""
         for bookie in self.bookies:
             bookie.start()
-        await self.wait_registered(len(self.bookies))
+        async with asyncio.timeout(START_TIMEOUT_SECONDS):
+            for bookie in self.bookies:
+                # Polled: a failed start replaces the bookie's events with new ones.
+                while not bookie.registered.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
 
     async def wait_registered(self, count: int) -> None:
         watcher = self.env.metadata_connection()
@@ -200,6 +205,11 @@ class SimCluster:
             for one, entry in zip(invs, entries, strict=True):
                 self.history.ok(one, value=entry.payload.decode())
         return None
+
+    def stop_clients(self) -> None:
+        """Every application process ends (killed: what it had in flight stays unknown)."""
+        for client in self.clients.values():
+            client.crash()
 
     def stop_everything(self) -> None:
         """Kill every process (the simulation is over): descriptors and indexes are closed."""

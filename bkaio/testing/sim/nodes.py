@@ -122,7 +122,8 @@ class SimBookie(SimProcess):
         self.info = BookieInfo(bookie_id=self.bookie_id, host=self.host, port=self.port)
         self.server: ShardServer | None = None
         self.storage: ShardStorage | None = None
-        self.serving = asyncio.Event()
+        self.serving = asyncio.Event()  # Of the current incarnation: listening ...
+        self.registered = asyncio.Event()  # ... and registered.
         self.start_failures: list[str] = []
         self.starts = 0
 
@@ -132,6 +133,7 @@ class SimBookie(SimProcess):
         self.begin()
         self.starts += 1
         self.serving = asyncio.Event()
+        self.registered = asyncio.Event()
         self.spawn(self._main(), "main")
 
     async def _main(self) -> None:
@@ -207,6 +209,7 @@ class SimBookie(SimProcess):
         env.network.listen(self, self.host, self.port, lambda: BookieServerProtocol(server))
         self.serving.set()
         registration = await metadata.bookies.register(self.info, REGISTRATION_TTL_SECONDS)
+        self.registered.set()
         await self._sweep(server, registration)
 
     async def _sweep(self, server: ShardServer, registration: BookieRegistration) -> None:

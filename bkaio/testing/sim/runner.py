@@ -171,6 +171,7 @@ def run_seed(
         async with asyncio.timeout(TOTAL_SECONDS):
             await cluster.start()
             outcome.description = await SCENARIOS[name](cluster, random.Random(rng.random()))
+            cluster.stop_clients()  # The applications end: nothing they invoked completes later.
             cluster.history.close_open("simulation-phase-ended")
             outcome.problem = await cluster.finish()
 

@@ -272,7 +272,6 @@ async def ensemble_change_recovery(cluster: SimCluster, rng: random.Random) -> s
     how = rng.choice(["crash", "power", "isolate", "cut-writer"])
 
     def fault() -> None:
-        cluster.note(f"{how} {victim.name}")
         if how == "crash":
             cluster.crash_bookie(victim, power_loss=False)
         elif how == "power":
@@ -280,6 +279,7 @@ async def ensemble_change_recovery(cluster: SimCluster, rng: random.Random) -> s
         elif how == "isolate":
             cluster.isolate(victim)
         else:
+            cluster.note(f"cut w from {victim.name}")
             cluster.network.block("w", victim.name)
 
     run.at(fault_at, fault)
