@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         help="with --seed: print the real code's logs at this level (virtual time in t=)",
     )
     args = parser.parse_args(args_list)
+    # Stopped: the workers and their directories go too (the pool's `finally`).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.seed is not None:
         return _one(args.seed, args.scenario, args.mutation, args.save, args.log)
     if args.mutation is not None:

@@ -46,9 +46,14 @@ class Worker:
         self.results, results_write = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
-            for fd in (self._jobs, self.results, *_PARENT_ENDS):  # Only its own pipes stay.
-                os.close(fd)
-            _worker_main(jobs_read, results_write, self.root)
+            try:  # Never back into the runner's code: this process only ever exits.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                for fd in (self._jobs, self.results, *_PARENT_ENDS):  # Only its own pipes stay.
+                    os.close(fd)
+                _worker_main(jobs_read, results_write, self.root)
+            finally:
+                os._exit(1)
         _PARENT_ENDS.update((self._jobs, self.results))
         os.close(jobs_read)
         os.close(results_write)
