@@ -23,20 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
-import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgpack
-
-from bkaio.protocol import Flag, Op
+from bkaio.protocol import Flag, FrameDecoder, Op, encode_frame
 from bkaio.testing.sim.process import Incarnation, SimProcess, owner_of
 
 _EOF = b"<eof>"  # Markers in a pipe (compared by identity).
 _RESET = b"<reset>"
-_HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 16 * 1024 * 1024  # Rules parse what clients send (8 MiB frames at most).
 # Wire layout (docs/protocol.md): the flags' index by op, and ADD_ENTRIES' shape.
 _FLAGS_INDEX = {int(Op.ADD_ENTRY): 4, int(Op.READ_ENTRY): 4, int(Op.READ_RANGE): 6,
                 int(Op.READ_LAC): 3}  # fmt: skip
@@ -105,7 +102,7 @@ class _Pipe:
         self.last_at = 0.0
         self.buffered = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.frame_buffer = bytearray()  # Partial frame, while frame rules apply.
+        self.frames: FrameDecoder | None = None  # The sender's frames, while rules apply.
 
     def send(self, data: bytes, *, marker: bool = False) -> None:
         loop = self.network.loop
@@ -471,42 +468,33 @@ class SimNetwork:
                 return  # The first open connection on that path carries it.
 
     def apply_rules(self, transport: SimTransport, data: bytes) -> None:
+        """Send `data` (whole frames: the client writes nothing else) through the rules of
+        its path, frame by frame; a batch of adds as the single adds it stands for."""
         peer = transport.peer
         assert peer is not None
         src, dst = transport.process_name, peer.process_name
         if not any((rule.src, rule.dst) == (src, dst) for rule in self.rules):
-            if transport.out.frame_buffer:
-                data = bytes(transport.out.frame_buffer) + data
-                transport.out.frame_buffer.clear()
             transport.out.send(data)
             return
-        buffer = transport.out.frame_buffer
-        buffer += data
-        while len(buffer) >= 4:
-            (length,) = _HEADER.unpack_from(buffer)
-            if len(buffer) < 4 + length:
-                break
-            frame = bytes(buffer[: 4 + length])
-            del buffer[: 4 + length]
-            for one in _split_adds(frame):
+        decoder = transport.out.frames
+        if decoder is None:
+            decoder = transport.out.frames = FrameDecoder(MAX_FRAME_BYTES)
+        for body in decoder.feed(data):
+            for one in _split_adds(body):
                 self._frame(transport, src, dst, one)
 
-    def _frame(self, transport: SimTransport, src: str, dst: str, frame: bytes) -> None:
-        try:
-            body = msgpack.unpackb(frame[4:], raw=False)
-        except Exception:
-            body = None
-        if isinstance(body, list) and body:
-            for rule in self.rules:
-                if rule.matches(src, dst, body):
-                    rule.matched += 1
-                    if rule.action == "drop":
-                        return
-                    if rule.action == "hold":
-                        self._held.setdefault((src, dst), []).append(frame)
-                        return
-                    self.loop.call_later(rule.delay, self._late, transport, frame)
+    def _frame(self, transport: SimTransport, src: str, dst: str, body: list[Any]) -> None:
+        frame = encode_frame(body)
+        for rule in self.rules:
+            if rule.matches(src, dst, body):
+                rule.matched += 1
+                if rule.action == "drop":
                     return
+                if rule.action == "hold":
+                    self._held.setdefault((src, dst), []).append(frame)
+                    return
+                self.loop.call_later(rule.delay, self._late, transport, frame)
+                return
         transport.out.send(frame)
 
     @staticmethod
@@ -515,26 +503,21 @@ class SimNetwork:
             transport.out.send(frame)
 
 
-def _split_adds(frame: bytes) -> list[bytes]:
-    """An ADD_ENTRIES frame as the ADD_ENTRY frames it stands for (docs/protocol.md, "Batched
-    adds"), so that rules act on adds one by one; any other frame as it is."""
-    try:
-        body = msgpack.unpackb(frame[4:], raw=False)
-    except Exception:
-        return [frame]
-    if not isinstance(body, list) or not body or body[0] != int(Op.ADD_ENTRIES):
-        return [frame]
+def _split_adds(body: list[Any]) -> list[list[Any]]:
+    """An ADD_ENTRIES body as the ADD_ENTRY bodies it stands for (docs/protocol.md, "Batched
+    adds"), so that rules act on adds one by one; any other body as it is."""
+    if not body or body[0] != int(Op.ADD_ENTRIES):
+        return [body]
     count, extra = divmod(len(body) - _ADD_ENTRIES_HEAD, _ADD_ENTRIES_EACH)
     if count < 1 or extra:
-        return [frame]
+        return [body]
     _, request_id, ledger_id, flags, master_key = body[:_ADD_ENTRIES_HEAD]
-    frames = []
+    adds = []
     for index in range(count):
         start = _ADD_ENTRIES_HEAD + index * _ADD_ENTRIES_EACH
         entry_id, lac, length, digest, payload = body[start : start + _ADD_ENTRIES_EACH]
-        packed = msgpack.packb(
+        adds.append(
             [int(Op.ADD_ENTRY), request_id + index, ledger_id, entry_id, flags, master_key, lac,
              length, digest, payload]
         )  # fmt: skip
-        frames.append(_HEADER.pack(len(packed)) + packed)
-    return frames
+    return adds
