@@ -14,6 +14,7 @@ outcome when the child died without one).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
@@ -37,6 +38,14 @@ from bkaio.testing.sim.runner import (
 
 Job = tuple[int, str | None, str | None]  # seed, scenario, mutation
 _PARENT_ENDS: set[int] = set()  # The runner's ends of every worker's pipes.
+_LIVE: list[Worker] = []  # Closed at exit too (a run stopped by a signal leaves no directory).
+
+
+@atexit.register
+def _close_live_workers() -> None:
+    for worker in list(_LIVE):
+        if worker.parent == os.getpid():
+            worker.kill()
 
 
 class Worker:
@@ -55,6 +64,8 @@ class Worker:
             finally:
                 os._exit(1)
         _PARENT_ENDS.update((self._jobs, self.results))
+        self.parent = os.getpid()
+        _LIVE.append(self)
         os.close(jobs_read)
         os.close(results_write)
         self.job: Job | None = None
@@ -65,7 +76,21 @@ class Worker:
         self.job, self.child, self.started = job, 0, time.monotonic()
         send_message(self._jobs, job)
 
+    def kill(self) -> None:
+        """Stop its seed's process (and wait until it is gone: it writes in our directory),
+        then close it."""
+        if self.child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, signal.SIGKILL)
+                for _ in range(500):
+                    os.kill(self.child, 0)  # ProcessLookupError once it is reaped.
+                    time.sleep(0.01)
+            self.child = 0
+        self.close()
+
     def close(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
         _PARENT_ENDS.difference_update((self._jobs, self.results))
         with contextlib.suppress(OSError):
             os.close(self._jobs)
@@ -134,10 +159,7 @@ def run_seeds(jobs: Iterable[Job], *, workers: int, timeout: float = 300.0) -> I
                     worker.child = 0
     finally:
         for worker in pool:
-            if worker.child:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.child, signal.SIGKILL)
-            worker.close()
+            worker.kill()
 
 
 @dataclass
