@@ -27,6 +27,7 @@ import pickle
 import random
 import shutil
 import struct
+import sys
 import tempfile
 import time
 import traceback
@@ -250,6 +251,9 @@ def child_main(
         )
     with contextlib.suppress(OSError):
         send_message(fd, outcome)
+    for stream in (sys.stdout, sys.stderr):  # `os._exit` would drop what a replay printed.
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(0)
 
 
