@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
+import ssl
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from bkaio.protocol import Flag, FrameDecoder, Op, encode_frame
 from bkaio.testing.sim.process import Incarnation, SimProcess, owner_of
@@ -336,20 +337,7 @@ class SimNetwork:
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int
     ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
         client_context = contextvars.copy_context()
-        client = owner_of(None)
-        client_name = client.name if client is not None else "world"
-        rng = random.Random(self.rng.random())
-        await asyncio.sleep(self.model.delay(rng))  # The SYN.
-        listener = self._listeners.get((host, port))
-        while listener is not None and (
-            self.blocked(client_name, listener.process.name)
-            or self.blocked(listener.process.name, client_name)
-        ):
-            await self._until_healed()  # SYNs are lost until the path heals (or a timeout).
-            listener = self._listeners.get((host, port))
-        if listener is None or listener.incarnation.dead:
-            await asyncio.sleep(self.model.delay(rng))
-            raise ConnectionRefusedError(f"{host}:{port}: connection refused (simulated)")
+        client_name, rng, listener = await self._reach(host, port)
         self._ports += 1
         self.connections += 1
         local = (client_name, self._ports)
@@ -373,6 +361,35 @@ class SimNetwork:
         client_end.protocol = protocol
         protocol.connection_made(client_end)
         return client_end, protocol
+
+    async def _reach(self, host: str, port: int) -> tuple[str, random.Random, _Listener]:
+        """TCP's handshake from the running process to `host:port`: its name, the new
+        connection's generator and the listener; ConnectionRefusedError when none listens."""
+        client = owner_of(None)
+        client_name = client.name if client is not None else "world"
+        rng = random.Random(self.rng.random())
+        await asyncio.sleep(self.model.delay(rng))  # The SYN.
+        listener = self._listeners.get((host, port))
+        while listener is not None and (
+            self.blocked(client_name, listener.process.name)
+            or self.blocked(listener.process.name, client_name)
+        ):
+            await self._until_healed()  # SYNs are lost until the path heals (or a timeout).
+            listener = self._listeners.get((host, port))
+        if listener is None or listener.incarnation.dead:
+            await asyncio.sleep(self.model.delay(rng))
+            raise ConnectionRefusedError(f"{host}:{port}: connection refused (simulated)")
+        return client_name, rng, listener
+
+    async def handshake_with_plain_server(self, host: str, port: int) -> NoReturn:
+        """A TLS client's connection (the client probes whether a bookie speaks TLS): TCP
+        as `connect`, then the plain server's answer to the ClientHello ends the handshake,
+        as OpenSSL reports it. No simulated server speaks TLS."""
+        _client, rng, _listener = await self._reach(host, port)
+        await asyncio.sleep(2 * self.model.delay(rng))  # ClientHello there, an answer back.
+        error = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (simulated)")
+        error.reason, error.library = "WRONG_VERSION_NUMBER", "SSL"
+        raise error
 
     def forget(self, transport: SimTransport) -> None:
         """Drop connections whose two ends are gone and whose pipes are empty."""

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
+from bkaio.ledger_client.tls_diagnosis import peer_speaks_tls
 from bkaio.protocol import Flag, Op
 from bkaio.testing.sim.guards import sealed
 from bkaio.testing.sim.loop import SimLoop
@@ -251,3 +252,17 @@ def test_the_order_across_connections_is_the_seeds() -> None:
     assert all(sorted(order) == [1] * 10 + [2] * 10 for order in orders)
     assert len({tuple(order) for order in orders}) > 1
     assert orders[3] == simulate(main, model, 3)
+
+
+def test_a_tls_handshake_meets_a_plain_server() -> None:
+    """The client asks whether a bookie that hung up speaks TLS: no simulated one does."""
+
+    async def main(world: World) -> tuple[bool, bool]:
+        async def probe(port: int) -> bool:
+            return await peer_speaks_tls("10.0.0.1", port, timeout_seconds=1.0)
+
+        listening = await world.client.spawn(probe(3181), "probe")
+        nobody = await world.client.spawn(probe(3999), "probe")
+        return listening, nobody
+
+    assert simulate(main) == (False, False)
