@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark clean system-deps venv
+.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-replay bench-idle clean system-deps venv
 
 venv: $(STAMP)
 
@@ -120,6 +120,15 @@ sim: venv
 	PYTHONHASHSEED=0 $(PY) -m bkaio.testing.sim --jobs $(JOBS) \
 		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(MUTATION),,--mutation-checks 1000)) \
 		$(if $(MUTATION),--mutation $(MUTATION))
+
+# RSS of a shard replaying a 2 GiB journal, above an idle one (target <= 256 MiB); ~4 GiB of disk.
+bench-replay: venv
+	$(PY) benchmarks/replay_memory_bench.py
+
+# CPU of an idle 3-bookie standalone cluster per process, over 20 s (target < 1 % each).
+bench-idle: venv
+	$(PY) benchmarks/idle_cpu_bench.py
+	$(PY) benchmarks/idle_cpu_bench.py --etcd
 
 # Every fault scenario, with longer schedules and many seeds; prints the lost/violations table.
 SOAK_ARGS ?=

@@ -95,6 +95,7 @@ class ServerConfig:
     frame_read_timeout_seconds: float = 30.0  # A started frame must complete within this.
     idle_timeout_seconds: float = 600.0  # A connection with nothing in flight is closed after this.
     max_long_poll_waiters: int = 10_000  # Per shard; more long polls get TOO_MANY_REQUESTS.
+    max_long_poll_waiters_per_connection: int = 1000  # ... and per connection, likewise.
     max_read_range_count: int = 10_000  # READ_RANGE answers at most this many entries.
     max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
     drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.
@@ -121,6 +122,7 @@ class ServerConfig:
             "max_connections",
             "max_memory_bytes",
             "max_long_poll_waiters",
+            "max_long_poll_waiters_per_connection",
             "max_read_range_count",
             "max_read_range_bytes",
             "max_entry_bytes",

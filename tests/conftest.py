@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.bookies"]
+pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.bookies", "tests.fixtures.loop_errors"]
 
 
 @pytest.fixture(autouse=True)

@@ -30,17 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         lost_bookie_delay_seconds=args.lost_bookie_delay, auditor_enabled=not args.no_auditor
     )
 
-    async def run() -> None:
+    async def run() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_autorecovery(
+        return await run_autorecovery(
             args.metadata, config=config, admin_token=args.admin_token, stop=stop
         )
 
-    uvloop.run(run())
-    return 0
+    return uvloop.run(run())
 
 
 if __name__ == "__main__":

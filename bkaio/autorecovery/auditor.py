@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError
 from bkaio.meta import Metadata
 from bkaio.meta.ledger_metadata import deserialize
@@ -145,10 +146,12 @@ class Auditor:
                 await watcher
 
     async def _watch_bookies(self) -> None:
+        backoff = Backoff(0.2, 5.0)
         while True:
             try:
                 async for _ in self._metadata.bookies.watch():
                     self.trigger()
+                    backoff.reset()
             except BKError as error:
                 log.warning("auditor_bookie_watch_failed", error=str(error))
-            await asyncio.sleep(_ERROR_BACKOFF_SECONDS)
+            await asyncio.sleep(backoff.next_delay())

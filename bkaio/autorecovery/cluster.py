@@ -20,11 +20,13 @@ import contextlib
 import hmac
 import ssl
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import aiohttp
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.context import ClientContext
@@ -32,12 +34,14 @@ from bkaio.ledger_client.placement import BookieCandidate, PlacementPolicy, make
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import BookieInfo, LedgerMetadata, Metadata
 from bkaio.protocol.digest import password_check
+from bkaio.supervision import Restart, loop_supervisor
 
 from .fragments import ReplicationError
 
 log = structlog.get_logger(__name__)
 
-_RETRY_WATCH_SECONDS = 1.0
+_RETRY_WATCH_MIN_SECONDS = 0.2
+_RETRY_WATCH_MAX_SECONDS = 5.0
 _KEY_HTTP_TIMEOUT_SECONDS = 5.0
 
 
@@ -84,16 +88,21 @@ class ClusterView:
 
     async def start(self) -> None:
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._task = asyncio.get_running_loop().create_task(
-            self._watch(first), name="autorecovery-bookie-watch"
+        self._task = loop_supervisor().spawn(
+            "autorecovery_bookie_watch",
+            partial(self._watch, first),
+            Restart(),
+            instance=str(id(self)),
         )
         await first
 
     async def _watch(self, first: asyncio.Future[None]) -> None:
+        backoff = Backoff(_RETRY_WATCH_MIN_SECONDS, _RETRY_WATCH_MAX_SECONDS)
         while True:
             try:
                 async for bookies in self.metadata.bookies.watch():
                     self.set_bookies(bookies)
+                    backoff.reset()
                     if not first.done():
                         first.set_result(None)
             except BKError as error:
@@ -101,7 +110,7 @@ class ClusterView:
                 if not first.done():
                     first.set_exception(error)
                     return
-            await asyncio.sleep(_RETRY_WATCH_SECONDS)
+            await asyncio.sleep(backoff.next_delay())
 
     def set_bookies(self, bookies: Sequence[BookieInfo]) -> None:
         self._bookies = list(bookies)

@@ -13,14 +13,24 @@ import contextlib
 import os
 import socket
 import ssl
+from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry
 
+from bkaio.backoff import Backoff
 from bkaio.config import AutorecoveryConfig
 from bkaio.errors import BKError
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import Metadata, open_metadata
+from bkaio.supervision import (
+    EXIT_TASK_FAILED,
+    Restart,
+    Supervisor,
+    bounded,
+    loop_supervisor,
+    unless_stopped,
+)
 
 from .auditor import Auditor
 from .cluster import ClusterView, MasterKeys
@@ -30,7 +40,8 @@ from .worker import ReplicationWorker
 
 log = structlog.get_logger(__name__)
 
-_ELECTION_RETRY_SECONDS = 1.0
+_ELECTION_RETRY_MIN_SECONDS = 0.2
+_ELECTION_RETRY_MAX_SECONDS = 5.0
 
 
 class AutorecoveryService:
@@ -66,9 +77,14 @@ class AutorecoveryService:
 
     async def start(self) -> None:
         await self.view.start()
-        loop = asyncio.get_running_loop()
+        # Both are loops that start over cleanly: a bug in either is reported and restarted
+        # (bkaio/supervision.py), in the supervisor of the process running the service.
+        supervisor = loop_supervisor()
+        instance = f"{self.owner}#{id(self)}"
         if self.config.auditor_enabled:
-            self._tasks.append(loop.create_task(self._elect(), name="autorecovery-election"))
+            self._tasks.append(
+                supervisor.spawn("auditor_election", self._elect, Restart(), instance=instance)
+            )
         worker = ReplicationWorker(
             self.metadata,
             self.replicator,
@@ -80,20 +96,25 @@ class AutorecoveryService:
             retry_backoff_seconds=self.config.retry_backoff_seconds,
             poll_interval_seconds=self.config.poll_interval_seconds,
         )
-        self._tasks.append(loop.create_task(worker.run(), name="autorecovery-worker"))
+        self._tasks.append(
+            supervisor.spawn("replication_worker", worker.run, Restart(), instance=instance)
+        )
         log.info("autorecovery_started", owner=self.owner, auditor=self.config.auditor_enabled)
 
     async def _elect(self) -> None:
         config = self.config
+        backoff = Backoff(_ELECTION_RETRY_MIN_SECONDS, _ELECTION_RETRY_MAX_SECONDS)
         while True:
             try:
                 leadership = await self.metadata.auditor.run_for_auditor(
                     self.owner, config.auditor_lease_ttl_seconds
                 )
             except BKError as error:
-                log.warning("auditor_election_failed", error=str(error))
-                await asyncio.sleep(_ELECTION_RETRY_SECONDS)
+                delay = backoff.next_delay()
+                log.warning("auditor_election_failed", error=str(error), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
                 continue
+            backoff.reset()
             self.metrics.is_auditor.set(1)
             auditor = Auditor(
                 self.metadata,
@@ -139,22 +160,40 @@ async def run_autorecovery(
     owner: str | None = None,
     stop: asyncio.Event | None = None,
     metrics_registry: CollectorRegistry | None = None,
-) -> None:
+) -> int:
     """Run an auditor candidate and a replication worker until `stop` is set (or cancelled).
 
-    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys).
+    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys). Returns
+    the process exit code: 0 when stopped, `EXIT_TASK_FAILED` when a task failed for good.
+    Stops within a few seconds of `stop` whatever the metadata store is doing.
     """
-    metadata = await open_metadata(metadata_uri)
-    service = AutorecoveryService(
-        metadata,
-        owner=owner or default_owner(),
-        config=config,
-        admin_token=admin_token,
-        metrics=AutorecoveryMetrics(metrics_registry),
-    )
+    stop = stop if stop is not None else asyncio.Event()
+    supervisor = Supervisor("autorecovery", registry=metrics_registry or REGISTRY)
+    supervisor.adopt_loop()
+    supervisor.install_loop_exception_handler()
     try:
-        await service.start()
-        await (stop or asyncio.Event()).wait()
+        opening = asyncio.ensure_future(open_metadata(metadata_uri))
+        if not await unless_stopped(opening, stop):
+            return 0
+        metadata = opening.result()
+        service = AutorecoveryService(
+            metadata,
+            owner=owner or default_owner(),
+            config=config,
+            admin_token=admin_token,
+            metrics=AutorecoveryMetrics(metrics_registry),
+        )
+        try:
+            if await unless_stopped(asyncio.ensure_future(service.start()), stop):
+                stop_wait = asyncio.ensure_future(stop.wait())
+                fatal: asyncio.Future[Any] = supervisor.fatal
+                try:
+                    await asyncio.wait([stop_wait, fatal], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop_wait.cancel()
+        finally:
+            await bounded(service.close(), "stop_autorecovery")  # Resigns as auditor.
+            await bounded(metadata.close(), "close_metadata")
     finally:
-        await service.close()
-        await metadata.close()
+        await supervisor.stop()
+    return EXIT_TASK_FAILED if supervisor.fatal.done() else 0

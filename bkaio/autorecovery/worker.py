@@ -17,6 +17,7 @@ import contextlib
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError
 from bkaio.meta import Lease, Metadata, UnderreplicatedLedger
 from bkaio.meta.ledger_metadata import now_ms
@@ -61,14 +62,21 @@ class ReplicationWorker:
         """Work until cancelled; a lost lease (its locks are gone) starts over with a new one."""
         loop = asyncio.get_running_loop()
         watcher = loop.create_task(self._watch_queue(), name="autorecovery-queue-watch")
+        backoff = Backoff(min(0.2, self._backoff), self._backoff)
         try:
             while True:
                 try:
                     lease = await self._metadata.store.grant_lease(self._lease_ttl)
                 except BKError as error:
-                    log.warning("replication_worker_lease_failed", error=str(error))
-                    await asyncio.sleep(self._backoff)
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "replication_worker_lease_failed",
+                        error=str(error),
+                        retry_in=round(delay, 2),
+                    )
+                    await asyncio.sleep(delay)
                     continue
+                backoff.reset()
                 lease.start_keep_alive()
                 loops = [
                     loop.create_task(self._claim_loop(lease), name=f"replication-{i}")
@@ -93,15 +101,17 @@ class ReplicationWorker:
                 await watcher
 
     async def _watch_queue(self) -> None:
+        backoff = Backoff(min(0.2, self._poll), self._poll)
         while True:
             try:
                 events = self._metadata.store.watch_prefix(_QUEUE_WATCH_PREFIX)
                 async with contextlib.aclosing(events):
                     async for _ in events:
                         self._work.set()
+                        backoff.reset()
             except BKError as error:
                 log.warning("replication_queue_watch_failed", error=str(error))
-            await asyncio.sleep(self._poll)
+            await asyncio.sleep(backoff.next_delay())
 
     async def _wait_for_work(self) -> None:
         with contextlib.suppress(TimeoutError):
@@ -111,6 +121,7 @@ class ReplicationWorker:
 
     async def _claim_loop(self, lease: Lease) -> None:
         underreplication = self._metadata.underreplication
+        backoff = Backoff(min(0.2, self._backoff), self._backoff)  # `retry_backoff_seconds` caps.
         while not lease.lost:
             try:
                 if not await underreplication.is_enabled():
@@ -121,9 +132,11 @@ class ReplicationWorker:
                     await self._wait_for_work()
                     continue
                 await self._process(claimed)
+                backoff.reset()
             except BKError as error:
-                log.warning("replication_worker_error", error=str(error))
-                await asyncio.sleep(self._backoff)
+                delay = backoff.next_delay()
+                log.warning("replication_worker_error", error=str(error), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
 
     async def _process(self, claimed: UnderreplicatedLedger) -> None:
         """Re-replicate one claimed ledger; always gives the lock back."""

@@ -28,6 +28,7 @@ from bkaio.errors import BKError
 from bkaio.protocol.messages import AddEntryResponse
 from bkaio.security.ledger_keys import LedgerKeyVerifier
 from bkaio.status import Status
+from bkaio.supervision import loop_supervisor
 
 from .interfaces import AddRequests, Peer
 from .lac_waiters import LacWaiters
@@ -54,6 +55,7 @@ class AddPath:
     key_verifier: LedgerKeyVerifier | None
     forced_read_only: bool
     disk_full: bool
+    storage_failed: bool
     inflight_requests: int
     inflight_bytes: int
     memory_paused: set[Peer]
@@ -75,7 +77,9 @@ class AddPath:
         if ledger_id % self.shard_count != self.shard_index:
             self.metrics.requests_rejected.labels(reason="wrong_shard").inc()
             status = Status.WRONG_SHARD
-        elif (self.forced_read_only or self.disk_full) and not frame.recovery:
+        elif (
+            self.forced_read_only or self.disk_full or self.storage_failed
+        ) and not frame.recovery:
             self.metrics.requests_rejected.labels(reason="read_only").inc()
             status = Status.READ_ONLY
         elif frame.refused:
@@ -185,20 +189,27 @@ class AddPath:
             request_id = batch.request_id
             answered += count
             freed_bytes += batch.size
-            if error is not None or batch.failures or dropped:
-                self._answer_failed_adds(batch, error, dropped, now)
-            else:
-                added_bytes += batch.size - count * REQUEST_OVERHEAD_BYTES
-                if polls_wait:
-                    lac_waiters.notify(batch.ledger_id, self._lac_of(batch.ledger_id))
-                if batch.coalesce:
-                    peer.respond_adds_ok(request_id, batch.ledger_id, entries[0].entry_id, count)
-                elif count == 1:
-                    peer.respond_add_ok(request_id, batch.ledger_id, entries[0].entry_id)
+            try:
+                if error is not None or batch.failures or dropped:
+                    self._answer_failed_adds(batch, error, dropped, now)
                 else:
-                    for index, entry in enumerate(entries):
-                        peer.respond_add_ok(request_id + index, batch.ledger_id, entry.entry_id)
-                observe_adds(now - batch.started, count)
+                    added_bytes += batch.size - count * REQUEST_OVERHEAD_BYTES
+                    if polls_wait:
+                        lac_waiters.notify(batch.ledger_id, self._lac_of(batch.ledger_id))
+                    if batch.coalesce:
+                        peer.respond_adds_ok(
+                            request_id, batch.ledger_id, entries[0].entry_id, count
+                        )
+                    elif count == 1:
+                        peer.respond_add_ok(request_id, batch.ledger_id, entries[0].entry_id)
+                    else:
+                        for index, entry in enumerate(entries):
+                            peer.respond_add_ok(request_id + index, batch.ledger_id, entry.entry_id)
+                    observe_adds(now - batch.started, count)
+            except Exception as crash:
+                # A bug while answering: reported, and the batch's accounting released all
+                # the same (a leak would keep the shard's reading paused for good).
+                loop_supervisor().report("add_answers", crash)
             peer.release(request_id, count)
         self._adds_in_flight -= len(batches)
         if added_bytes:

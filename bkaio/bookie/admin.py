@@ -2,6 +2,7 @@
 
     GET  /heartbeat              "OK" (liveness)
     GET  /status                 the state below, e.g. {"read_only": false, "journal_sync": true}
+    GET  /health                 200 while healthy; 503 and the reason once a task failed for good
     GET  /metrics                Prometheus text, summed over the shards
     GET  /api/v1/bookie/info     identity, shards, disks, free/total bytes
     GET  /api/v1/bookie/state    {running, read_only, forced_read_only, shutting_down, registered,
@@ -53,6 +54,11 @@ def build_admin_app(parent: BookieParent) -> web.Application:
     async def heartbeat(request: web.Request) -> web.Response:
         return web.Response(text="OK\n")
 
+    async def health(request: web.Request) -> web.Response:
+        state = parent.state()
+        body = {"healthy": state["healthy"], "reason": state["unhealthy_reason"]}
+        return web.json_response(body, status=200 if state["healthy"] else 503)
+
     async def metrics(request: web.Request) -> web.Response:
         await parent.refresh_metrics()
         body = generate_latest(parent.metrics_registry)
@@ -85,6 +91,7 @@ def build_admin_app(parent: BookieParent) -> web.Application:
     app.router.add_put("/api/v1/bookie/gc", _guarded(parent, lambda r: _gc(parent)))
     _add_autorecovery_routes(app, parent)
     app.router.add_get("/heartbeat", heartbeat)
+    app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", get_state)
     app.router.add_get("/api/v1/bookie/info", info)

@@ -281,6 +281,16 @@ def _sample_order(item: tuple[tuple[str, tuple[tuple[str, str], ...]], float]) -
     return (rest, sample_name, le)
 
 
+class BkaioOnly:
+    """The bkaio_* families of a registry (the default one also holds process_* and gc_*)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Any:
+        return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
+
+
 class AggregatingCollector(Collector):
     """A collector over the latest per-shard snapshots (the parent refreshes them per scrape)."""
 

@@ -12,7 +12,10 @@ shard (bkaio/bookie/worker.py), wait until every shard listens, serve admin HTTP
 bookie (lease + keep-alive), send READY=1 and keep the watchdog fed. While running it mirrors
 the shards' read-only state into the registration. SIGTERM/SIGINT: STOPPING=1, deregister, stop
 the workers (they finish in-flight requests and close storage), exit 0. A worker that dies
-unexpectedly stops the others and the parent exits 1; a failed start exits 2.
+unexpectedly stops the others and the parent exits 1; a failed start exits 2. A task that failed
+for good, in a worker (its `fatal` event, e.g. a journal that cannot sync) or here, makes the
+bookie unhealthy at once (`/health` 503, systemd STATUS=, registration removed so that clients
+change ensembles); it then stops like on SIGTERM and exits 3 (`EXIT_TASK_FAILED`).
 
 `journal.sync = false` (BookKeeper's journalSyncData=false: acknowledged entries can be lost on
 a power failure) is loud: a WARNING at start, `journal_sync` in the state (admin `/status`,
@@ -28,25 +31,38 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+import prometheus_client
 import structlog
 import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
 import bkaio
+from bkaio.backoff import Backoff
 from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
 from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import bookie_client_tls_context
+from bkaio.supervision import (
+    EXIT_TASK_FAILED,
+    Fatal,
+    FatalTaskFailure,
+    Once,
+    Restart,
+    Supervisor,
+    bounded,
+    unless_stopped,
+)
 
 from .admin import AdminJobs, build_admin_app
 from .control import decode_message, encode_message
-from .metrics import AggregatingCollector
+from .metrics import AggregatingCollector, BkaioOnly, snapshot_registry
 from .sdnotify import SystemdNotifier
 
 log = structlog.get_logger(__name__)
@@ -59,6 +75,7 @@ CONTROL_REPLY_TIMEOUT_SECONDS = 5.0
 GC_REPLY_TIMEOUT_SECONDS = 300.0  # A GC run may compact large entry logs.
 # How a shard worker is started; `--config`, `--shard` and `--instance-id` follow.
 WORKER_COMMAND: Final = (sys.executable, "-m", "bkaio.bookie.worker")
+ADMIN_SHUTDOWN_SECONDS = 2.0  # Stopping waits this long for admin requests in progress.
 
 
 class WorkerHandle:
@@ -73,9 +90,11 @@ class WorkerHandle:
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next_id = 0
         self.on_read_only: Any = None
-        self.reader = asyncio.get_running_loop().create_task(self._read_events())
+        self.on_fatal: Any = None  # Called with (task, error) when the worker reports one.
+        self.reader: asyncio.Task[None] | None = None  # `read_events`, under the supervisor.
 
-    async def _read_events(self) -> None:
+    async def read_events(self) -> None:
+        """Until the worker's control channel closes (run as a supervised task)."""
         stdout = self.process.stdout
         assert stdout is not None
         while True:
@@ -115,6 +134,8 @@ class WorkerHandle:
             self.read_only = bool(message.get("read_only"))
             if self.on_read_only is not None:
                 self.on_read_only()
+        elif event == "fatal" and self.on_fatal is not None:
+            self.on_fatal(str(message.get("task", "?")), str(message.get("error", "")))
 
     def send(self, message: dict[str, Any]) -> None:
         stdin = self.process.stdin
@@ -170,10 +191,14 @@ class BookieParent:
             "journal.sync = false, when a power failure can lose acknowledged entries",
             registry=self.metrics_registry,
         ).set(1.0 if self.journal_sync else 0.0)
-        self._mode_lock = asyncio.Lock()
+        self._mode_changed = asyncio.Event()  # The registration may need to move.
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
         self.jobs = AdminJobs()
+        # Its own failures counter, merged with the shards' at scrape time (`refresh_metrics`).
+        self._own_registry = CollectorRegistry(auto_describe=True)
+        self.supervisor = Supervisor("bookie", registry=self._own_registry)
+        self.unhealthy_reason: str | None = None  # Set once: the bookie then stops.
 
     def _process_ids(self) -> list[tuple[str, int]]:
         """This bookie's processes for process_* metrics: the parent and each live worker."""
@@ -189,16 +214,23 @@ class BookieParent:
     def read_only(self) -> bool:
         return self.forced_read_only or any(w.read_only for w in self.workers)
 
+    @property
+    def healthy(self) -> bool:
+        return self.unhealthy_reason is None and self.supervisor.healthy
+
     def state(self) -> dict[str, Any]:
         return {
             "bookie_id": self.config.bookie_id,
             "running": self.running,
+            "healthy": self.healthy,
+            "unhealthy_reason": self.unhealthy_reason,
             "read_only": self.read_only,
             "forced_read_only": self.forced_read_only,
             "shutting_down": self.shutting_down,
             "registered": self.registration is not None,
             "shards_read_only": [w.read_only for w in self.workers],
             "journal_sync": self.journal_sync,
+            "tasks": [t.as_dict() for t in self.supervisor.statuses()],
         }
 
     async def info(self) -> dict[str, Any]:
@@ -233,6 +265,11 @@ class BookieParent:
         for worker, reply in zip(self.workers, replies, strict=True):
             if isinstance(reply, dict) and "families" in reply:
                 self._aggregate.snapshots[worker.shard_index] = reply["families"]
+        # Its own tasks' failures, and those of library jobs (autorecovery's client, counted
+        # in the default registry).
+        self._aggregate.snapshots[-1] = snapshot_registry(
+            [self._own_registry, BkaioOnly(prometheus_client.REGISTRY)]
+        )
 
     async def set_forced_read_only(self, value: bool) -> None:
         self.forced_read_only = value
@@ -243,14 +280,33 @@ class BookieParent:
         await self._sync_registration_mode()
 
     async def _sync_registration_mode(self) -> None:
-        async with self._mode_lock:
+        """Ask the registration keeper to match the bookie's mode now."""
+        self._mode_changed.set()
+
+    async def _keep_registration_mode(self) -> None:
+        """Move the registration to /bookies/readonly and back as the shards' mode changes.
+
+        A move that fails (metadata unreachable) is retried with backoff until it is done: a
+        read-only bookie that stayed registered as writable would keep getting new ledgers.
+        """
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            await self._mode_changed.wait()
+            self._mode_changed.clear()
             registration = self.registration
             if registration is None:
-                return
+                continue
             try:
                 await registration.set_read_only(self.read_only)
             except BKError as error:
-                self.log.warning("registration_mode_change_failed", error=str(error))
+                delay = backoff.next_delay()
+                self.log.warning(
+                    "registration_mode_change_failed", error=str(error), retry_in=round(delay, 2)
+                )
+                self._mode_changed.set()
+                await asyncio.sleep(delay)
+            else:
+                backoff.reset()
 
     async def ledger_key(self, ledger_id: int) -> str | None:
         """Hex master key the shard of `ledger_id` recorded; None if it has none."""
@@ -301,12 +357,36 @@ class BookieParent:
                 self.log.warning("autorecovery_stop_failed", error=str(error))
 
     def _on_worker_read_only(self) -> None:
-        asyncio.get_running_loop().create_task(self._sync_registration_mode())
+        self._mode_changed.set()
+
+    def _on_worker_fatal(self, shard_index: int, task: str, error: str) -> None:
+        self.mark_unhealthy(f"shard {shard_index}: {task}: {error}")
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """A failure the bookie cannot recover from: say so everywhere, leave the registration
+        (clients change ensembles away from us), then stop (exit 3)."""
+        if self.unhealthy_reason is not None:
+            return
+        self.unhealthy_reason = reason
+        self.log.error("bookie_unhealthy", reason=reason)
+        self.notifier.notify(f"STATUS=unhealthy: {reason[:200]}")
+        self.supervisor.spawn("deregister", self._deregister, Once())
+        self._stop.set()
+
+    async def _deregister(self) -> None:
+        registration, self.registration = self.registration, None
+        if registration is not None:
+            try:
+                await registration.deregister()
+            except BKError as error:  # The lease then ends by itself, within its TTL.
+                self.log.warning("deregister_failed", error=str(error))
 
     # --- life cycle --------------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        self.supervisor.adopt_loop()
+        self.supervisor.install_loop_exception_handler()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
         from bkaio.meta import BookieInfo, open_metadata
@@ -314,7 +394,6 @@ class BookieParent:
         from .cookies import check_cookies
 
         runner: web.AppRunner | None = None
-        watchdog: asyncio.Task[None] | None = None
         if not self.journal_sync:
             self.log.warning(
                 "journal_sync_disabled",
@@ -322,8 +401,16 @@ class BookieParent:
                 " a power failure or kernel crash can lose acknowledged entries",
             )
         try:
-            self.metadata = await open_metadata(self.config.metadata.uri)
-            cookies = await check_cookies(self.config, self.metadata.cookies)
+            # Every step that waits on metadata gives way to a stop signal: an unreachable
+            # etcd is retried for `retry_seconds`, and SIGTERM must not wait for that.
+            opening = asyncio.ensure_future(open_metadata(self.config.metadata.uri))
+            if not await self._until_stop_or(opening):
+                return await self._shutdown(EXIT_OK)
+            self.metadata = opening.result()
+            checking = asyncio.ensure_future(check_cookies(self.config, self.metadata.cookies))
+            if not await self._until_stop_or(checking):
+                return await self._shutdown(EXIT_OK)
+            cookies = checking.result()
             await self._spawn_workers([c.instance_id for c in cookies])
             if not await self._wait_ready():
                 return EXIT_START_FAILED
@@ -346,8 +433,10 @@ class BookieParent:
             if not await self._until_stop_or(registration_wait):
                 return await self._shutdown(EXIT_OK)
             self.registration = registration_wait.result()
-            await self._sync_registration_mode()  # A shard may have flipped meanwhile.
-            await self._start_autorecovery()
+            self.supervisor.spawn("registration_mode", self._keep_registration_mode, Restart())
+            self._mode_changed.set()  # A shard may have flipped meanwhile.
+            if not await self._until_stop_or(asyncio.ensure_future(self._start_autorecovery())):
+                return await self._shutdown(EXIT_OK)
             self.notifier.notify("READY=1", f"STATUS=serving {self.config.shard_count} shards")
             self.log.info(
                 "bookie_started",
@@ -356,11 +445,21 @@ class BookieParent:
                 admin_url=self.admin_url,
                 read_only=self.read_only,
             )
-            watchdog = loop.create_task(self.notifier.run_watchdog())
+            self.supervisor.spawn("systemd_watchdog", self.notifier.run_watchdog, Restart())
             exits = [loop.create_task(w.process.wait()) for w in self.workers]
             stop_wait = loop.create_task(self._stop.wait())
-            done, _ = await asyncio.wait([stop_wait, *exits], return_when=asyncio.FIRST_COMPLETED)
+            fatal: asyncio.Future[Any] = self.supervisor.fatal
+            done, _ = await asyncio.wait(
+                [stop_wait, fatal, *exits], return_when=asyncio.FIRST_COMPLETED
+            )
             stop_wait.cancel()
+            for wait in exits:
+                wait.cancel()
+            if fatal.done():
+                failure: FatalTaskFailure = fatal.result()
+                self.mark_unhealthy(str(failure))
+            if self.unhealthy_reason is not None:
+                return await self._shutdown(EXIT_TASK_FAILED)
             if stop_wait in done:
                 return await self._shutdown(EXIT_OK)
             dead = [w for w in self.workers if w.process.returncode is not None]
@@ -376,8 +475,7 @@ class BookieParent:
             print(f"bkaio bookie: {error}", file=sys.stderr)
             return await self._shutdown(EXIT_START_FAILED)
         finally:
-            if watchdog is not None:
-                watchdog.cancel()
+            await self.supervisor.stop()
             if runner is not None:
                 await runner.cleanup()
             if self.metadata is not None:
@@ -386,14 +484,7 @@ class BookieParent:
 
     async def _until_stop_or(self, future: asyncio.Future[Any]) -> bool:
         """Wait for `future`; False (and `future` cancelled) if a stop signal comes first."""
-        stop_wait = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait([stop_wait, future], return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if future.done():
-            future.result()  # Raise its error, if any.
-            return True
-        future.cancel()
-        return False
+        return await unless_stopped(future, self._stop)
 
     async def _spawn_workers(self, instance_ids: list[str]) -> None:
         assert self.config.source is not None
@@ -411,6 +502,11 @@ class BookieParent:
             )
             worker = WorkerHandle(shard_index, process)
             worker.on_read_only = self._on_worker_read_only
+            worker.on_fatal = partial(self._on_worker_fatal, shard_index)
+            # Without its control channel the parent can neither stop nor ask the worker.
+            worker.reader = self.supervisor.spawn(
+                "worker_control", worker.read_events, Fatal(), instance=str(shard_index)
+            )
             self.workers.append(worker)
 
     async def _wait_ready(self) -> bool:
@@ -431,7 +527,9 @@ class BookieParent:
         admin = self.config.admin
         if not admin.enabled:
             return None
-        runner = web.AppRunner(build_admin_app(self), access_log=None)
+        runner = web.AppRunner(
+            build_admin_app(self), access_log=None, shutdown_timeout=ADMIN_SHUTDOWN_SECONDS
+        )
         await runner.setup()
         site = web.TCPSite(runner, admin.host, admin.port)
         try:
@@ -451,14 +549,11 @@ class BookieParent:
         self.shutting_down = True
         self.notifier.notify("STOPPING=1")
         self.log.info("bookie_stopping", exit_code=exit_code)
-        await self._stop_autorecovery()  # Resigns as auditor, so another takes over at once.
+        # Metadata may be unreachable: these give up after a bound (the lease and the auditor
+        # lease then end by themselves, within their TTL).
+        await bounded(self._stop_autorecovery(), "stop_autorecovery")  # Resigns as auditor.
         await self.jobs.cancel_all()
-        registration, self.registration = self.registration, None
-        if registration is not None:
-            try:
-                await registration.deregister()
-            except BKError as error:
-                self.log.warning("deregister_failed", error=str(error))
+        await bounded(self._deregister(), "deregister")
         codes = await self._stop_workers()
         if exit_code == EXIT_OK and any(code not in (0, None) for code in codes):
             self.log.error("shard_worker_stopped_badly", returncodes=codes)
@@ -483,9 +578,10 @@ class BookieParent:
                 with contextlib.suppress(ProcessLookupError):
                     worker.process.kill()
                 codes.append(await worker.process.wait())
-            worker.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker.reader
+            if worker.reader is not None:
+                worker.reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker.reader
         return codes
 
 

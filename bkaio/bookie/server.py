@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import structlog
 
 from bkaio.config import BookieConfig
 from bkaio.entrylog.api import LedgerStorage
-from bkaio.entrylog.types import StoredEntry
+from bkaio.entrylog.types import DiskUsage, StoredEntry
 from bkaio.errors import (
     BKError,
     NoSuchEntryError,
@@ -60,6 +61,7 @@ from bkaio.protocol.messages import (
 from bkaio.security.ledger_keys import LedgerKeyRefusedError, LedgerKeyVerifier
 from bkaio.security.tokens import AuthFailureThrottle, tokens_equal
 from bkaio.status import Status
+from bkaio.supervision import loop_supervisor
 
 from .adds import REQUEST_OVERHEAD_BYTES, AddPath
 from .interfaces import Peer
@@ -101,13 +103,17 @@ class ShardServer(AddPath):
         self.metrics = metrics
         self.log = log.bind(bookie_id=config.bookie_id, shard=shard_index)
         self.connections: set[Peer] = set()
-        self.lac_waiters = LacWaiters(config.server.max_long_poll_waiters)
+        self.lac_waiters = LacWaiters(
+            config.server.max_long_poll_waiters, config.server.max_long_poll_waiters_per_connection
+        )
         self.tasks: set[asyncio.Task[None]] = set()
         self.inflight_requests = 0
         self.inflight_bytes = 0
         self.memory_paused: set[Peer] = set()
         self.forced_read_only = config.read_only.start_read_only
         self.disk_full = False
+        self.storage_failed = False  # Flushes fail (storage `write_failure`): read-only.
+        self.disk_usages: list[DiskUsage] = []  # As the last disk check measured them.
         self.disk_usage_fraction_max = 0.0
         self.stopping = False
         self._on_read_only_change = on_read_only_change
@@ -143,30 +149,43 @@ class ShardServer(AddPath):
 
     @property
     def read_only(self) -> bool:
-        return self.forced_read_only or self.disk_full
+        return self.forced_read_only or self.disk_full or self.storage_failed
 
-    def set_read_only(self, *, forced: bool | None = None, disk_full: bool | None = None) -> None:
+    def set_read_only(
+        self,
+        *,
+        forced: bool | None = None,
+        disk_full: bool | None = None,
+        storage_failed: bool | None = None,
+    ) -> None:
         before = self.read_only
         if forced is not None:
             self.forced_read_only = forced
         if disk_full is not None:
             self.disk_full = disk_full
+        if storage_failed is not None:
+            self.storage_failed = storage_failed
         if self.read_only != before:
             self.log.warning(
                 "shard_read_only_changed",
                 read_only=self.read_only,
                 forced=self.forced_read_only,
                 disk_full=self.disk_full,
+                storage_failed=self.storage_failed,
             )
             if self._on_read_only_change is not None:
                 self._on_read_only_change(self.read_only)
 
-    def measure_disk_usage(self) -> float:
-        """The highest usage fraction of the shard's disks (blocking: run it in an executor)."""
-        return max((usage.fraction for usage in self.storage.disk_usage()), default=0.0)
+    def measure_disk_usage(self) -> list[DiskUsage]:
+        """The usage of the shard's disks (blocking, statvfs: run it in an executor)."""
+        return self.storage.disk_usage()
 
-    def apply_disk_usage(self, highest: float) -> None:
-        """Flip read-only when a disk passes `disk_read_only_fraction`; back below the low mark."""
+    def apply_disk_usage(self, usages: list[DiskUsage]) -> None:
+        """Keep the measured usage (GET_BOOKIE_INFO answers from it, without a statvfs on the
+        loop); flip read-only when a disk passes `disk_read_only_fraction`, back below the low
+        mark."""
+        self.disk_usages = usages
+        highest = max((usage.fraction for usage in usages), default=0.0)
         self.disk_usage_fraction_max = highest
         thresholds = self.config.read_only
         if not self.disk_full and highest >= thresholds.disk_read_only_fraction:
@@ -252,6 +271,8 @@ class ShardServer(AddPath):
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         started = time.perf_counter()
+        if op is Op.READ_LAC:  # Its long poll counts against this connection's bound too.
+            handler = partial(self._read_lac, owner=peer)
         task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -280,7 +301,7 @@ class ShardServer(AddPath):
         if isinstance(request, PingRequest):
             return PingResponse(request.request_id, Status.OK)
         if isinstance(request, GetBookieInfoRequest):
-            usages = self.storage.disk_usage()
+            usages = self.disk_usages  # The last disk check's: statvfs stays off the loop.
             total = sum(u.total_bytes for u in usages if u.kind == "ledger") or sum(
                 u.total_bytes for u in usages
             )
@@ -316,8 +337,8 @@ class ShardServer(AddPath):
         except asyncio.CancelledError:
             self._finish(peer, request.request_id, size)
             raise
-        except Exception:
-            self.log.exception("request_crashed", op=request.op.name)
+        except Exception as crash:  # Answered, and reported: a bug, not a bad request.
+            loop_supervisor().report(f"request_{request.op.name.lower()}", crash)
             response = request.error_response(Status.INTERNAL_ERROR)
         self._finish(peer, request.request_id, size)
         peer.respond(response)
@@ -447,7 +468,7 @@ class ShardServer(AddPath):
         if flags & Flag.FENCE:
             await self._fence(ledger_id, master_key)
 
-    async def _read_lac(self, request: ReadLacRequest) -> Response:
+    async def _read_lac(self, request: ReadLacRequest, owner: object = None) -> Response:
         ledger_id = request.ledger_id
         await self._route_and_fence(ledger_id, request.flags, request.master_key)
         long_poll = bool(request.flags & Flag.LONG_POLL)
@@ -457,7 +478,7 @@ class ShardServer(AddPath):
         if long_poll and lac <= request.previous_lac and not self.stopping:
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             try:
-                self.lac_waiters.add(ledger_id, request.previous_lac, future)
+                self.lac_waiters.add(ledger_id, request.previous_lac, future, owner)
             except TooManyRequestsError:
                 self.metrics.limit_hit("max_long_poll_waiters")
                 raise

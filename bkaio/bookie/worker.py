@@ -6,10 +6,16 @@ Opens the shard's `ShardStorage` (cookies checked, journal replayed), listens on
 serves requests (bkaio/bookie/server.py), checks disk usage periodically, and talks to the parent
 over the control channel (bkaio/bookie/control.py). SIGTERM/SIGINT or EOF from the parent: stop
 accepting, finish in-flight requests, close storage (which syncs), exit 0. Exit 2: it could not
-start (bad config, cookie mismatch, port in use, a retired fault switch in its environment).
+start (bad config, cookie mismatch, port in use, a retired fault switch in its environment). Exit 3
+(`EXIT_TASK_FAILED`): a task it cannot do without failed for good (bkaio/supervision.py); the
+parent is told first (`fatal` event).
 
 Its storage is built with `PRODUCTION_SEAMS` (bkaio/bookie/seams.py); the test entry point
 `python -m bkaio.testing.bookie.worker` runs this same worker with injected parts.
+
+Every background loop (sweep, disk check, loop-lag watch, GC, storage's flush) runs under the
+shard's `Supervisor`: a failure is logged at ERROR with the task's name, counted in
+`bkaio_task_failures_total{task}`, and the loop restarts after a backoff.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +43,13 @@ from bkaio.logs import configure_logging
 from bkaio.runtime_tuning import tune_gc_for_throughput
 from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
 from bkaio.security.tls import server_tls_context_from_config
+from bkaio.supervision import EXIT_TASK_FAILED, FatalTaskFailure, Once, Restart, Supervisor
 
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
 from .gc import GarbageCollector, MetadataGcSource
 from .loop_lag import watch_loop_lag
-from .metrics import JournalStatsCollector, ShardMetrics, snapshot_registry
+from .metrics import BkaioOnly, JournalStatsCollector, ShardMetrics, snapshot_registry
 from .seams import PRODUCTION_SEAMS, StorageSeams
 from .server import ShardServer
 
@@ -94,7 +103,9 @@ class ShardWorker:
         self._gc: GarbageCollector | None = None
         self._gc_lock = asyncio.Lock()
         self._gc_metadata: Any = None
-        self._control_tasks: set[asyncio.Task[None]] = set()
+        self._control_calls = 0  # Names the control requests run as tasks.
+        self.supervisor: Supervisor | None = None
+        self._storage: Any = None  # The shard's ShardStorage once open.
 
     def send(self, message: dict[str, Any]) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -109,8 +120,17 @@ class ShardWorker:
             ack_policy=self.seams.journal_ack,
             threads=self.seams.threads,
         )
+        journal.on_failure = self._journal_failed
         self._journals.append(journal)
         return journal
+
+    def _journal_failed(self, error: BKError) -> None:
+        """A journal write or sync failed: it has stopped acknowledging (every add waiting on
+        it, and every later one, fails), and nothing here can make it durable again. Fatal:
+        the parent marks the bookie unhealthy and deregisters it, and the process exits 3 so
+        that systemd restarts it (BookKeeper stops a bookie whose journal fails too)."""
+        if self.supervisor is not None:
+            self.supervisor.report_fatal("journal", error)
 
     def _journal_stats(self) -> list[JournalStats]:
         return [journal.metrics for journal in self._journals]
@@ -119,6 +139,10 @@ class ShardWorker:
         from bkaio.entrylog.shard_storage import ShardStorage
 
         loop = asyncio.get_running_loop()
+        supervisor = Supervisor(f"shard-{self.shard_index}", registry=self.metrics.registry)
+        self.supervisor = supervisor
+        supervisor.adopt_loop()
+        supervisor.install_loop_exception_handler()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stop_requested.set)
         self._control, _ = await loop.connect_write_pipe(
@@ -167,6 +191,10 @@ class ShardWorker:
             key_verifier=key_verifier,
         )
         self.server = server
+        self._storage = storage
+        storage.write_failure_listener = lambda failed: server.set_read_only(storage_failed=failed)
+        if storage.write_failure is not None:  # Failed before the listener was there.
+            server.set_read_only(storage_failed=True)
         await self._check_disks()
         port = config.shard_port(self.shard_index)
         try:
@@ -203,20 +231,20 @@ class ShardWorker:
             }
         )
         tune_gc_for_throughput()  # Start-up objects frozen; young collections rarer.
-        background = [
-            loop.create_task(self._sweep_loop(server)),
-            loop.create_task(self._disk_loop()),
-            loop.create_task(watch_loop_lag(self.metrics.event_loop_lag.observe, self.log)),
-        ]
+        supervisor.spawn("sweep", partial(self._sweep_loop, server), Restart())
+        supervisor.spawn("disk_check", self._disk_loop, Restart())
+        supervisor.spawn(
+            "loop_lag_watch",
+            partial(watch_loop_lag, self.metrics.event_loop_lag.observe, self.log),
+            Restart(),
+        )
         if config.gc.enabled:
-            background.append(loop.create_task(self._gc_loop(storage)))
-        await self.stop_requested.wait()
+            supervisor.spawn("gc", self._gc_loop, Restart())
+        exit_code = await self._until_stop_or_fatal(supervisor)
         self.log.info("shard_stopping", connections=len(server.connections))
         listener.close()
         await server.drain(config.server.drain_timeout_seconds)
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await supervisor.stop()
         if self._gc_metadata is not None:
             with contextlib.suppress(BKError):
                 await self._gc_metadata.close()
@@ -224,9 +252,23 @@ class ShardWorker:
             with contextlib.suppress(BKError):
                 await key_verifier.close()
         await storage.close()
-        self.log.info("shard_stopped")
+        self.log.info("shard_stopped", exit_code=exit_code)
         self.send({"event": "stopped"})
-        return 0
+        return exit_code
+
+    async def _until_stop_or_fatal(self, supervisor: Supervisor) -> int:
+        """Wait for a stop request (exit 0) or a fatal task failure (exit 3, parent told)."""
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self.stop_requested.wait())
+        fatal: asyncio.Future[Any] = supervisor.fatal
+        try:
+            await asyncio.wait([stop, fatal], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not supervisor.fatal.done():
+            return 0
+        failure: FatalTaskFailure = supervisor.fatal.result()
+        self.send({"event": "fatal", "task": failure.task, "error": str(failure)})
+        return EXIT_TASK_FAILED
 
     async def _open_key_source(self) -> KeySource:
         """Metadata for first-sight key checks, opened on the first new ledger (read-only use)."""
@@ -252,11 +294,11 @@ class ShardWorker:
         assert server is not None
         loop = asyncio.get_running_loop()
         try:
-            highest = await loop.run_in_executor(None, server.measure_disk_usage)
+            usages = await loop.run_in_executor(None, server.measure_disk_usage)
         except OSError as error:
             self.log.warning("disk_check_failed", error=str(error))
             return
-        server.apply_disk_usage(highest)
+        server.apply_disk_usage(usages)
 
     async def _disk_loop(self) -> None:
         interval = self.config.read_only.disk_check_interval_seconds
@@ -298,20 +340,35 @@ class ShardWorker:
             "bytes_freed": report.compaction.bytes_freed if report.compaction else 0,
         }
 
-    async def _gc_loop(self, storage: Any) -> None:
+    async def _gc_loop(self) -> None:
         interval = self.config.gc.interval_seconds
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.run_gc()
-            except BKError as error:
+            except BKError as error:  # Metadata unreachable, say: the next run tries again.
                 self.log.warning("gc_failed", error=str(error))
 
-    async def _reply_later(self, request_id: Any, work: Any) -> None:
+    def _run_control_call(self, name: str, request_id: Any, work: Any) -> None:
+        """Run a control request as a task; its answer (or error) goes back to the parent."""
+        assert self.supervisor is not None
+        self._control_calls += 1
+        self.supervisor.spawn(
+            name,
+            partial(self._reply_later, request_id, work),
+            Once(),
+            instance=str(self._control_calls),
+        )
+
+    async def _reply_later(self, request_id: Any, work: Callable[[], Awaitable[Any]]) -> None:
         try:
-            result = await work
+            result = await work()
         except BKError as error:
             result = {"error": str(error)}
+        except Exception as error:  # Answered, then reported by the supervisor.
+            if request_id is not None:
+                self.send({"reply": request_id, "result": {"error": repr(error)}})
+            raise
         if request_id is not None:
             self.send({"reply": request_id, "result": result})
 
@@ -326,40 +383,48 @@ class ShardWorker:
         if server is None:
             result = {"error": "shard not started"}
         elif method == "metrics":
-            registries: list[Any] = [self.metrics.registry, _BkaioOnly(prometheus_client.REGISTRY)]
+            registries: list[Any] = [self.metrics.registry, BkaioOnly(prometheus_client.REGISTRY)]
             result = {"families": snapshot_registry(registries)}
         elif method == "info":
-            result = self._info(server)
+            self._run_control_call("control_info", request_id, partial(self._info, server))
+            return
         elif method == "set_forced_read_only":
             server.set_read_only(forced=bool(message.get("value")))
-            result = self._info(server)
+            self._run_control_call("control_info", request_id, partial(self._info, server))
+            return
         elif method == "gc":
-            task = asyncio.get_running_loop().create_task(
-                self._reply_later(request_id, self.run_gc())
-            )
-            self._control_tasks.add(task)
-            task.add_done_callback(self._control_tasks.discard)
+            self._run_control_call("control_gc", request_id, self.run_gc)
             return
         elif method == "ledger_key":
             state = server.storage.ledger_state(int(message.get("ledger_id", -1)))
             key = None if state is None or not state.master_key else state.master_key.hex()
             result = {"master_key": key}
         elif method == "check_disks":
-            asyncio.get_running_loop().create_task(self._check_disks())
+            self._run_control_call("control_check_disks", None, self._check_disks)
             result = {}
         else:
             result = {"error": f"unknown method {method!r}"}
         if request_id is not None:
             self.send({"reply": request_id, "result": result})
 
-    def _info(self, server: ShardServer) -> dict[str, Any]:
-        usages = server.storage.disk_usage()
+    @property
+    def storage_write_failure(self) -> str | None:
+        """Why the shard's flushes fail (it is read-only meanwhile), None while they work."""
+        return None if self._storage is None else self._storage.write_failure
+
+    async def _info(self, server: ShardServer) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        usages = await loop.run_in_executor(None, server.storage.disk_usage)  # statvfs.
+        supervisor = self.supervisor
         return {
+            "healthy": supervisor is not None and supervisor.healthy,
+            "tasks": [] if supervisor is None else [t.as_dict() for t in supervisor.statuses()],
             "shard_index": self.shard_index,
             "port": self.config.shard_port(self.shard_index),
             "read_only": server.read_only,
             "forced_read_only": server.forced_read_only,
             "disk_full": server.disk_full,
+            "storage_write_failure": self.storage_write_failure,
             "connections": len(server.connections),
             "inflight_requests": server.inflight_requests,
             "disks": [
@@ -373,16 +438,6 @@ class ShardWorker:
                 for u in usages
             ],
         }
-
-
-class _BkaioOnly:
-    """The bkaio_* families of a registry (the default one also holds process_* and gc_*)."""
-
-    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Any:
-        return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
 
 
 def main(

@@ -61,12 +61,12 @@ def autorecovery(
         lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
     )
 
-    async def go() -> None:
+    async def go() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_autorecovery(
+        return await run_autorecovery(
             metadata_uri,
             config=config,
             admin_token=admin_token,
@@ -74,4 +74,6 @@ def autorecovery(
             metrics_registry=registry,
         )
 
-    run(go())
+    code = run(go())
+    if code:
+        raise SystemExit(code)  # A task failed for good: the service manager restarts us.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -147,5 +149,19 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         "directories": directories,
         # false: BookKeeper's journalSyncData=false; a power failure can lose acknowledged entries.
         "journal_sync": all(storage.journal.sync for storage in config.storage),
+        # The running bookie's health, mode and supervised tasks (its admin `/status`); null
+        # when it does not answer (not running, or admin HTTP off).
+        "status": _running_status(config.admin.host, config.admin.port)
+        if config.admin.enabled
+        else None,
     }
     emit(result, as_json=as_json)
+
+
+def _running_status(host: str, port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=2.0) as response:
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None

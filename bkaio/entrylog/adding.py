@@ -29,6 +29,7 @@ from bkaio.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from bkaio.supervision import loop_supervisor
 from bkaio.wal.records import JournalMark
 
 log = structlog.get_logger(__name__)
@@ -162,8 +163,8 @@ class StorageAdds(StorageState):
         for on_durable, batches in group.answers:
             try:
                 on_durable(batches, error)
-            except Exception:  # One caller's failure must not leave the others unanswered.
-                log.exception("add_callback_failed")
+            except Exception as crash:  # One caller's failure must not leave others unanswered.
+                loop_supervisor().report("add_callback", crash)
 
     def _add_later(
         self, batch: _Batch, on_durable: Callable[[list[_Batch], BKError | None], None]
@@ -183,8 +184,8 @@ class StorageAdds(StorageState):
         except asyncio.CancelledError:  # Storage is closing under it.
             on_durable([batch], BookieIOError("ledger storage closed before the add"))
             raise
-        except Exception as error:
-            log.exception("add_failed", ledger_id=batch.ledger_id)
+        except Exception as error:  # A bug: answered as an I/O error, and reported.
+            loop_supervisor().report("add", error)
             on_durable([batch], BookieIOError(f"add failed: {error!r}"))
         else:
             if not joined:  # Nothing to journal: every entry was there already.
@@ -367,5 +368,5 @@ class StorageAdds(StorageState):
         if listener is not None:
             try:
                 listener(waiting)
-            except Exception:  # The adds must go on whatever the listener does.
-                log.exception("room_pressure_listener_failed")
+            except Exception as error:  # The adds must go on whatever the listener does.
+                loop_supervisor().report("room_pressure_listener", error)

@@ -23,6 +23,7 @@ import crc32c
 
 from bkaio.entrylog.cookie import fsync_directory
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.wal.records import JournalMark
 
 LAST_MARK_FILE = "lastMark"
@@ -60,15 +61,19 @@ def write_last_mark(
     directory: Path,
     marks: list[JournalMark | None],
     crash_points: CrashPoints = NO_CRASH_POINTS,
+    disk: Disk = OS_DISK,
 ) -> None:
-    """Blocking: atomically replace `directory/lastMark` and make it durable."""
+    """Blocking: atomically replace `directory/lastMark` and make it durable.
+
+    Its bytes are written and synced through `disk`, like the entry logs' (a fault test's
+    disk can fail a checkpoint); creating, renaming and the directory sync are plain calls."""
     temporary = directory / (LAST_MARK_FILE + ".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(descriptor, encode_marks(marks))
-        os.fsync(descriptor)
+        disk.write(descriptor, encode_marks(marks), 0)
+        disk.fdatasync(descriptor)
     finally:
-        os.close(descriptor)
+        disk.close(descriptor)
     crash_points.reached("checkpoint.before_rename")
     os.replace(temporary, directory / LAST_MARK_FILE)
     fsync_directory(directory)

@@ -22,6 +22,7 @@ from bkaio.entrylog.state import FLUSH_JITTER_FRACTION, SLOW_FLUSH_SECONDS, Stor
 from bkaio.entrylog.types import CompactionReport, DiskUsage, LedgerState
 from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BKError
+from bkaio.supervision import Once, loop_supervisor
 from bkaio.wal.records import JournalMark
 
 log = structlog.get_logger(__name__)
@@ -42,24 +43,43 @@ class StorageMaintenance(StorageState):
         return self.config.flush_interval_seconds * random.uniform(1.0 - spread, 1.0 + spread)
 
     async def _flush_loop(self) -> None:
+        """Flush periodically or when asked. A flush that fails (OSError or BookieIOError from
+        an entry log, the index or the checkpoint) ends this run: the supervisor reports it,
+        `_write_failed` turns the shard read-only, and the next run, after a backoff, flushes
+        at once: the probe. The first flush that works makes the shard writable again."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._next_flush_delay()):
-                    await self._flush_requested.wait()
+            if self.write_failure is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._next_flush_delay()):
+                        await self._flush_requested.wait()
             self._flush_requested.clear()
-            try:
-                self._check_open()
-                async with self._flush_lock:
-                    await self._checkpoint_locked()  # Not waiting for journal deletions.
-            except BKError as error:
-                log.error("storage_flush_failed", error=str(error))
-                # No room will come soon: the bookie reads requests again (reads and fences
-                # go on), and waiting adds get TOO_MANY_REQUESTS at the end of their wait.
-                self._flush_failing = True
-                if self._room_pressure:
-                    self._set_room_pressure(False)
-            else:
-                self._flush_failing = False
+            self._check_open()
+            async with self._flush_lock:
+                await self._checkpoint_locked()  # Not waiting for journal deletions.
+            if self.write_failure is not None:
+                self._write_recovered()
+
+    def _write_failed(self, error: BaseException) -> None:
+        """A flush failed (already reported at ERROR by the supervisor): read-only until one
+        works. Acknowledged entries stay readable from the write cache, and the journal is
+        not released past what was flushed (its mark is written only after a flush)."""
+        log.error("storage_flush_failed", error=f"{type(error).__name__}: {error}")
+        # No room will come soon: the bookie reads requests again (reads and fences go on),
+        # and waiting adds get TOO_MANY_REQUESTS at the end of their wait.
+        self._flush_failing = True
+        if self._room_pressure:
+            self._set_room_pressure(False)
+        if self.write_failure is None:
+            self.write_failure = f"{type(error).__name__}: {error}"
+            if self.write_failure_listener is not None:
+                self.write_failure_listener(True)
+
+    def _write_recovered(self) -> None:
+        log.warning("storage_flush_recovered", after=self.write_failure)
+        self._flush_failing = False
+        self.write_failure = None
+        if self.write_failure_listener is not None:
+            self.write_failure_listener(False)
 
     async def checkpoint(self) -> None:
         """Flush the write cache to entry logs and indexes, then record the journal mark.
@@ -113,7 +133,9 @@ class StorageMaintenance(StorageState):
         """
         self._release_marks = marks
         if self._releaser is None:
-            self._releaser = self._loop.create_task(self._release_loop(), name="journal-release")
+            self._releaser = loop_supervisor().spawn(
+                "journal_release", self._release_loop, Once(), instance=str(id(self))
+            )
 
     async def _release_loop(self) -> None:
         try:
@@ -163,7 +185,7 @@ class StorageMaintenance(StorageState):
             self._indexes[disk].commit_entries(entries, locations, states_by_disk[disk])
         if marks is not None:
             for directory in self.config.ledger_dirs:
-                write_last_mark(directory, marks, self._crash_points)
+                write_last_mark(directory, marks, self._crash_points, self._disk)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Drop the ledger's entries and state. Space returns at the next compaction."""

@@ -57,8 +57,10 @@ from bkaio.errors import (
 )
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
+from bkaio.supervision import Degrade, loop_supervisor
 from bkaio.wal import JournalFactory, JournalLike
 from bkaio.wal.records import (
+    Corruption,
     EntryRecord,
     FenceRecord,
     JournalMark,
@@ -97,6 +99,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         storage_thread: Executor,
         reader_pool: Executor,
         crash_points: CrashPoints = NO_CRASH_POINTS,
+        disk: Disk = OS_DISK,
     ) -> None:
         self.config = config
         self.cookie = cookie
@@ -110,6 +113,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self._indexes = indexes
         self._usage_function = usage_function
         self._crash_points = crash_points
+        self._disk = disk  # The checkpoint's lastMark goes through it, as the entry logs do.
         self._storage_thread = storage_thread  # Flush, compaction, deletes: one at a time.
         self._reader_pool = reader_pool
         self._loop = asyncio.get_running_loop()
@@ -127,6 +131,11 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self.room_pressure_listener: Callable[[bool], None] | None = None
         self._room_pressure = False
         self._flush_failing = False  # The last periodic flush failed (a full or broken disk).
+        # Why flushes fail (an entry log, index or checkpoint write: ENOSPC, EIO, EROFS), None
+        # while they work. Told to `write_failure_listener` (True/False) as it changes: the
+        # bookie is read-only meanwhile (BookKeeper's failed ledger directory).
+        self.write_failure: str | None = None
+        self.write_failure_listener: Callable[[bool], None] | None = None
         self._flush_requested = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
@@ -209,6 +218,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             storage_thread,
             reader_pool,
             crash_points,
+            entry_log_disk,
         )
         storage._written_marks = list(marks)
         try:
@@ -218,42 +228,55 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         except BaseException:
             await storage.close()
             raise
-        storage._flusher = asyncio.create_task(storage._flush_loop(), name="bkaio-storage-flush")
+        # Under the loop's supervisor (the shard worker's): a flush that fails is reported, the
+        # shard turns read-only (`_write_failed`), and the loop runs again after a backoff.
+        storage._flusher = loop_supervisor().spawn(
+            "storage_flush",
+            storage._flush_loop,
+            Degrade(storage._write_failed, initial_delay_seconds=0.2, max_delay_seconds=5.0),
+            instance=f"shard-{shard_index}",
+        )
         return storage
 
     async def _replay(self, journal_index: int, mark: JournalMark | None) -> None:
+        """Apply the journal's records after `mark`, a bounded batch at a time.
+
+        Memory stays bounded whatever the journal's size: the reader holds one batch, and the
+        write cache is flushed (and the mark of what is applied checkpointed) whenever it is
+        half full, as it is for adds. A corruption stops replay before anything after it is
+        applied, and the bookie refuses to start.
+        """
         journal = self._journals[journal_index]
-        result = await self._loop.run_in_executor(self._reader_pool, journal.replay, mark)
-        for corruption in result.corruption:
-            log.error(
-                "journal_corruption",
-                file=str(corruption.file),
-                offset=corruption.offset,
-                reason=corruption.reason,
-            )
-        if result.corruption:
-            first = result.corruption[0]
-            raise BookieIOError(
-                f"journal {first.file} is corrupt at offset {first.offset} ({first.reason}) "
-                "with valid records after it: acknowledged data may be damaged; refusing to start"
-            )
-        if result.torn_tail is not None:
-            tail = result.torn_tail
+        reader = journal.iter_replay(mark)
+        # Batches well under the cache, so that flushing at half of it keeps it bounded.
+        batches = reader.batches(min(REPLAY_BATCH_BYTES, self.config.write_cache_bytes // 4))
+        counts = {"entries": 0, "keys": 0, "fences": 0, "lacs": 0}
+        while True:
+            batch = await self._loop.run_in_executor(self._reader_pool, next, batches, None)
+            if reader.corruption:
+                _refuse_corrupt_journal(reader.corruption)
+            if batch is None:
+                break
+            for _mark, record in batch:
+                self._apply_record(record, counts)
+            self.stats.replayed_records += len(batch)
+            self._marks[journal_index].advance(batch[-1][0])
+            if self._active.bytes >= self.config.write_cache_bytes // 2:
+                async with self._flush_lock:
+                    await self._checkpoint_locked()
+        if reader.torn_tail is not None:
+            tail = reader.torn_tail
             log.warning(
                 "journal_torn_tail", file=str(tail.file), offset=tail.offset, reason=tail.reason
             )
-        for tail in result.earlier_torn_tails:
+        for tail in reader.earlier_torn_tails:
             log.info("journal_earlier_torn_tail", file=str(tail.file), offset=tail.offset)
-        counts = {"entries": 0, "keys": 0, "fences": 0, "lacs": 0}
-        for _mark, record in result.records:
-            self._apply_record(record, counts)
-        self.stats.replayed_records += len(result.records)
-        self._marks[journal_index].advance(result.end_mark)
+        self._marks[journal_index].advance(reader.end_mark)
         log.info(
             "journal_replayed",
             journal=journal_index,
             after=None if mark is None else f"{mark.file_id}:{mark.offset}",
-            end=f"{result.end_mark.file_id}:{result.end_mark.offset}",
+            end=f"{reader.end_mark.file_id}:{reader.end_mark.offset}",
             **counts,
         )
 
@@ -531,3 +554,19 @@ def _close_disks(logs: list[EntryLogDirectory], indexes: list[LedgerIndex]) -> N
             entry_logs.close()
     for index in indexes:
         index.close()
+
+
+# Replay reads the journal in batches of at most this much (less for a small write cache).
+REPLAY_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def _refuse_corrupt_journal(corruption: list[Corruption]) -> None:
+    for damage in corruption:
+        log.error(
+            "journal_corruption", file=str(damage.file), offset=damage.offset, reason=damage.reason
+        )
+    first = corruption[0]
+    raise BookieIOError(
+        f"journal {first.file} is corrupt at offset {first.offset} ({first.reason}) "
+        "with valid records after it: acknowledged data may be damaged; refusing to start"
+    )

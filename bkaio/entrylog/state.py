@@ -26,6 +26,7 @@ from bkaio.entrylog.types import LedgerState, StoredEntry
 from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
 from bkaio.journal.crash_points import CrashPoints
+from bkaio.journal.disk import Disk
 from bkaio.wal import JournalLike
 from bkaio.wal.records import JournalMark, JournalRecord
 
@@ -126,6 +127,8 @@ class StorageState:
     cookie: Cookie
     stats: StorageStats
     room_pressure_listener: Callable[[bool], None] | None
+    write_failure: str | None
+    write_failure_listener: Callable[[bool], None] | None
     _journals: list[JournalLike]
     _groups: list[_AddGroup | None]
     _journal_count: int
@@ -135,6 +138,7 @@ class StorageState:
     _indexes: list[LedgerIndex]
     _usage_function: UsageFunction
     _crash_points: CrashPoints
+    _disk: Disk
     _storage_thread: Executor
     _reader_pool: Executor
     _loop: asyncio.AbstractEventLoop

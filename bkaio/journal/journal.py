@@ -128,6 +128,9 @@ class Journal:
         self._batch_broken = False  # One of them did: the rest of that wake queues again too.
         self._record_bytes_estimate = 1024
         self._failure: BKError | None = None
+        # Told once when a write or sync fails and the journal stops: its owner (a shard
+        # worker) can no longer promise durability and ends the process (bkaio/supervision.py).
+        self.on_failure: Callable[[BKError], None] | None = None
         self._closing = False
         self._closed = False
 
@@ -614,6 +617,8 @@ class Journal:
                 room.set_result(None)  # wait_for_room re-checks and raises the failure.
         self._room_waiters.clear()
         self._room_wakes = self._requeued = 0
+        if self.on_failure is not None:
+            self.on_failure(failure)
 
     # -- Checkpoints and shutdown ---------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """Reading a journal directory back: records after a mark, torn tails, mid-file corruption.
 
 Blocking (file I/O): run it in an executor. Files are memory-mapped, so a huge journal is
-streamed through the page cache rather than read into the heap, and `JournalReader` yields
-records one by one.
+streamed through the page cache rather than read into the heap: `JournalReader` yields records
+one by one, or in batches of a bounded size (`batches`), and hands the pages it has read back
+to the kernel as it goes, so that replaying a journal of any size holds a bounded amount of it
+in the process (benchmarks/replay_memory_bench.py measures it).
 
 What stops a file, and how it is reported:
 - the file ends exactly after a record: a clean end;
@@ -41,6 +43,9 @@ _CANDIDATE: Final = re.compile(
     re.DOTALL,
 )
 _NON_ZERO: Final = re.compile(b"[^\\x00]")
+# Read pages of a mapped file are dropped from the process (MADV_DONTNEED; the page cache keeps
+# them) every this many bytes: resident mapped pages count in RSS like heap does.
+RELEASE_PAGES_BYTES: Final = 32 * 1024 * 1024
 
 
 def find_next_record(buffer: memoryview, start: int) -> int | None:
@@ -134,7 +139,10 @@ class JournalReader:
                     offset, tail = self._skip_bad_data(path, view, 0, problem)
                     if tail is not None:
                         return tail
+                released = 0  # Pages before this offset were handed back to the kernel.
                 while offset < size:
+                    if offset - released >= RELEASE_PAGES_BYTES:
+                        released = _release_pages(mapped, released, offset)
                     try:
                         record, end = decode_record(view, offset)
                     except RecordError as error:
@@ -160,8 +168,27 @@ class JournalReader:
         self.corruption.append(Corruption(path, offset, f"{reason}; next valid record at {resume}"))
         return resume, None
 
+    def batches(self, max_bytes: int) -> Iterator[list[tuple[JournalMark, JournalRecord]]]:
+        """The records in lists of about `max_bytes` of journal (at least one record each).
+
+        Each `next()` is one blocking read: a caller on an event loop runs each in an executor
+        and applies a batch before it asks for the next, so memory holds one batch at a time.
+        `corruption` is up to date after every batch (a caller stops at the first).
+        """
+        batch: list[tuple[JournalMark, JournalRecord]] = []
+        start = self.end_mark
+        for mark, record in self:
+            batch.append((mark, record))
+            if mark.file_id != start.file_id or mark.offset - start.offset >= max_bytes:
+                yield batch
+                batch, start = [], mark
+        if batch:
+            yield batch
+
     def result(self) -> ReplayResult:
-        """Read everything into memory (for journals that fit) and describe the end."""
+        """Read everything into memory (small journals, tests) and describe the end.
+
+        A bookie replays with `batches()`: this holds the whole journal in the heap."""
         records = list(self)
         return ReplayResult(
             records=records,
@@ -170,3 +197,13 @@ class JournalReader:
             corruption=self.corruption,
             earlier_torn_tails=self.earlier_torn_tails,
         )
+
+
+def _release_pages(mapped: mmap.mmap, start: int, end: int) -> int:
+    """Drop the mapped pages in [start, end) from the process; the new start (page-aligned)."""
+    page = mmap.PAGESIZE
+    first = start - start % page
+    last = end - end % page
+    if last > first:
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+    return last

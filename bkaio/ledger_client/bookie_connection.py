@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import (
     BKError,
     BKTimeoutError,
@@ -55,7 +56,7 @@ from bkaio.protocol import (
     Status,
     decode_response,
 )
-from bkaio.supervision import spawn_job
+from bkaio.supervision import loop_supervisor, spawn_job
 
 log = structlog.get_logger(__name__)
 
@@ -143,7 +144,7 @@ class BookieConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._tick: asyncio.TimerHandle | None = None
         self._retry_at = 0.0
-        self._backoff = config.reconnect_backoff_min
+        self._reconnect = Backoff(config.reconnect_backoff_min, config.reconnect_backoff_max)
         self._last_failure = ""  # Why the connection last failed (told while backing off).
         self._hello_request_id = 0
         self._closed = False
@@ -384,15 +385,18 @@ class BookieConnection(asyncio.Protocol):
         for callback in waiters:
             try:
                 callback()
-            except Exception:  # One ledger's failure must not keep the others waiting.
-                log.exception("writable_callback_failed", bookie=self._label)
+            except Exception as error:  # One ledger's failure must not keep the others waiting.
+                loop_supervisor().report("writable_callback", error)
 
     # ----------------------------------------------------------------- connecting
 
     def _start_connecting(self) -> None:
         self._decoder = FrameDecoder(self._config.max_frame_bytes)
-        self._connect_task = self._loop.create_task(
-            self._connect(), name=f"connect-{self.bookie_id}-{self._shard_index}"
+        self._connect_task = spawn_job(
+            f"connect-{self.bookie_id}-{self._shard_index}",
+            self._connect,
+            kind="bookie_connect",
+            on_failure=self._connect_crashed,
         )
 
     async def _connect(self) -> None:
@@ -411,6 +415,13 @@ class BookieConnection(asyncio.Protocol):
             self._connection_failed(BookieUnavailableError(message))
             return
         self._connect_task = None
+
+    def _connect_crashed(self, error: BaseException) -> None:
+        """`_connect` raised what no connection attempt should (a bug): this attempt fails."""
+        self._connect_task = None
+        self._connection_failed(
+            BookieUnavailableError(f"cannot connect to {self._label}: {error!r}")
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport; both have what we use.
@@ -463,7 +474,7 @@ class BookieConnection(asyncio.Protocol):
                 )
             )
         else:
-            self._backoff = self._config.reconnect_backoff_min
+            self._reconnect.reset()
             self.batches_adds = ADD_ENTRIES_FEATURE in result.features and self._connected
 
     def data_received(self, data: bytes) -> None:
@@ -602,8 +613,7 @@ class BookieConnection(asyncio.Protocol):
         self._paused = False
         if self._writable_waiters:  # After the waiters below failed.
             self._loop.call_soon(self._wake_writable_waiters)
-        self._retry_at = self._loop.time() + self._backoff
-        self._backoff = min(self._backoff * 2, self._config.reconnect_backoff_max)
+        self._retry_at = self._loop.time() + self._reconnect.next_delay()
         self._encoder.take()
         waiters, self._waiters = self._waiters, {}
         self._clear_deadlines()

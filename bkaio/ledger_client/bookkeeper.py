@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError, ConfigError, UnauthorizedError
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.context import ClientContext, LedgerStore
@@ -160,10 +161,12 @@ class BookKeeper:
     async def _watch_bookies(self, first_view: asyncio.Future[None]) -> None:
         assert self._metadata is not None, "a bookie watch needs a metadata connection"
         registry = self._metadata.bookies
+        backoff = Backoff(_REGISTRY_RETRY_SECONDS / 5, _REGISTRY_RETRY_SECONDS * 5)
         while True:
             try:
                 async for bookies in registry.watch():
                     self.set_bookies(bookies)
+                    backoff.reset()
                     if not first_view.done():
                         first_view.set_result(None)
             except BKError as error:
@@ -171,7 +174,7 @@ class BookKeeper:
                 if not first_view.done():
                     first_view.set_exception(error)
                     return
-            await asyncio.sleep(_REGISTRY_RETRY_SECONDS)
+            await asyncio.sleep(backoff.next_delay())  # Metadata unreachable: jittered.
 
     def set_bookies(self, bookies: Sequence[BookieInfo]) -> None:
         """Replace the current view of registered bookies (the registry watch calls this)."""

@@ -268,11 +268,13 @@ class LedgerHandle:
     async def wait_for_capacity(self) -> None:
         """Return once an append would be sent at once rather than queued (backpressure)."""
         limit = self._max_outstanding_adds
+        pause = Backoff(0.001, 0.05)  # An ensemble change may wait on metadata for a while.
         while self._error is None and (self._waiting or len(self._pending) >= limit):
             if self._pending:  # The oldest in-flight add completes first: wait for it.
                 await asyncio.wait((self._pending[0].future,))
+                pause.reset()
             else:  # Held back by an ensemble change only; it ends by itself.
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(pause.next_delay())
 
     async def close(self) -> None:
         """Wait for pending adds, then seal the ledger: metadata CLOSED at the LAC.

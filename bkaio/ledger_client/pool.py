@@ -41,6 +41,7 @@ from bkaio.protocol import (
     Response,
     Status,
 )
+from bkaio.supervision import loop_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +84,8 @@ class BookiePool:
         for send in deferred:
             try:
                 send()
-            except Exception:  # One handle's failure must not keep the others' adds back.
-                log.exception("deferred_send_failed")
+            except Exception as error:  # One handle's failure must not hold the others back.
+                loop_supervisor().report("deferred_send", error)
         touched, self._touched = self._touched, set()
         for connection in touched:
             connection.flush_now()

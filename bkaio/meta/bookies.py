@@ -16,9 +16,11 @@ from typing import Any
 import msgpack
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import MetadataError, MetadataVersionError
 from bkaio.meta.errors import InvalidMetadataError, LeaseExpiredError
 from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore
+from bkaio.supervision import Restart, loop_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -114,8 +116,8 @@ class BookieRegistration:
         self._info = info
         self._lease = lease
         self._deregistered = False
-        self._supervisor = asyncio.get_running_loop().create_task(
-            self._supervise(), name=f"bookie-registration-{info.bookie_id}"
+        self._keeper = loop_supervisor().spawn(
+            "bookie_registration", self._keep, Restart(), instance=f"{info.bookie_id}/{lease.id}"
         )
 
     @property
@@ -141,7 +143,10 @@ class BookieRegistration:
         key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
         await self._store.put(key, encode_bookie_info(self._info), lease=self._lease)
 
-    async def _supervise(self) -> None:
+    async def _keep(self) -> None:
+        """Re-register under a new lease whenever the lease is lost (metadata was unreachable
+        for longer than its TTL, say), retrying with backoff until it is done."""
+        backoff = Backoff(0.2, max(0.2, min(5.0, self._lease.ttl_seconds / 2)))
         while not self._deregistered:
             await self._lease.wait_lost()
             if self._deregistered:
@@ -153,20 +158,25 @@ class BookieRegistration:
                 await self._publish()
                 lease.start_keep_alive()
                 log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
+                backoff.reset()
             except MetadataError as error:
+                delay = backoff.next_delay()
                 log.warning(
-                    "bookie_reregister_failed", bookie_id=self._info.bookie_id, error=str(error)
+                    "bookie_reregister_failed",
+                    bookie_id=self._info.bookie_id,
+                    error=str(error),
+                    retry_in=round(delay, 2),
                 )
-                await asyncio.sleep(min(1.0, self._lease.ttl_seconds / 3))
+                await asyncio.sleep(delay)
 
     async def deregister(self) -> None:
         """Remove the registration now (revoking the lease deletes its key)."""
         if self._deregistered:
             return
         self._deregistered = True
-        self._supervisor.cancel()
+        self._keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await self._supervisor
+            await self._keeper
         await self._lease.revoke()
         log.info("bookie_deregistered", bookie_id=self._info.bookie_id)
 

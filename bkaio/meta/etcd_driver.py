@@ -7,8 +7,9 @@ connections. Must not import `sqlite3`, `protocol` or `journal`.
 aetcd's high-level `Client` lacks range limits, TLS and reconnecting watches, so this driver
 uses aetcd's generated stubs (`aetcd.rpc`) directly.
 
-Retries: a request that fails because etcd is unreachable is retried with backoff for up to
-`retry_seconds` (URI option, default 30 s), so a client rides out an etcd restart. Reads,
+Retries: a request that fails because etcd is unreachable is retried with jittered exponential
+backoff (bkaio/backoff.py) for up to `retry_seconds` (URI option, default 30 s), so a client
+rides out an etcd restart and the clients of one etcd do not retry in lock step. Reads,
 unconditional puts, deletes and lease calls are retried whatever happened. A conditional write
 (compare-and-swap, versioned delete) is retried only when gRPC says it never left this host;
 if the connection broke while it was in flight, the write may or may not have been applied,
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 import structlog
 from aetcd import rpc
 
+from bkaio.backoff import Backoff
 from bkaio.errors import ConfigError, MetadataError, MetadataVersionError
 from bkaio.meta.errors import LeaseExpiredError, MetadataOutcomeUnknownError, WatchCompactedError
 from bkaio.meta.store import (
@@ -73,6 +75,7 @@ _CHANNEL_OPTIONS = [
 ]
 # gRPC details saying the request never reached etcd (or etcd refused it before applying).
 _NOT_SENT_MARKERS = ("failed to connect", "connection refused", "no leader", "not capable")
+_MIN_BACKOFF_SECONDS = 0.05
 _MAX_BACKOFF_SECONDS = 1.0
 # A watch that has received nothing for this long asks for a progress report; after three
 # such periods without any answer its member counts as lost.
@@ -254,7 +257,7 @@ class EtcdMetadataStore(MetadataStore):
         loop = asyncio.get_running_loop()
         budget = self._config.retry_seconds if retry_seconds is None else retry_seconds
         deadline = loop.time() + budget
-        delay = 0.05
+        backoff = Backoff(_MIN_BACKOFF_SECONDS, _MAX_BACKOFF_SECONDS)
         while True:
             if self._closed:
                 raise MetadataError(f"metadata store {self.uri} is closed")
@@ -289,14 +292,16 @@ class EtcdMetadataStore(MetadataStore):
                         f"etcd {what}: connection lost while the write was in flight"
                         f" ({code.name}: {error.details()}); re-read the key to learn the outcome"
                     ) from None
+                delay = backoff.next_delay()
                 if loop.time() + delay > deadline:
                     raise MetadataError(
                         f"etcd {what}: {self._endpoints_text()} unreachable for"
                         f" {budget} s: {error.details()}"
                     ) from None
-                log.warning("etcd_retrying", operation=what, delay_seconds=delay, code=code.name)
+                log.warning(
+                    "etcd_retrying", operation=what, delay_seconds=round(delay, 3), code=code.name
+                )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
 
     def _endpoints_text(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self._config.endpoints)
@@ -503,7 +508,7 @@ class EtcdMetadataStore(MetadataStore):
         if start_revision is None:
             start_revision = await self.current_revision() + 1
         next_revision = start_revision
-        delay = 0.05
+        backoff = Backoff(_MIN_BACKOFF_SECONDS, _MAX_BACKOFF_SECONDS)
         while not self._closed:
             create = rpc.WatchCreateRequest(
                 key=full_prefix, range_end=range_end, start_revision=next_revision
@@ -533,7 +538,7 @@ class EtcdMetadataStore(MetadataStore):
                         heard.consumer_busy = False
                         heard.at = asyncio.get_running_loop().time()
                         next_revision = int(event.kv.mod_revision) + 1
-                    delay = 0.05
+                    backoff.reset()
             except asyncio.CancelledError:
                 if call not in self._moved_calls or _cancelling():
                     raise
@@ -550,15 +555,18 @@ class EtcdMetadataStore(MetadataStore):
                 self._fail_over(used, error.code())
                 log.warning(
                     "etcd_watch_reconnecting", prefix=prefix, from_revision=next_revision,
-                    delay_seconds=delay, code=error.code().name,
+                    delay_seconds=round(backoff.step(), 3), code=error.code().name,
                 )  # fmt: skip
             finally:
                 keeper.cancel()
                 self._watch_calls.pop(call, None)
                 self._moved_calls.discard(call)
+                # cancel() does nothing to a call that already ended (etcd went away): ending
+                # the request stream is what lets gRPC's task that reads it finish.
+                with contextlib.suppress(asyncio.QueueFull):
+                    outgoing.put_nowait(None)
                 call.cancel()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_BACKOFF_SECONDS)
+            await asyncio.sleep(backoff.next_delay())
 
     async def _keep_watch_honest(
         self, call: Any, used: int, outgoing: asyncio.Queue[Any], heard: _Heard
@@ -624,6 +632,6 @@ def _cancelling() -> bool:
 
 async def _requests(outgoing: asyncio.Queue[Any]) -> AsyncIterator[Any]:
     """A watch stream's requests: the create, then progress requests as they are queued, until
-    the call is cancelled."""
-    while True:
-        yield await outgoing.get()
+    None (the watch is over) or the call is cancelled."""
+    while (request := await outgoing.get()) is not None:
+        yield request

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import MetadataError, MetadataVersionError, NoSuchLedgerError
 from bkaio.meta.errors import LedgerExistsError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import (
@@ -69,7 +69,7 @@ class LedgerIdGenerator:
         return ledger_id
 
     async def _allocate_block(self) -> tuple[int, int]:
-        attempt = 0
+        contention = Backoff(0.001, 0.05, jitter=1.0)  # Full jitter: racers spread out.
         while True:
             current = await self._store.get(IDGEN_KEY)
             start = FIRST_LEDGER_ID if current is None else int(current.value)
@@ -84,8 +84,7 @@ class LedgerIdGenerator:
                 )
             except (MetadataVersionError, MetadataOutcomeUnknownError):
                 # Another process took this block (or our CAS may have: re-reading skips it).
-                attempt += 1
-                await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
+                await asyncio.sleep(contention.next_delay())
                 continue
             log.debug("ledger_id_block_allocated", first_ledger_id=start, end_ledger_id=end)
             return start, end

@@ -29,6 +29,7 @@ from typing import Any, Self, TypeVar
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError, MetadataError, MetadataVersionError
 from bkaio.meta.cluster import HOW_TO_INITIALISE, ClusterNotInitialisedError
 from bkaio.meta.errors import LeaseExpiredError, WatchCompactedError
@@ -43,6 +44,7 @@ from bkaio.meta.store import (
     prefix_end,
 )
 from bkaio.meta.uri import parse_sqlite_uri
+from bkaio.supervision import Restart, loop_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -51,9 +53,11 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000  # Writers of other processes queue behind the lock this long.
 # Changes by other processes are noticed by polling: one poller per store reads the revision
 # counter this often and wakes every watch of the store when it moved (a watch then queries its
-# prefix). Local writes wake the watches at once. A watch also re-queries on its own after
-# WATCH_IDLE_REQUERY_SECONDS, a backstop that costs nothing measurable.
+# prefix). While nothing changes the poller backs off to WATCH_POLL_IDLE_SECONDS, so an idle
+# process stays quiet. Local writes wake the watches at once. A watch also re-queries on its
+# own after WATCH_IDLE_REQUERY_SECONDS, a backstop that costs nothing measurable.
 WATCH_POLL_SECONDS = 0.05
+WATCH_POLL_IDLE_SECONDS = 0.4
 WATCH_IDLE_REQUERY_SECONDS = 1.0
 WATCH_PAGE = 1000
 CHANGES_KEEP_REVISIONS = 100_000
@@ -257,6 +261,7 @@ class SqliteMetadataStore(MetadataStore):
     async def _poll_revisions(self) -> None:
         """The store's one poller: wakes every watch when the revision counter moved."""
         seen = -1
+        pause = Backoff(WATCH_POLL_SECONDS, WATCH_POLL_IDLE_SECONDS)
         while self._watches > 0 and not self._closed:
             try:
                 revision = await self._run(self._poll_sync)
@@ -265,14 +270,18 @@ class SqliteMetadataStore(MetadataStore):
             if revision != seen:
                 seen = revision
                 self._notify_local_watches()
-            await asyncio.sleep(WATCH_POLL_SECONDS)
+                pause.reset()
+            await asyncio.sleep(pause.next_delay())
         self._poller = None
 
     def _watch_started(self) -> None:
         self._watches += 1
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(
-                self._poll_revisions(), name="sqlite-watch-poller"
+            self._poller = loop_supervisor().spawn(
+                "sqlite_watch_poller",
+                self._poll_revisions,
+                Restart(),
+                instance=f"{self._path}#{id(self)}",
             )
 
     def _next_revision_sync(self) -> int:

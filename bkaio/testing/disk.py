@@ -11,7 +11,11 @@
   `.jnl` files), and `heal()` makes syncs work again (a test's replaced device);
 - add latency to every sync or write (`sync_delay`, `write_delay`);
 - report the usage fraction written in a file (`usage_file`) instead of the measured one, so a
-  test can make a bookie see a full disk and then a free one again.
+  test can make a bookie see a full disk and then a free one again;
+- fail writes and syncs while a file exists (`fault_file`): it holds an errno name, optionally
+  a file-name suffix the fault is aimed at and `write` or `sync` (both by default), e.g.
+  `ENOSPC .log` (entry logs full), `EIO lastMark.tmp sync` (checkpoints), `EIO .jnl sync` (the
+  journal's fsync). A test process writes it into a running bookie and removes it to heal.
 
 A bookie gets one from its test entry point's `--disk` option (bkaio.testing.bookie), a spec
 that `disk_from_spec` reads; the shard's journal, entry logs and disk checks share it:
@@ -19,6 +23,7 @@ that `disk_from_spec` reads; the shard's journal, entry logs and disk checks sha
     --disk lazy,sync_delay_ms=20,eio_after_syncs=100,write_delay_ms=0,tear
     --disk lazy,eio_after_syncs=0,eio_file_suffix=.log      (entry-log syncs fail)
     --disk usage_file=/tmp/t/disk_usage                     (the file holds e.g. 0.99)
+    --disk fault_file=/tmp/t/disk_fault                     (the file holds e.g. ENOSPC .log)
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class FakeDisk:
     eio_file_suffix: str = ""  # Empty: EIO may hit any file.
     # While this file exists and holds a number in [0, 1], every directory is that full.
     usage_file: Path | None = None
+    # While this file exists: "ERRNO [SUFFIX] [write|sync]" makes those calls fail.
+    fault_file: Path | None = None
     stats: FakeDiskStats = field(default_factory=FakeDiskStats)
 
     def __post_init__(self) -> None:
@@ -67,6 +74,9 @@ class FakeDisk:
     def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
         if self.write_delay:
             time.sleep(self.write_delay)
+        fault = self._file_fault(fd, "write")
+        if fault is not None:
+            raise fault
         with self._lock:
             self.stats.writes += 1
             if self._crashed:
@@ -80,9 +90,15 @@ class FakeDisk:
         if self.sync_delay:
             time.sleep(self.sync_delay)
         targeted = self._eio_may_hit(fd)
+        fault = self._file_fault(fd, "sync")
         with self._lock:
             if self._crashed:
                 return
+            if fault is not None:  # The kernel drops the dirty pages of a failed writeback.
+                self.stats.failed_syncs += 1
+                dropped = self._pending.pop(fd, [])
+                self.stats.dropped_bytes += sum(len(data) for _, data in dropped)
+                raise fault
             if targeted and (
                 self._failed
                 or (
@@ -104,10 +120,27 @@ class FakeDisk:
     def _eio_may_hit(self, fd: int) -> bool:
         if not self.eio_file_suffix:
             return True
-        try:  # The descriptor's path, as the kernel knows it (Linux).
-            return os.readlink(f"/proc/self/fd/{fd}").endswith(self.eio_file_suffix)
-        except OSError:
-            return False
+        return _path_of(fd).endswith(self.eio_file_suffix)
+
+    def _file_fault(self, fd: int, call: str) -> OSError | None:
+        """The error `fault_file` asks `call` ("write" or "sync") on `fd` to fail with."""
+        if self.fault_file is None:
+            return None
+        try:
+            words = self.fault_file.read_text().split()
+        except FileNotFoundError:
+            return None
+        if not words:
+            return None
+        name, rest = words[0], words[1:]
+        calls = {word for word in rest if word in ("write", "sync")} or {"write", "sync"}
+        suffixes = [word for word in rest if word not in ("write", "sync")]
+        if call not in calls or (suffixes and not _path_of(fd).endswith(suffixes[0])):
+            return None
+        code = getattr(errno, name, None)
+        if not isinstance(code, int):
+            raise OSError(errno.EINVAL, f"{self.fault_file}: {name!r} is no errno name")
+        return OSError(code, f"injected {name} on {call} (FakeDisk {self.fault_file})")
 
     def close(self, fd: int) -> None:
         with self._lock:
@@ -170,9 +203,18 @@ class FakeDisk:
             return sum(len(d) for writes in self._pending.values() for _, d in writes)
 
 
+def _path_of(fd: int) -> str:
+    """The descriptor's path, as the kernel knows it (Linux); "" when unknown."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
 def disk_from_spec(spec: str) -> FakeDisk:
     """Parse a disk spec: comma-separated flags (`lazy`, `tear`) and `name=value` options
-    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`, `eio_file_suffix`, `usage_file`)."""
+    (`sync_delay_ms`, `write_delay_ms`, `eio_after_syncs`, `eio_file_suffix`, `usage_file`,
+    `fault_file`)."""
     disk = FakeDisk()
     for raw in spec.split(","):
         item = raw.strip()
@@ -194,12 +236,14 @@ def disk_from_spec(spec: str) -> FakeDisk:
                 disk.eio_file_suffix = value
             elif name == "usage_file" and value:
                 disk.usage_file = Path(value)
+            elif name == "fault_file" and value:
+                disk.fault_file = Path(value)
             else:
                 raise ValueError("unknown option")
         except ValueError as error:
             raise ConfigError(
                 f"disk spec {spec!r}: bad item {item!r} ({error}); expected lazy, tear, "
                 "sync_delay_ms=N, write_delay_ms=N, eio_after_syncs=N, eio_file_suffix=S, "
-                "usage_file=PATH"
+                "usage_file=PATH, fault_file=PATH"
             ) from None
     return disk

@@ -10,7 +10,7 @@ storage configuration (`config`). Nothing here imports either package.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -42,9 +42,22 @@ __all__ = [
     "JournalRecord",
     "LacRecord",
     "MasterKeyRecord",
+    "ReplayReader",
     "ReplayResult",
     "TornTail",
 ]
+
+
+class ReplayReader(Protocol):
+    """A journal's records after a mark, read in bounded batches (each `next()` of `batches`
+    blocks: run it in an executor), and how the reading ended so far."""
+
+    end_mark: JournalMark
+    torn_tail: TornTail | None
+    earlier_torn_tails: list[TornTail]
+    corruption: list[Corruption]
+
+    def batches(self, max_bytes: int) -> Iterator[list[tuple[JournalMark, JournalRecord]]]: ...
 
 
 class JournalLike(Protocol):
@@ -65,8 +78,9 @@ class JournalLike(Protocol):
         """Return once the filling group can take a record."""
         ...
 
-    def replay(self, after: JournalMark | None) -> ReplayResult:
-        """Every record after `after` (blocking: run it in an executor)."""
+    def iter_replay(self, after: JournalMark | None) -> ReplayReader:
+        """The records after `after`, streamed: a journal of any size replays in bounded
+        memory (bkaio/entrylog/shard_storage.py `_replay`)."""
         ...
 
     async def delete_files_before(self, mark: JournalMark) -> object: ...

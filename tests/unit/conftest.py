@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import pytest
 import uvloop
+
+from tests.fixtures.loop_errors import recording
 
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     del config, item
-    factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-    return factories
+    # Both record what reaches their exception handler (tests/fixtures/loop_errors.py).
+    return {
+        "asyncio": recording(asyncio.new_event_loop),
+        "uvloop": recording(uvloop.new_event_loop),
+    }

@@ -13,10 +13,15 @@ from bkaio.backoff import Backoff, RetriesExhaustedError, retry
 from bkaio.supervision import (
     Degrade,
     Fatal,
+    Once,
     Restart,
     Supervisor,
     TaskState,
+    bounded,
+    loop_supervisor,
+    unless_stopped,
 )
+from tests.fixtures.loop_errors import LoopErrors
 
 FAST = Restart(initial_delay_seconds=0.001, max_delay_seconds=0.002)
 
@@ -266,7 +271,7 @@ async def test_names_are_unique_and_spawn_after_stop_is_refused() -> None:
         supervisor.spawn("b", asyncio.Event().wait, FAST)
 
 
-async def test_the_loop_handler_logs_and_counts() -> None:
+async def test_the_loop_handler_logs_and_counts(loop_errors: LoopErrors) -> None:
     registry = CollectorRegistry()
     supervisor = Supervisor("test", registry=registry)
     loop = asyncio.get_running_loop()
@@ -286,6 +291,9 @@ async def test_the_loop_handler_logs_and_counts() -> None:
     (event,) = [e for e in logs if e["event"] == "event_loop_exception"]
     assert event["log_level"] == "error"
     assert "callback bug" in event["error"]
+    # The handler that was there before (this suite's, which fails a test) saw it too.
+    (report,) = loop_errors.take()
+    assert isinstance(report["exception"], ValueError)
 
 
 async def test_stop_gives_up_on_a_task_that_ignores_cancellation() -> None:
@@ -306,3 +314,89 @@ async def test_stop_gives_up_on_a_task_that_ignores_cancellation() -> None:
     assert [e["event"] for e in logs] == ["task_did_not_stop"]
     release.set()
     await asyncio.sleep(0.01)
+
+
+async def test_once_hands_the_failure_on_and_does_not_restart() -> None:
+    registry = CollectorRegistry()
+    supervisor = Supervisor("test", registry=registry)
+    handed: list[BaseException] = []
+    runs = 0
+
+    async def roll() -> None:
+        nonlocal runs
+        runs += 1
+        raise KeyError("bug in a roll")
+
+    with capture_logs() as logs:
+        task = supervisor.spawn("stream_roll", roll, Once(handed.append), instance="ns/s")
+        await task  # The supervisor's task ends quietly: the failure was handled.
+    assert runs == 1
+    assert [type(error) for error in handed] == [KeyError]
+    assert failures(registry, "stream_roll") == 1  # Counted under the kind, not the instance.
+    (event,) = [e for e in logs if e["event"] == "task_failed"]
+    assert event["task"] == "stream_roll[ns/s]" and event["log_level"] == "error"
+    assert supervisor.healthy
+    await asyncio.sleep(0)
+    assert supervisor.statuses() == []  # An instance's entry goes when it ends.
+    await supervisor.stop()
+
+
+async def test_instances_of_one_kind_run_side_by_side() -> None:
+    supervisor = Supervisor("test", registry=CollectorRegistry())
+    release = asyncio.Event()
+    first = supervisor.spawn("lease_keep_alive", release.wait, FAST, instance="7")
+    again = supervisor.spawn("lease_keep_alive", release.wait, FAST, instance="7")
+    other = supervisor.spawn("lease_keep_alive", release.wait, FAST, instance="8")
+    assert len({s.name for s in supervisor.statuses()}) == 3
+    first.cancel()
+    release.set()
+    await asyncio.gather(first, again, other, return_exceptions=True)
+    await supervisor.stop()
+
+
+async def test_library_tasks_run_on_the_adopted_supervisor_until_it_stops() -> None:
+    registry = CollectorRegistry()
+    service = Supervisor("bookie", registry=registry)
+    default = loop_supervisor()
+    assert default is loop_supervisor() and default is not service
+    service.adopt_loop()
+    assert loop_supervisor() is service
+    await service.stop()
+    assert loop_supervisor() is not service  # Stopped: later library tasks go elsewhere.
+
+
+async def test_a_start_step_gives_way_to_stop() -> None:
+    stop = asyncio.Event()
+    cleaned = asyncio.Event()
+
+    async def unreachable() -> None:
+        try:
+            await asyncio.sleep(30)  # Metadata retried while etcd is down.
+        finally:
+            cleaned.set()
+
+    step = asyncio.ensure_future(unreachable())
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    assert not await unless_stopped(step, stop)
+    assert step.cancelled() and cleaned.is_set()
+    done = asyncio.ensure_future(asyncio.sleep(0, result=1))
+    assert await unless_stopped(done, asyncio.Event())
+
+
+async def test_a_stop_step_is_bounded() -> None:
+    with capture_logs() as logs:
+        assert not await bounded(asyncio.sleep(30), "deregister", seconds=0.01)
+    assert [e["event"] for e in logs] == ["stop_step_timed_out"]
+    assert await bounded(asyncio.sleep(0), "deregister", seconds=1)
+
+
+async def test_a_failure_handled_where_it_happened_is_still_reported() -> None:
+    registry = CollectorRegistry()
+    supervisor = Supervisor("client", registry=registry)
+    with capture_logs() as logs:
+        supervisor.report("writable_callback", ValueError("one ledger's callback"))
+    (event,) = logs
+    assert event["event"] == "task_failed" and event["log_level"] == "error"
+    assert failures(registry, "writable_callback") == 1
+    assert supervisor.healthy
+    await supervisor.stop()

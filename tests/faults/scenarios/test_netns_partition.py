@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bkaio.meta import initialise_cluster_at
 from tests.faults.harness.child import WriterChild
 from tests.faults.harness.cluster import FaultCluster
 from tests.faults.harness.final import assert_safe, finish
@@ -80,7 +81,11 @@ async def netns_cluster(
 ) -> AsyncIterator[FaultCluster]:
     base = tmp_path / "cluster"
     base.mkdir()
-    cluster = FaultCluster(base, f"sqlite://{base / 'meta.db'}", bookies=BOOKIES, seed=seed)
+    metadata_uri = f"sqlite://{base / 'meta.db'}"
+    # The bookies are spawned one by one (inside namespaces), not by the cluster's __aenter__,
+    # so the store they refuse to run without is created here.
+    await initialise_cluster_at(metadata_uri, exist_ok=True)
+    cluster = FaultCluster(base, metadata_uri, bookies=BOOKIES, seed=seed)
     try:
         for index in range(BOOKIES):
             _spawn_in_namespace(cluster, net, index)

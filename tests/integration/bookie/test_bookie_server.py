@@ -175,6 +175,31 @@ async def test_long_poll_read_lac(bookie_cluster_factory: BookieClusterFactory) 
     await reader.close()
 
 
+async def test_long_polls_are_bounded_per_connection(
+    bookie_cluster_factory: BookieClusterFactory,
+) -> None:
+    config = {**FIRST_SIGHT, "server": {**FIRST_SIGHT["server"]}}
+    config["server"]["max_long_poll_waiters_per_connection"] = 2
+    cluster = await bookie_cluster_factory(config=config)
+    greedy = await RawClient.connect(cluster[0].host, cluster[0].port)
+    other = await RawClient.connect(cluster[0].host, cluster[0].port)
+    for ledger_id in (5, 6):  # Two polls wait on this connection: its bound.
+        greedy.send(ReadLacRequest(greedy.next_id(), ledger_id, Flag.LONG_POLL, None, -1, 30_000))
+    await greedy.writer.drain()
+    await asyncio.sleep(0.2)
+    refused = await greedy.request(
+        ReadLacRequest(greedy.next_id(), 7, Flag.LONG_POLL, None, -1, 30_000)
+    )
+    assert refused.status is Status.TOO_MANY_REQUESTS
+    # Another connection still has its own slots: it waits (answered at its timeout).
+    answered = await other.request(
+        ReadLacRequest(other.next_id(), 7, Flag.LONG_POLL, None, -1, 200)
+    )
+    assert isinstance(answered, ReadLacResponse) and answered.status is Status.OK
+    await greedy.close()
+    await other.close()
+
+
 async def test_read_only_flips_on_injected_disk_usage(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:

@@ -52,6 +52,31 @@ async def test_watch_and_operations_survive_an_etcd_restart(etcd_server: EtcdSer
         await store.close()
 
 
+async def test_a_watch_that_lost_etcd_leaves_no_task_behind(etcd_server: EtcdServer) -> None:
+    """Each reconnect of a watch ends the old stream's request task (gRPC's reader of it):
+    a watch that outlived etcd for a while used to leave one pending task per lost stream."""
+    store = await open_store(etcd_server.uri)
+
+    async def watch() -> None:
+        async for _event in store.watch_prefix("/gone/"):
+            pass
+
+    task = asyncio.create_task(watch())
+    try:
+        await store.put("/gone/1", b"1")
+        await asyncio.sleep(0.3)  # The watch stream is open.
+        await asyncio.to_thread(etcd_server.kill)
+        await asyncio.sleep(2.0)  # Several reconnect attempts.
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.close()
+    await asyncio.sleep(0.1)
+    left = [t for t in asyncio.all_tasks() if "consume_request_iterator" in repr(t)]
+    assert left == []
+
+
 async def test_two_clients_agree_after_a_graceful_restart(etcd_server: EtcdServer) -> None:
     writer = await open_store(etcd_server.uri)
     reader = await open_store(etcd_server.uri)

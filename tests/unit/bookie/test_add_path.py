@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from bkaio.bookie.connection import BookieServerProtocol
 from bkaio.bookie.interfaces import AddRequests
@@ -212,3 +213,30 @@ async def test_adds_mixed_with_other_requests_keep_their_answers(shard: Shard) -
     assert answers[bodies[0][1]][2] == Status.OK
     assert answers[bodies[2][1]][2] == Status.OK
     assert answers[bodies[3][1]][2] == Status.BAD_DIGEST
+
+
+async def test_an_answer_that_raises_releases_the_accounting_all_the_same(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while answering a durable group must not leak in-flight bytes (they would keep
+    the shard's reading paused): the group is released, and the bug reported."""
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("bug while answering")
+
+    monkeypatch.setattr(shard.connection, "respond_add_ok", broken)
+    monkeypatch.setattr(shard.connection, "respond_adds_ok", broken)
+    bodies = [shard.add_body(entry_id) for entry_id in range(1, 6)]
+    with structlog.testing.capture_logs() as logs:
+        for body in bodies:
+            shard.server.add(shard.connection, decode_adds(body, 4096, AddRequests))
+        assert shard.server.inflight_bytes > 0
+        for _ in range(1000):  # ~10 s: a bound for a hung test, not a timing claim.
+            if not shard.server.inflight_requests:
+                break
+            await asyncio.sleep(0.01)
+    assert shard.server.inflight_bytes == 0
+    assert not shard.connection.inflight_ids
+    failed = [e for e in logs if e["event"] == "task_failed"]
+    assert failed and all(e["task"] == "add_answers" for e in failed)
+    assert failed[0]["log_level"] == "error"

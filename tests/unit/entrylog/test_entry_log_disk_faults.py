@@ -151,7 +151,7 @@ def _open_descriptors() -> int:
 
 def test_close_after_a_failed_sync_still_closes_every_descriptor(tmp_path: Path) -> None:
     before = _open_descriptors()
-    disk = FakeDisk(lazy=True, eio_after_syncs=1)
+    disk = FakeDisk(lazy=True, eio_after_syncs=1, eio_file_suffix=".log")
     logs = EntryLogDirectory(tmp_path, max_log_bytes=1024, disk=disk)
     logs.open()
     first = logs.append([encode_record(make_entry(1, 0))])
@@ -202,7 +202,7 @@ async def test_entry_log_fsync_eio_fails_the_checkpoint_and_loses_nothing(
     open_storage: OpenStorage, tmp_path: Path, healthy_syncs: int, then: str
 ) -> None:
     config = make_config(tmp_path)
-    disk = FakeDisk(lazy=True, eio_after_syncs=healthy_syncs)
+    disk = FakeDisk(lazy=True, eio_after_syncs=healthy_syncs, eio_file_suffix=".log")
     storage = await open_storage(config, entry_log_disk=disk)
     mark_before = _marks(config)
     checkpoints_before = storage.stats.checkpoints_written
@@ -262,7 +262,7 @@ async def test_a_failing_periodic_flush_is_logged_and_retried(
     open_storage: OpenStorage, tmp_path: Path
 ) -> None:
     config = make_config(tmp_path, flush_interval_seconds=0.01)
-    disk = FakeDisk(lazy=True, eio_after_syncs=0)
+    disk = FakeDisk(lazy=True, eio_after_syncs=0, eio_file_suffix=".log")
     storage = await open_storage(config, entry_log_disk=disk)
     mark_before = _marks(config)
     with structlog.testing.capture_logs() as logs:

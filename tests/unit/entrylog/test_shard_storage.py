@@ -227,6 +227,23 @@ async def test_replay_after_unclean_stop(
     _assert_state_restored(again)
 
 
+async def test_replay_of_a_journal_larger_than_the_write_cache_flushes_as_it_goes(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    """Replay streams: the write cache is flushed whenever it is half full, as for adds."""
+    storage = await open_storage(make_config(tmp_path))
+    payload = b"p" * 10_000
+    entries = [make_entry(3, i, payload=payload) for i in range(200)]  # ~2 MB of journal.
+    await asyncio.gather(*(add_entry(storage, entry, KEY) for entry in entries))
+    await storage.close(checkpoint=False)
+    small = make_config(tmp_path, write_cache_bytes=256 * 1024)
+    reopened = await open_storage(small)
+    assert reopened.stats.replayed_records == 201  # The key record and 200 entries.
+    assert reopened.stats.flushes >= 8  # ~2 MB through a 256 KiB cache flushed at half.
+    for entry in entries:
+        assert await read_entry(reopened, 3, entry.entry_id) == entry
+
+
 def _assert_state_restored(storage: ShardStorage) -> None:
     fenced = storage.ledger_state(3)
     assert fenced is not None and fenced.fenced and fenced.master_key == KEY

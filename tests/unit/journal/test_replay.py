@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import mmap
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from bkaio.journal import (
     MasterKeyRecord,
     ReplayResult,
 )
+from bkaio.journal import replay as replay_module
 from bkaio.journal.files import HEADER_BYTES, file_name
 
 RECORDS: list[JournalRecord] = [
@@ -97,6 +100,57 @@ async def test_iter_replay_streams_records(config: JournalConfig) -> None:
         assert reader.end_mark == marks[-1] and reader.torn_tail is None
     finally:
         await journal.close()
+
+
+async def _write_many(config: JournalConfig, count: int, size: int) -> list[JournalMark]:
+    journal = await Journal.open(config)
+    try:
+        records = [
+            EntryRecord(7, i, i - 1, (i + 1) * size, i, bytes([i % 251]) * size)
+            for i in range(count)
+        ]
+        return list(await asyncio.gather(*(journal.append(record) for record in records)))
+    finally:
+        await journal.close()
+
+
+async def test_batches_are_bounded_and_cover_every_record(config: JournalConfig) -> None:
+    marks = await _write_many(config, 300, 1000)
+    directory = config.directories[0]
+    file_ids = sorted({mark.file_id for mark in marks})
+    everything = list(JournalReader(directory, file_ids, None))
+    reader = JournalReader(directory, file_ids, None)
+    batches = list(reader.batches(max_bytes=10_000))
+    assert [item for batch in batches for item in batch] == everything
+    assert len(batches) > 20
+    previous = JournalMark(file_ids[0], HEADER_BYTES)
+    for batch in batches:
+        first, last = batch[0][0], batch[-1][0]
+        assert first.file_id == last.file_id
+        assert last.offset - previous.offset <= 10_000 + 1100  # The bound plus one record.
+        previous = last
+    assert reader.end_mark == marks[-1]
+
+
+async def test_read_pages_are_handed_back_as_replay_goes(
+    config: JournalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marks = await _write_many(config, 200, 4000)
+    released: list[tuple[int, int]] = []
+    release = replay_module._release_pages
+
+    def recording(mapped: mmap.mmap, start: int, end: int) -> int:
+        released.append((start, end))
+        return release(mapped, start, end)
+
+    monkeypatch.setattr(replay_module, "RELEASE_PAGES_BYTES", 64 * 1024)
+    monkeypatch.setattr(replay_module, "_release_pages", recording)
+    file_ids = sorted({mark.file_id for mark in marks})
+    records = list(JournalReader(config.directories[0], file_ids, None))
+    assert len(records) == 200
+    assert len(released) >= 10  # 800 KB read, handed back every 64 KiB.
+    for (start, _end), (_previous_start, previous_end) in zip(released[1:], released, strict=False):
+        assert start == previous_end - previous_end % mmap.PAGESIZE
 
 
 async def test_a_torn_last_record_at_every_offset_ends_replay_cleanly(
