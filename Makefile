@@ -111,15 +111,17 @@ bench-spark: venv
 # Deterministic simulation of the real bookie and client code (docs/faults.md): `make sim
 # SEEDS=N` runs seeds 0..N-1 (every one must pass), then checks that each deliberately broken
 # part is caught within 1000 seeds; `make sim SEED=S` replays one seed and prints its report;
-# MUTATION=name runs with that broken part (with SEEDS: until a seed catches it). JOBS workers.
+# MUTATION=name runs with that broken part (with SEEDS: until a seed catches it); SCENARIO=name
+# runs only that scenario. JOBS workers.
 SEEDS ?= 1000
 SEED ?=
 MUTATION ?=
+SCENARIO ?=
 JOBS ?= 2
 sim: venv
 	PYTHONHASHSEED=0 $(PY) -m bkaio.testing.sim --jobs $(JOBS) \
 		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(MUTATION),,--mutation-checks 1000)) \
-		$(if $(MUTATION),--mutation $(MUTATION))
+		$(if $(MUTATION),--mutation $(MUTATION)) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # RSS of a shard replaying a 2 GiB journal, above an idle one (target <= 256 MiB); ~4 GiB of disk.
 bench-replay: venv

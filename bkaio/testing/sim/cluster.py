@@ -78,7 +78,7 @@ class SimCluster:
         self.address_book: dict[str, BookieInfo] = {b.bookie_id: b.info for b in self.bookies}
         self.clients: dict[str, SimClient] = {}
         self.ledgers: list[int] = []
-        self.notes: list[str] = []  # What the nemesis did, for the failure report.
+        self.notes = self.env.notes  # What the nemesis did (and who exited), for the report.
 
     # ----------------------------------------------------------------- processes
 
@@ -100,7 +100,7 @@ class SimCluster:
         return client
 
     def note(self, text: str) -> None:
-        self.notes.append(f"t={self.loop.time():.3f} {text}")
+        self.env.note(text)
 
     async def start(self) -> None:
         """Start every bookie and wait until each is registered (one that fails to start

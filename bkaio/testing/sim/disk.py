@@ -128,6 +128,12 @@ class SimDisk:
         self._good_syncs += 1
         return False
 
+    def fail_syncs(self, after: int, suffix: str = "") -> None:
+        """From now: `after` more syncs (of files ending in `suffix`, "" any) work, then every
+        one fails until `repair`."""
+        self.model.fail_suffix = suffix
+        self.model.fail_syncs_after = self._good_syncs + after
+
     def repair(self) -> None:
         """Syncs work again (the machine rebooted with the device back)."""
         self.failing = False

@@ -7,8 +7,11 @@ checkpoint) with a real `Journal`, then a `ShardServer` whose connections are re
 `BookieServerProtocol`s on the simulated network, and a registration in the metadata store
 under a lease. The only parts that differ are the seams: the disk, the threads (simulated, so
 the writer thread's and the storage thread's work runs on the loop), the crash points and the
-journal's ack policy (a mutation check's). `crash()` kills the process (optionally with the
-machine's power: unsynced writes are lost); `start()` again is a restart from the same disk.
+journal's ack policy (a mutation check's). As in the worker, a journal that fails ends the
+process (`bkaio.bookie.worker` exits 3 and its service manager restarts it) and a failed
+storage flush makes the server read-only until a flush works again. `crash()` kills the
+process (optionally with the machine's power: unsynced writes are lost); `start()` again is a
+restart from the same disk.
 
 `SimClient` is one application process holding a real `BookKeeper` (its `BookiePool` connects
 through the simulated network, its metadata through an in-memory connection).
@@ -21,7 +24,7 @@ import contextlib
 import functools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +58,10 @@ RESTART_DELAY_SECONDS = 1.0
 MAX_RESTARTS = 20  # A bookie that fails to start this often stays down (the final phase says so).
 
 
+class JournalFailedExit(Exception):
+    """A simulated bookie's journal failed: its process exits (the worker's exit 3)."""
+
+
 @dataclass
 class Environment:
     """What every simulated machine shares: the loop, the network, the metadata cluster."""
@@ -65,6 +72,10 @@ class Environment:
     rng: random.Random
     metadata_latency: tuple[float, float] = (0.0005, 0.005)
     lost_metadata_answers: float = 0.0
+    notes: list[str] = field(default_factory=list)  # What happened, for the seed's report.
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"t={self.loop.time():.3f} {text}")
 
     def metadata_connection(self) -> Metadata:
         faults = StoreFaults(
@@ -126,6 +137,7 @@ class SimBookie(SimProcess):
         self.registered = asyncio.Event()  # ... and registered.
         self.start_failures: list[str] = []
         self.starts = 0
+        self._fatal: asyncio.Future[BKError] = env.loop.create_future()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -134,6 +146,7 @@ class SimBookie(SimProcess):
         self.starts += 1
         self.serving = asyncio.Event()
         self.registered = asyncio.Event()
+        self._fatal = self.loop.create_future()
         self.spawn(self._main(), "main")
 
     async def _main(self) -> None:
@@ -142,6 +155,8 @@ class SimBookie(SimProcess):
         try:
             await self._run()
         except Exception as error:
+            # The machine's directory named by the machine: a report reads the same every run.
+            self.env.note(f"{self.name} exited: {error!r}".replace(str(self.root), self.name))
             self.start_failures.append(repr(error))
             if len(self.start_failures) < MAX_RESTARTS:
                 self.loop.call_later(
@@ -206,6 +221,9 @@ class SimBookie(SimProcess):
             key_verifier=LedgerKeyVerifier(key_source),
         )
         self.storage, self.server = storage, server
+        storage.write_failure_listener = functools.partial(self._storage_failed, server)
+        if storage.write_failure is not None:  # Failed before the listener was there.
+            self._storage_failed(server, True)
         env.network.listen(self, self.host, self.port, lambda: BookieServerProtocol(server))
         self.serving.set()
         registration = await metadata.bookies.register(self.info, REGISTRATION_TTL_SECONDS)
@@ -213,15 +231,27 @@ class SimBookie(SimProcess):
         await self._sweep(server, registration)
 
     async def _sweep(self, server: ShardServer, registration: BookieRegistration) -> None:
+        """Sweep every second until the journal fails: then the process exits (`_main`
+        restarts it later), its registration's lease left to expire."""
         del registration  # Kept alive by its own task; dies with the process.
-        while True:
-            await asyncio.sleep(1.0)
+        fatal = self._fatal
+        while not fatal.done():
+            await asyncio.wait([fatal], timeout=1.0)
             server.sweep(self.loop.time())
+        raise JournalFailedExit(f"journal failed: {fatal.result()}")
+
+    def _storage_failed(self, server: ShardServer, failed: bool) -> None:
+        self.env.note(f"{self.name} {'read-only: storage failed' if failed else 'writable again'}")
+        server.set_read_only(storage_failed=failed)
+
+    def _journal_failed(self, error: BKError) -> None:
+        if not self._fatal.done():
+            self._fatal.set_result(error)
 
     async def _open_journal(
         self, config: JournalConfig, directory: Path, threads: SimThreads
     ) -> Journal:
-        return await Journal.open(
+        journal = await Journal.open(
             config,
             directory=directory,
             disk=self.disk,
@@ -229,6 +259,8 @@ class SimBookie(SimProcess):
             ack_policy=self.journal_ack,
             threads=threads,
         )
+        journal.on_failure = self._journal_failed
+        return journal
 
     def _latency(self, name: str) -> float:
         return self.disk.latency("read" if name.endswith("read") else "sync")

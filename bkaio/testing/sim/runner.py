@@ -70,6 +70,7 @@ class SimOutcome:
     wall_seconds: float = 0.0
     digest: str = ""  # Of the history: two runs of one seed must agree.
     history: str = ""  # JSON Lines, kept when the seed failed.
+    chosen_scenario: bool = False  # Given by the caller (--scenario), not drawn from the seed.
 
     @property
     def failed(self) -> bool:
@@ -77,7 +78,8 @@ class SimOutcome:
 
     @property
     def reproduce(self) -> str:
-        extra = f" MUTATION={self.mutation}" if self.mutation else ""
+        extra = f" SCENARIO={self.scenario}" if self.chosen_scenario else ""
+        extra += f" MUTATION={self.mutation}" if self.mutation else ""
         return f"make sim SEED={self.seed}{extra}"
 
     def report(self, limit: int = 10) -> str:
@@ -156,7 +158,7 @@ def run_seed(
         options.journal_ack = AckBeforeSync()
     elif mutation == "unfenced_recovery_reads":
         options.recovery_reads = UNFENCED_RECOVERY_READS
-    outcome = SimOutcome(seed, name, mutation)
+    outcome = SimOutcome(seed, name, mutation, chosen_scenario=scenario is not None)
     loop = SimLoop(
         random.Random(rng.random()),
         reorder_window=rng.choice([0.0, 0.0, 0.0005, 0.003]),

@@ -15,7 +15,8 @@ ledger), and one kind of trouble:
 |                           | ensemble change) while a recovery starts                         |
 | bookie-crash-unsynced     | bookies lose power (unsynced writes lost, maybe torn), even all  |
 |                           | at once, and restart; then the writer stops and a recovery runs  |
-| fsync-failure             | a bookie's disk starts failing fsync (journal or entry logs)     |
+| fsync-failure             | an ensemble bookie's disk starts failing fsync (journal: it      |
+|                           | exits and restarts; entry logs: it turns read-only)              |
 | chaos                     | all of the above at random moments                               |
 
 A scenario returns a one-line description of what the seed chose; the runner then calls the
@@ -118,6 +119,19 @@ class _Run:
 
         self.work.append((client.spawn(later(), "recover"), client))
         return client
+
+    async def ensemble(self) -> list[SimBookie]:
+        """The bookies the writer's ledger was created on (none if its creation failed): a
+        fault meant for the ledger must strike one of them, not a spare."""
+        ledger_id = await self.ledger()
+        if ledger_id is None:
+            return []
+        metadata = self.cluster.env.metadata_connection()
+        try:
+            ledger = await metadata.ledgers.get(ledger_id)
+        finally:
+            await metadata.close()
+        return [self.cluster.bookie(bookie_id) for bookie_id in ledger.ensembles[0][1]]
 
     def at(self, delay: float, action: Callable[[], object]) -> None:
         """Run `action` (the nemesis, outside every process) `delay` virtual seconds from now,
@@ -264,10 +278,10 @@ async def ensemble_change_recovery(cluster: SimCluster, rng: random.Random) -> s
     plan = _plan(rng)
     run.write(plan)
     run.tail()
-    ledger_id = await run.ledger()
-    if ledger_id is None:
+    ensemble = await run.ensemble()
+    if not ensemble:
         return "ledger creation failed"
-    victim = rng.choice(cluster.bookies[: cluster.options.quorum[0]])
+    victim = rng.choice(ensemble)
     fault_at = rng.uniform(0.0, 0.2)
     how = rng.choice(["crash", "power", "isolate", "cut-writer"])
 
@@ -338,11 +352,15 @@ async def bookie_crash_unsynced(cluster: SimCluster, rng: random.Random) -> str:
 async def fsync_failure(cluster: SimCluster, rng: random.Random) -> str:
     run = _Run(cluster, rng)
     plan = _plan(rng)
-    victim = rng.choice(cluster.bookies[: cluster.options.quorum[0]])
-    victim.disk.model.fail_syncs_after = rng.randint(0, 30)
-    victim.disk.model.fail_suffix = rng.choice(["", ".jnl", ".log"])
     run.write(plan)
     run.tail()
+    ensemble = await run.ensemble()
+    if not ensemble:
+        await run.settle()
+        return f"{plan} ledger creation failed"
+    victim = rng.choice(ensemble)
+    after, suffix = rng.randint(0, 30), rng.choice(["", ".jnl", ".log"])
+    victim.disk.fail_syncs(after, suffix)
     recover_at = rng.uniform(0.05, 1.0)
     if rng.random() < 0.5:
         run.recover("r", recover_at)
@@ -352,11 +370,7 @@ async def fsync_failure(cluster: SimCluster, rng: random.Random) -> str:
         run.at(restart_at + 0.1, victim.disk.repair)
         run.at(restart_at + 0.1, partial(cluster.restart_bookie, victim))
     await run.settle()
-    model = victim.disk.model
-    return (
-        f"{plan} {victim.name} fsync fails after {model.fail_syncs_after} syncs of "
-        f"'{model.fail_suffix or '*'}' files"
-    )
+    return f"{plan} {victim.name} fsync fails after {after} more syncs of '{suffix or '*'}' files"
 
 
 async def chaos(cluster: SimCluster, rng: random.Random) -> str:

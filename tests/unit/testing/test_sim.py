@@ -91,3 +91,14 @@ def test_a_seed_replays_exactly_alone_or_among_others() -> None:
         digests[seed] = digest.group(1)
     # From another process state altogether: the same schedule, to the byte.
     assert run_in_child(FIRST + 3).digest == digests[FIRST + 3]
+
+
+def test_a_failing_journal_ends_its_bookie_and_a_failing_flush_makes_it_read_only() -> None:
+    """As in the worker: a journal whose write or sync failed ends the process (restarted
+    later), a failed entry-log flush makes the bookie read-only; no guarantee breaks."""
+    outcomes = [run_in_child(seed, scenario="fsync-failure") for seed in range(12)]
+    assert not [outcome.report() for outcome in outcomes if outcome.failed]
+    notes = [note for outcome in outcomes for note in outcome.notes]
+    assert any("exited: JournalFailedExit" in note for note in notes), notes
+    assert any("read-only: storage failed" in note for note in notes), notes
+    assert "make sim SEED=2 SCENARIO=fsync-failure" in outcomes[2].report()
