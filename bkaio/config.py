@@ -8,6 +8,7 @@
     [autorecovery] the auditor and replication worker this bookie runs (docs/autorecovery.md)
     [gc]         garbage collection of deleted and moved ledgers, compaction cadence
     [tls]        TLS (and mutual TLS) on the client port
+    [scrub]      the background consistency check of stored entries (off by default)
     [storage]    journal_dirs, ledger_dirs, index_dirs and the other `StorageConfig` knobs
     [journal]    the `JournalConfig` knobs except its directory
     [log]        level, json
@@ -288,6 +289,24 @@ class GcConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScrubConfig:
+    """The [scrub] section: the background consistency check of every stored entry
+    (BookKeeper's localScrubPeriod / localScrubRateLimit; docs/operations.md)."""
+
+    period_seconds: float = 0.0  # Between the starts of two scrubs; 0 turns the scrubber off.
+    rate_entries_per_second: float = 60.0  # Entries read and verified per second, per shard.
+
+    def __post_init__(self) -> None:
+        if self.period_seconds < 0:
+            raise ConfigError(f"scrub.period_seconds={self.period_seconds} must be >= 0 (0: off)")
+        if not 0 < self.rate_entries_per_second <= 1_000_000:
+            raise ConfigError(
+                f"scrub.rate_entries_per_second={self.rate_entries_per_second} must be in "
+                "(0, 1000000]"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StorageDirs:
     """Where the shards' data lives; each shard uses `<dir>/shard-<i>` of each directory."""
 
@@ -333,6 +352,7 @@ class BookieConfig:
     autorecovery: AutorecoveryConfig = field(default_factory=AutorecoveryConfig)
     gc: GcConfig = field(default_factory=GcConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    scrub: ScrubConfig = field(default_factory=ScrubConfig)
     source: Path | None = field(default=None, compare=False)  # The TOML file it came from.
 
     def __post_init__(self) -> None:
@@ -364,6 +384,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "autorecovery": AutorecoveryConfig,
     "gc": GcConfig,
     "tls": TlsConfig,
+    "scrub": ScrubConfig,
 }
 # Keys of StorageConfig/JournalConfig the bookie sets itself (directories, disk thresholds).
 _STORAGE_OWN_KEYS = frozenset(
@@ -609,6 +630,7 @@ def build_bookie_config(
         autorecovery = AutorecoveryConfig(**merged["autorecovery"])
         gc = GcConfig(**merged["gc"])
         tls = TlsConfig(**merged["tls"])
+        scrub = ScrubConfig(**merged["scrub"])
         dir_keys = set(_settable_fields(StorageDirs))
         dirs = StorageDirs(**{k: v for k, v in merged["storage"].items() if k in dir_keys})
         storage_options = {k: v for k, v in merged["storage"].items() if k not in dir_keys}
@@ -638,6 +660,7 @@ def build_bookie_config(
             autorecovery=autorecovery,
             gc=gc,
             tls=tls,
+            scrub=scrub,
             source=source,
         )
     except ConfigError as error:

@@ -47,6 +47,7 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
+from bkaio.meta import Metadata
 from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import bookie_client_tls_context
 from bkaio.supervision import (
@@ -60,7 +61,8 @@ from bkaio.supervision import (
     unless_stopped,
 )
 
-from .admin import AdminJobs, build_admin_app
+from .admin import build_admin_app
+from .admin_jobs import AdminJobs
 from .control import decode_message, encode_message
 from .metrics import AggregatingCollector, BkaioOnly, snapshot_registry
 from .sdnotify import SystemdNotifier
@@ -73,6 +75,7 @@ EXIT_START_FAILED = 2
 WORKER_START_TIMEOUT_SECONDS = 120.0  # Journal replay of a large journal can take a while.
 CONTROL_REPLY_TIMEOUT_SECONDS = 5.0
 GC_REPLY_TIMEOUT_SECONDS = 300.0  # A GC run may compact large entry logs.
+_NO_SPACE = {"total_bytes": None, "free_bytes": None, "filesystems": 0}  # No shard answered.
 # How a shard worker is started; `--config`, `--shard` and `--instance-id` follow.
 WORKER_COMMAND: Final = (sys.executable, "-m", "bkaio.bookie.worker")
 ADMIN_SHUTDOWN_SECONDS = 2.0  # Stopping waits this long for admin requests in progress.
@@ -233,6 +236,18 @@ class BookieParent:
             "tasks": [t.as_dict() for t in self.supervisor.statuses()],
         }
 
+    @property
+    def admin_metadata(self) -> Metadata | None:
+        return self.metadata  # type: ignore[no-any-return]
+
+    def trigger_local_audit(self) -> bool:
+        """Audit now if this bookie is the elected auditor; whether it is."""
+        service = self.autorecovery
+        auditor = None if service is None else service.auditor
+        if auditor is not None:
+            auditor.trigger()
+        return auditor is not None
+
     async def info(self) -> dict[str, Any]:
         shards = await asyncio.gather(
             *(w.call("info") for w in self.workers), return_exceptions=True
@@ -240,11 +255,9 @@ class BookieParent:
         shard_infos: list[dict[str, Any]] = [
             s if isinstance(s, dict) else {"error": str(s)} for s in shards
         ]
-        ledger_disks = [
-            d for s in shard_infos for d in s.get("disks", []) if d.get("kind") == "ledger"
-        ]
-        total = sum(int(d["total_bytes"]) for d in ledger_disks)
-        used = sum(int(d["used_bytes"]) for d in ledger_disks)
+        # Every shard measures the bookie's space (space.py) with its disk checks: take the
+        # first answer, so that GET_BOOKIE_INFO and this report the same figure.
+        space = next((s["space"] for s in shard_infos if "space" in s), _NO_SPACE)
         return {
             **self.state(),
             "version": bkaio.__version__,
@@ -253,8 +266,9 @@ class BookieParent:
             "shard_count": self.config.shard_count,
             "rack": self.config.rack,
             "admin_url": self.admin_url,
-            "total_bytes": total,
-            "free_bytes": max(total - used, 0),
+            **space,
+            "freeSpace": space["free_bytes"],  # BookKeeper's names (GET /api/v1/bookie/info).
+            "totalSpace": space["total_bytes"],
             "shards": shard_infos,
         }
 
@@ -316,6 +330,13 @@ class BookieParent:
             raise BKError(f"shard {worker.shard_index}: {reply['error']}")
         key = reply.get("master_key")
         return None if key is None else str(key)
+
+    async def gc_details(self) -> list[dict[str, Any]]:
+        """Each shard's garbage collection and compaction record (GET .../gc_details)."""
+        replies = await asyncio.gather(
+            *(w.call("gc_details") for w in self.workers), return_exceptions=True
+        )
+        return [r if isinstance(r, dict) else {"error": str(r)} for r in replies]
 
     async def run_gc(self) -> list[dict[str, Any]]:
         """One garbage collection run on every shard, now."""

@@ -67,6 +67,7 @@ from .adds import REQUEST_OVERHEAD_BYTES, AddPath
 from .interfaces import Peer
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
+from .space import BookieSpace
 
 __all__ = ["ADD_ENTRIES_MIN_FRAME_BYTES", "FEATURES", "REQUEST_OVERHEAD_BYTES", "ShardServer"]
 
@@ -113,8 +114,9 @@ class ShardServer(AddPath):
         self.forced_read_only = config.read_only.start_read_only
         self.disk_full = False
         self.storage_failed = False  # Flushes fail (storage `write_failure`): read-only.
-        self.disk_usages: list[DiskUsage] = []  # As the last disk check measured them.
         self.disk_usage_fraction_max = 0.0
+        # The bookie's space (bkaio/bookie/space.py), refreshed with every disk check.
+        self.space = BookieSpace(total_bytes=0, free_bytes=0, filesystems=0)
         self.stopping = False
         self._on_read_only_change = on_read_only_change
         # None: "first_sight" (storage records the first key); else checked against metadata.
@@ -181,10 +183,8 @@ class ShardServer(AddPath):
         return self.storage.disk_usage()
 
     def apply_disk_usage(self, usages: list[DiskUsage]) -> None:
-        """Keep the measured usage (GET_BOOKIE_INFO answers from it, without a statvfs on the
-        loop); flip read-only when a disk passes `disk_read_only_fraction`, back below the low
-        mark."""
-        self.disk_usages = usages
+        """Flip read-only when a disk passes `disk_read_only_fraction`, back below the low mark
+        (GET_BOOKIE_INFO answers from `space`, which the same disk check measures)."""
         highest = max((usage.fraction for usage in usages), default=0.0)
         self.disk_usage_fraction_max = highest
         thresholds = self.config.read_only
@@ -301,18 +301,12 @@ class ShardServer(AddPath):
         if isinstance(request, PingRequest):
             return PingResponse(request.request_id, Status.OK)
         if isinstance(request, GetBookieInfoRequest):
-            usages = self.disk_usages  # The last disk check's: statvfs stays off the loop.
-            total = sum(u.total_bytes for u in usages if u.kind == "ledger") or sum(
-                u.total_bytes for u in usages
-            )
-            used = sum(u.used_bytes for u in usages if u.kind == "ledger") or sum(
-                u.used_bytes for u in usages
-            )
+            space = self.space  # Measured off the loop by the worker's disk check (space.py).
             return GetBookieInfoResponse(
                 request.request_id,
                 Status.OK,
-                total,
-                max(total - used, 0),
+                space.total_bytes,
+                space.free_bytes,
                 self.shard_index,
                 self.shard_count,
                 self.read_only,

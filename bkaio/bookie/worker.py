@@ -26,6 +26,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -47,11 +48,14 @@ from bkaio.supervision import EXIT_TASK_FAILED, FatalTaskFailure, Once, Restart,
 
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
-from .gc import GarbageCollector, MetadataGcSource
+from .gc import GarbageCollector, GcReport, MetadataGcSource
 from .loop_lag import watch_loop_lag
 from .metrics import BkaioOnly, JournalStatsCollector, ShardMetrics, snapshot_registry
+from .offline import entry_digest_ok
+from .scrubber import Scrubber, ScrubMetrics
 from .seams import PRODUCTION_SEAMS, StorageSeams
 from .server import ShardServer
+from .space import ledger_directories, measure_space
 
 log = structlog.get_logger(__name__)
 
@@ -106,6 +110,8 @@ class ShardWorker:
         self._control_calls = 0  # Names the control requests run as tasks.
         self.supervisor: Supervisor | None = None
         self._storage: Any = None  # The shard's ShardStorage once open.
+        self.scrubber: Scrubber | None = None
+        self._gc_status = GcStatus()
 
     def send(self, message: dict[str, Any]) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -240,6 +246,14 @@ class ShardWorker:
         )
         if config.gc.enabled:
             supervisor.spawn("gc", self._gc_loop, Restart())
+        if config.scrub.period_seconds > 0:
+            self.scrubber = Scrubber(
+                storage,
+                config.scrub,
+                ScrubMetrics(self.metrics.registry),
+                digest_ok=entry_digest_ok,
+            )
+            supervisor.spawn("scrubber", self.scrubber.run_forever, Restart())
         exit_code = await self._until_stop_or_fatal(supervisor)
         self.log.info("shard_stopping", connections=len(server.connections))
         listener.close()
@@ -295,6 +309,9 @@ class ShardWorker:
         loop = asyncio.get_running_loop()
         try:
             usages = await loop.run_in_executor(None, server.measure_disk_usage)
+            server.space = await loop.run_in_executor(
+                None, measure_space, ledger_directories(self.config), self.seams.disk.usage
+            )
         except OSError as error:
             self.log.warning("disk_check_failed", error=str(error))
             return
@@ -328,9 +345,15 @@ class ShardWorker:
         """One garbage collection run of this shard (periodic, or asked by the parent)."""
         server = self.server
         assert server is not None
+        status = self._gc_status
         async with self._gc_lock:
             collector = await self._gc_collector(server.storage)
-            report = await collector.run_once()
+            status.running = True
+            try:
+                report = await collector.run_once()
+            finally:
+                status.running = False
+        status.record(report)
         return {
             "shard_index": self.shard_index,
             "local_ledgers": report.local_ledgers,
@@ -395,6 +418,8 @@ class ShardWorker:
         elif method == "gc":
             self._run_control_call("control_gc", request_id, self.run_gc)
             return
+        elif method == "gc_details":
+            result = {"shard_index": self.shard_index, **self._gc_status.to_dict()}
         elif method == "ledger_key":
             state = server.storage.ledger_state(int(message.get("ledger_id", -1)))
             key = None if state is None or not state.master_key else state.master_key.hex()
@@ -427,6 +452,8 @@ class ShardWorker:
             "storage_write_failure": self.storage_write_failure,
             "connections": len(server.connections),
             "inflight_requests": server.inflight_requests,
+            "space": server.space.to_dict(),  # The bookie's (space.py), as of the disk check.
+            "scrub": {"enabled": False} if self.scrubber is None else self.scrubber.to_dict(),
             "disks": [
                 {
                     "path": str(u.path),
@@ -437,6 +464,48 @@ class ShardWorker:
                 }
                 for u in usages
             ],
+        }
+
+
+class GcStatus:
+    """What GET /api/v1/bookie/gc_details reports of one shard (BookKeeper's field names too;
+    bkaio has one kind of compaction, reported as "major")."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.runs = 0
+        self.last_run_ms = 0
+        self.compactions = 0
+        self.last_compaction_ms = 0
+        self.last_deleted = 0
+        self.last_bytes_freed = 0
+
+    def record(self, report: GcReport) -> None:
+        now_ms = int(time.time() * 1000)
+        self.runs += 1
+        self.last_run_ms = now_ms
+        self.last_deleted = len(report.deleted) + len(report.overreplicated)
+        if report.compaction is not None:
+            self.compactions += 1
+            self.last_compaction_ms = now_ms
+            self.last_bytes_freed = report.compaction.bytes_freed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gc_running": self.running,
+            "gc_runs": self.runs,
+            "last_gc_ms": self.last_run_ms,
+            "last_gc_ledgers_deleted": self.last_deleted,
+            "compactions": self.compactions,
+            "last_compaction_ms": self.last_compaction_ms,
+            "last_compaction_bytes_freed": self.last_bytes_freed,
+            "forceCompacting": self.running,
+            "majorCompacting": self.running,
+            "minorCompacting": False,
+            "lastMajorCompactionTime": self.last_compaction_ms,
+            "lastMinorCompactionTime": 0,
+            "majorCompactionCounter": self.compactions,
+            "minorCompactionCounter": 0,
         }
 
 

@@ -23,7 +23,7 @@ from bkaio.fault_switches import fault_switch_refusal
     "--lost-bookie-delay",
     default=30.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(min=0),
     help="Seconds a bookie must stay gone before its ledgers are re-replicated.",
 )
 @click.option("--no-auditor", is_flag=True, help="Only replicate; never run for auditor.")

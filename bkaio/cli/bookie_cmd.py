@@ -1,4 +1,8 @@
-"""`bkaio bookie`: run one bookie (what systemd starts), format its directories, describe it."""
+"""`bkaio bookie`: run one bookie (what systemd starts), format its directories, describe it.
+
+The commands that read a bookie's directories offline (lastmark, readjournal, ...) are in
+bookie_offline_cmd.py and registered on this group.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from typing import Any
 
 import click
 
+from bkaio.cli import bookie_offline_cmd
+from bkaio.cli.bookie_offline_cmd import CONFIG_FILE, CONFIG_HELP, load_config
 from bkaio.cli.common import json_option, run
 from bkaio.cli.output import emit
 from bkaio.errors import BKError
@@ -17,9 +23,6 @@ from bkaio.errors import BKError
 
 class DirectoryNotEmptyError(BKError):
     """Formatting would destroy data and --force was not given."""
-
-
-CONFIG_HELP = "The bookie's TOML configuration file."
 
 
 def _directories(config: Any) -> list[Path]:
@@ -32,35 +35,27 @@ def _directories(config: Any) -> list[Path]:
 
 
 @click.group(invoke_without_command=True)
-@click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
-)
+@click.option("--config", "config_path", type=CONFIG_FILE, help=CONFIG_HELP)
 @click.pass_context
 def bookie(context: click.Context, config_path: Path | None) -> int | None:
-    """Run a bookie with --config FILE, or `format` / `info` it."""
+    """Run a bookie with --config FILE, or inspect and repair its directories (subcommands)."""
     context.obj = config_path
     if context.invoked_subcommand is not None:
         return None
     if config_path is None:
-        raise click.UsageError("bkaio bookie needs --config FILE (or a subcommand: format, info)")
+        raise click.UsageError("bkaio bookie needs --config FILE (or a subcommand: see --help)")
     from bkaio.bookie import run_bookie
 
     return run_bookie(config_path)
 
 
-def _config_of(context: click.Context, config_path: Path | None) -> Any:
-    path = config_path or context.obj
-    if path is None:
-        raise click.UsageError("--config FILE is required")
-    from bkaio.config import load_bookie_config
-
-    return load_bookie_config(path)
+for _command in bookie_offline_cmd.COMMANDS:
+    bookie.add_command(_command)
+bookie.add_command(bookie_offline_cmd.read_entry_log, name="readlog")  # BookKeeper's name.
 
 
 @bookie.command("format")
-@click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
-)
+@click.option("--config", "config_path", type=CONFIG_FILE, help=CONFIG_HELP)
 @click.option("--force", is_flag=True, help="Wipe directories that hold data, and the cookie.")
 @json_option
 @click.pass_context
@@ -68,7 +63,7 @@ def format_bookie(
     context: click.Context, config_path: Path | None, force: bool, as_json: bool
 ) -> None:
     """Initialise (or, with --force, wipe) the bookie's directories and its metadata cookie."""
-    config = _config_of(context, config_path)
+    config = load_config(context, config_path)
     directories = _directories(config)
     holding = [d for d in directories if d.exists() and any(d.iterdir())]
     if holding and not force:
@@ -114,26 +109,27 @@ def format_bookie(
 
 
 @bookie.command("info")
-@click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help=CONFIG_HELP
-)
+@click.option("--config", "config_path", type=CONFIG_FILE, help=CONFIG_HELP)
 @json_option
 @click.pass_context
 def bookie_info(context: click.Context, config_path: Path | None, as_json: bool) -> None:
-    """What the configuration resolves to: identity, ports, directories and their usage."""
-    config = _config_of(context, config_path)
+    """What the configuration resolves to: identity, ports, directories and their space.
+
+    free_bytes/total_bytes are the bookie's space (bkaio/bookie/space.py: the filesystems of its
+    ledger directories, each counted once), the same figures a running bookie reports."""
+    from bkaio.bookie.space import directory_space, ledger_directories, measure_space
+    from bkaio.security.tokens import redact_uri
+
+    config = load_config(context, config_path)
     directories = []
     for directory in _directories(config):
-        probe = directory if directory.exists() else directory.parent
-        while not probe.exists():
-            probe = probe.parent
-        usage = shutil.disk_usage(probe)
+        space = directory_space(directory)
         directories.append(
             {
                 "path": str(directory),
-                "exists": directory.exists(),
-                "total_bytes": usage.total,
-                "free_bytes": usage.free,
+                "exists": space.exists,
+                "total_bytes": space.total_bytes,
+                "free_bytes": space.free_bytes,
             }
         )
     result = {
@@ -142,10 +138,11 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         "shards": config.shard_count,
         "shard_ports": [config.shard_port(i) for i in range(config.shard_count)],
         "rack": config.rack,
-        "metadata": config.metadata.uri,
+        "metadata": redact_uri(config.metadata.uri),
         "admin": f"http://{config.admin.host}:{config.admin.port}"
         if config.admin.enabled
         else None,
+        **measure_space(ledger_directories(config)).to_dict(),
         "directories": directories,
         # false: BookKeeper's journalSyncData=false; a power failure can lose acknowledged entries.
         "journal_sync": all(storage.journal.sync for storage in config.storage),

@@ -11,6 +11,8 @@ from typing import Any, TypeVar, cast
 
 import click
 
+from bkaio.cli.params import METADATA_URI
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,7 +45,7 @@ def metadata_option(function: F) -> F:
         "metadata_uri",
         envvar=METADATA_ENV,
         required=True,
-        metavar="URI",
+        type=METADATA_URI,
         help="Metadata store: etcd://host:port/prefix or sqlite:///path/meta.db "
         f"(default: ${METADATA_ENV}).",
     )

@@ -1,7 +1,10 @@
 """The `bkaio` command: its root group and the one place that turns failures into exit codes.
 
 Expected failures (a BKError, an unreachable address, bad arguments) print one line on stderr and
-exit non-zero without a traceback; anything else is a bug and keeps its traceback.
+exit non-zero without a traceback: exit 2 for a bad command line (a usage error), 1 otherwise.
+With `--json` that line is a JSON object `{"error": ..., "kind": ...}` (still on stderr, still
+the same exit code; stdout carries only results). Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import click
 from bkaio.cli.autorecovery_cmd import autorecovery
 from bkaio.cli.bench_cmd import bench
 from bkaio.cli.bookie_cmd import bookie
+from bkaio.cli.output import emit_error
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
 from bkaio.cli.stream_cmd import stream
@@ -38,8 +42,15 @@ cli.add_command(stream)
 cli.add_command(bench)
 
 
-def one_line(message: str) -> str:
-    return " ".join(message.split())
+def _wants_json(argv: list[str]) -> bool:
+    """Whether the command line asked for --json: known before click parses it, so that even
+    a usage error comes out as JSON."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,21 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     # Commands print their own results on stdout; library logs below error would only be
     # noise there (and break --json). Services (`bkaio bookie`) reconfigure for JSON logs.
     configure_logging(json=False, level=os.environ.get("BKAIO_LOG_LEVEL", "error"))
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(args)
     try:
-        result = cli.main(args=argv, prog_name="bkaio", standalone_mode=False)
+        result = cli.main(args=args, prog_name="bkaio", standalone_mode=False)
     except click.exceptions.Exit as done:
         return int(done.exit_code)
     except click.Abort:
-        sys.stderr.write("bkaio: aborted\n")
+        emit_error("aborted", "Aborted", as_json=as_json)
         return EXIT_FAILURE
     except click.ClickException as error:
-        sys.stderr.write(f"bkaio: error: {one_line(error.format_message())}\n")
-        return EXIT_USAGE if isinstance(error, click.UsageError) else EXIT_FAILURE
-    except BKError as error:
-        sys.stderr.write(f"bkaio: {type(error).__name__}: {one_line(str(error))}\n")
-        return EXIT_FAILURE
-    except (OSError, TimeoutError) as error:
-        sys.stderr.write(f"bkaio: {type(error).__name__}: {one_line(str(error))}\n")
+        usage = isinstance(error, click.UsageError)
+        emit_error(error.format_message(), "UsageError" if usage else "error", as_json=as_json)
+        return EXIT_USAGE if usage else EXIT_FAILURE
+    except (BKError, OSError, TimeoutError) as error:
+        emit_error(str(error) or repr(error), type(error).__name__, as_json=as_json)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

@@ -1,28 +1,34 @@
 """How CLI commands print: human text by default, one JSON document with `--json`.
 
-Owns nothing but formatting; commands hand it plain data (dicts, lists, scalars).
+Owns nothing but formatting; commands hand it plain data (dicts, lists, scalars). Tables are
+rich tables: boxed to the terminal's width on a terminal, plain aligned columns (never wrapped
+or cut) when the output goes to a pipe or a file. Errors are printed by `emit_error`, on
+stderr: one line of text, or with `--json` one JSON object `{"error": ..., "kind": ...}`.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import string
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-_PRINTABLE = frozenset(string.printable) - frozenset("\x0b\x0c")
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
+from bkaio.display import payload_text
 
-def payload_text(payload: bytes) -> str:
-    """A payload shown safely: its UTF-8 text when printable, else `hex:` and the bytes in hex."""
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return "hex:" + payload.hex()
-    if all(ch in _PRINTABLE or (ch.isprintable() and not ch.isspace()) for ch in text):
-        return text
-    return "hex:" + payload.hex()
+__all__ = [
+    "emit",
+    "emit_error",
+    "emit_stream",
+    "payload_text",
+    "render_human",
+    "table",
+    "to_jsonable",
+]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -45,6 +51,35 @@ def emit(data: Any, *, as_json: bool, human: str | None = None) -> None:
     sys.stdout.flush()
 
 
+def emit_stream(
+    items: Iterable[Any],
+    *,
+    as_json: bool,
+    human: Callable[[Any], str],
+    key: str | None = None,
+    trailer: Callable[[], Mapping[str, Any]] | None = None,
+) -> None:
+    """Print items as they come (a journal or entry log can be huge): one `human` line each,
+    or one JSON document written incrementally: a list, or with `key` an object holding the
+    list under `key` and then the fields `trailer()` returns once the items are exhausted."""
+    out = sys.stdout
+    if not as_json:
+        for item in items:
+            out.write(human(item) + "\n")
+        out.flush()
+        return
+    out.write("{" + json.dumps(key) + ": [" if key is not None else "[")
+    for count, item in enumerate(items):
+        out.write(("," if count else "") + json.dumps(to_jsonable(item), sort_keys=True))
+    out.write("]")
+    if key is not None:
+        for name, value in (trailer() if trailer is not None else {}).items():
+            out.write(", " + json.dumps(name) + ": " + json.dumps(to_jsonable(value)))
+        out.write("}")
+    out.write("\n")
+    out.flush()
+
+
 def render_human(data: Any) -> str:
     if isinstance(data, Mapping):
         width = max((len(str(key)) for key in data), default=0)
@@ -55,13 +90,49 @@ def render_human(data: Any) -> str:
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """A plain aligned text table; empty when there are no rows."""
+    """The rows as a rich table of `columns` (headers upper-cased); "(none)" without rows."""
     if not rows:
         return "(none)"
-    cells = [[str(to_jsonable(row.get(column, ""))) for column in columns] for row in rows]
-    widths = [
-        max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)
-    ]
-    header = "  ".join(column.upper().ljust(widths[i]) for i, column in enumerate(columns))
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)) for line in cells]
-    return "\n".join([header, *lines])
+    terminal = sys.stdout.isatty()
+    rendered = Table(
+        box=box.SIMPLE_HEAD if terminal else None,
+        show_edge=False,
+        pad_edge=False,
+        header_style="bold" if terminal else "",
+    )
+    for column in columns:
+        rendered.add_column(column.upper(), overflow="fold", no_wrap=not terminal)
+    for row in rows:
+        rendered.add_row(*(_cell(row.get(column)) for column in columns))
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=None if terminal else 100_000,  # A pipe gets whole lines, whatever their length.
+        force_terminal=terminal,
+        no_color=not terminal,
+        highlight=False,
+        emoji=False,
+        markup=False,
+    )
+    console.print(rendered)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines() if line.strip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    plain = to_jsonable(value)
+    if isinstance(plain, list | dict):
+        return json.dumps(plain, sort_keys=True)
+    return str(plain)
+
+
+def emit_error(message: str, kind: str, *, as_json: bool) -> None:
+    """An expected failure, on stderr: `bkaio: KIND: message` or, with --json, one JSON object
+    `{"error": message, "kind": KIND}` (the exit code is the caller's, the same either way)."""
+    one_line = " ".join(message.split())
+    if as_json:
+        sys.stderr.write(json.dumps({"error": one_line, "kind": kind}) + "\n")
+    else:
+        sys.stderr.write(f"bkaio: {kind}: {one_line}\n")
+    sys.stderr.flush()

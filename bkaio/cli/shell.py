@@ -1,4 +1,10 @@
-"""`bkaio shell ...`: admin commands against any cluster, through the client and metadata APIs."""
+"""`bkaio shell ...`: admin commands against any cluster, through the client and metadata APIs.
+
+This module holds the group, the ledger commands (listledgers, ledgermetadata, readledger,
+deleteledger, simpletest) and the autorecovery ones; cluster commands are in shell_cluster.py,
+commands on running bookies in shell_bookies.py. docs/operations.md maps every BookKeeper shell
+command to its bkaio one.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,19 @@ from typing import Any
 import click
 from rich.progress import Progress
 
-from bkaio.cli.bookie_probe import probe_bookie
-from bkaio.cli.common import client_options, client_tls_from_env, json_option, metadata_option, run
+from bkaio.cli import shell_bookies, shell_cluster
+from bkaio.cli.common import client_options, json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, table
+from bkaio.cli.params import BOOKIE_ID, ENTRY_ID, LEDGER_ID, check_range
+from bkaio.cli.scratch_ledger import scratch_ledger
+from bkaio.display import ledger_metadata_dict
 from bkaio.errors import BKError, NoSuchEntryError
 
 PASSWORD_HELP = "Ledger password (default: empty)."
 PROGRESS_THRESHOLD = 1000  # Below this many entries a progress bar is only noise.
+# "-1" reaches the id's range check ("-1 is not in the range x>=0") instead of being taken
+# for an unknown option.
+NEGATIVE_NUMBERS_AS_ARGUMENTS = {"ignore_unknown_options": True}
 
 
 def _client(metadata_uri: str) -> Any:
@@ -43,55 +55,11 @@ def _plain(value: Any) -> Any:
 
 @click.group()
 def shell() -> None:
-    """Admin commands: list bookies and ledgers, read and delete ledgers, run a self-test."""
+    """Admin commands: the cluster, its bookies and ledgers, autorecovery, self-tests."""
 
 
-@shell.command("listbookies")
-@metadata_option
-@json_option
-def list_bookies(metadata_uri: str, as_json: bool) -> None:
-    """Writable and read-only bookies, with their free space."""
-
-    async def go() -> list[dict[str, Any]]:
-        from bkaio.meta import open_metadata
-
-        meta = await open_metadata(metadata_uri)
-        try:
-            bookies = await meta.bookies.list()
-        finally:
-            await meta.close()
-        rows = []
-        for info in sorted(bookies, key=lambda b: b.bookie_id):
-            row: dict[str, Any] = {
-                "bookie_id": info.bookie_id,
-                "state": "read-only" if info.read_only else "writable",
-                "rack": info.rack,
-                "shards": info.shard_count,
-                "admin_url": info.admin_url,
-                "journal_sync": info.journal_sync,  # false: acks may not survive power loss.
-            }
-            try:
-                space = await probe_bookie(info.host, info.port, tls=client_tls_from_env())
-                row["free_bytes"] = space.free_bytes
-                row["total_bytes"] = space.total_bytes
-            except (OSError, BKError, TimeoutError) as error:
-                row["free_bytes"] = None
-                row["error"] = str(error)
-            rows.append(row)
-        return rows
-
-    rows = run(go())
-    columns = [
-        "bookie_id",
-        "state",
-        "journal_sync",
-        "rack",
-        "shards",
-        "free_bytes",
-        "total_bytes",
-        "admin_url",
-    ]
-    emit(rows, as_json=as_json, human=table(rows, columns))
+for _command in (*shell_cluster.COMMANDS, *shell_bookies.COMMANDS):
+    shell.add_command(_command)
 
 
 @shell.command("listledgers")
@@ -108,8 +76,8 @@ def list_ledgers(metadata_uri: str, as_json: bool) -> None:
     emit(ids, as_json=as_json, human="\n".join(map(str, ids)) if ids else "(no ledgers)")
 
 
-@shell.command("ledgermetadata")
-@click.argument("ledger_id", type=int)
+@shell.command("ledgermetadata", context_settings=NEGATIVE_NUMBERS_AS_ARGUMENTS)
+@click.argument("ledger_id", type=LEDGER_ID)
 @metadata_option
 @json_option
 def ledger_metadata(ledger_id: int, metadata_uri: str, as_json: bool) -> None:
@@ -117,19 +85,15 @@ def ledger_metadata(ledger_id: int, metadata_uri: str, as_json: bool) -> None:
 
     async def go() -> dict[str, Any]:
         async with _client(metadata_uri) as bk:
-            metadata = await bk.get_ledger_metadata(ledger_id)
-        plain = _plain(metadata)
-        assert isinstance(plain, dict)
-        plain.pop("password_hash", None)  # Secret-derived; never printed.
-        return plain
+            return ledger_metadata_dict(await bk.get_ledger_metadata(ledger_id))
 
     emit(run(go()), as_json=as_json)
 
 
-@shell.command("readledger")
-@click.argument("ledger_id", type=int)
-@click.argument("first", type=int, required=False)
-@click.argument("last", type=int, required=False)
+@shell.command("readledger", context_settings=NEGATIVE_NUMBERS_AS_ARGUMENTS)
+@click.argument("ledger_id", type=LEDGER_ID)
+@click.argument("first", type=ENTRY_ID, required=False)
+@click.argument("last", type=ENTRY_ID, required=False)
 @click.option("--password", default="", help=PASSWORD_HELP)
 @metadata_option
 @json_option
@@ -142,6 +106,7 @@ def read_ledger(
     as_json: bool,
 ) -> None:
     """Entries FIRST..LAST (inclusive; default all), unfenced: UTF-8 when printable, else hex."""
+    check_range(first, last)
 
     async def go() -> list[dict[str, Any]]:
         async with _client(metadata_uri) as bk:
@@ -168,8 +133,8 @@ def read_ledger(
     emit(rows, as_json=as_json, human=human or "(no entries)")
 
 
-@shell.command("deleteledger")
-@click.argument("ledger_id", type=int)
+@shell.command("deleteledger", context_settings=NEGATIVE_NUMBERS_AS_ARGUMENTS)
+@click.argument("ledger_id", type=LEDGER_ID)
 @metadata_option
 @json_option
 def delete_ledger(ledger_id: int, metadata_uri: str, as_json: bool) -> None:
@@ -198,7 +163,12 @@ def simple_test(
     metadata_uri: str,
     as_json: bool,
 ) -> None:
-    """Create a ledger, append ENTRIES, read them back, verify, delete; report latency."""
+    """Create a ledger, append ENTRIES, read them back, verify, delete; report latency.
+
+    Whatever fails half-way, the ledger it made is closed and deleted."""
+    e, w, a = ensemble_size, write_quorum, ack_quorum
+    if (e is not None and w is not None and w > e) or (a is not None and w is not None and a > w):
+        raise click.BadParameter("need ensemble size >= write quorum >= ack quorum")
     report = run(
         _simple_test(metadata_uri, entries, ensemble_size, write_quorum, ack_quorum, as_json)
     )
@@ -225,7 +195,7 @@ async def _simple_test(
         writable = sum(1 for info in await meta.bookies.list() if not info.read_only)
     finally:
         await meta.close()
-    ensemble = ensemble_size or min(3, max(writable, 1))
+    ensemble = ensemble_size or max(min(3, writable), write_quorum or 1, ack_quorum or 1)
     write = write_quorum or ensemble
     ack = ack_quorum or min(2, write)
     password = b"simpletest"
@@ -235,22 +205,22 @@ async def _simple_test(
         )
         latencies_ms: list[float] = []
         payloads = [f"simpletest entry {i}".encode() for i in range(entries)]
-        with Progress(disable=as_json or entries < PROGRESS_THRESHOLD, transient=True) as bar:
-            task = bar.add_task("appending", total=entries)
-            for payload in payloads:  # One at a time: this measures latency, not throughput.
-                started = time.perf_counter()
-                await handle.append(payload)
-                latencies_ms.append((time.perf_counter() - started) * 1000)
-                bar.advance(task)
-        ensemble_ids = list(handle.metadata.ensembles[0][1]) if handle.metadata else []
-        await handle.close()
-        reader = await bk.open_ledger(handle.ledger_id, password=password, recovery=False)
-        read_back = await reader.read(0, entries - 1)
-        if [entry.payload for entry in read_back] != payloads:
-            raise NoSuchEntryError(
-                f"ledger {handle.ledger_id}: read-back differs from what was written"
-            )
-        await bk.delete_ledger(handle.ledger_id)
+        async with scratch_ledger(bk, handle):
+            with Progress(disable=as_json or entries < PROGRESS_THRESHOLD, transient=True) as bar:
+                task = bar.add_task("appending", total=entries)
+                for payload in payloads:  # One at a time: this measures latency, not throughput.
+                    started = time.perf_counter()
+                    await handle.append(payload)
+                    latencies_ms.append((time.perf_counter() - started) * 1000)
+                    bar.advance(task)
+            ensemble_ids = list(handle.metadata.ensembles[0][1]) if handle.metadata else []
+            await handle.close()
+            reader = await bk.open_ledger(handle.ledger_id, password=password, recovery=False)
+            read_back = await reader.read(0, entries - 1)
+            if [entry.payload for entry in read_back] != payloads:
+                raise NoSuchEntryError(
+                    f"ledger {handle.ledger_id}: read-back differs from what was written"
+                )
     ordered = sorted(latencies_ms)
     return {
         "ledger_id": handle.ledger_id,
@@ -350,7 +320,7 @@ class ReplicationIncompleteError(BKError):
 
 
 @shell.command("recover")
-@click.argument("bookie_id")
+@click.argument("bookie_id", type=BOOKIE_ID)
 @admin_token_option
 @metadata_option
 @json_option
@@ -360,7 +330,7 @@ def recover(bookie_id: str, admin_token: str, metadata_uri: str, as_json: bool) 
 
 
 @shell.command("decommission")
-@click.argument("bookie_id")
+@click.argument("bookie_id", type=BOOKIE_ID)
 @admin_token_option
 @metadata_option
 @json_option

@@ -28,6 +28,7 @@ import click
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, render_human, table
+from bkaio.cli.params import stream_position
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
@@ -299,7 +300,7 @@ def _retrieved(future: asyncio.Future[StreamPosition]) -> None:
 
 @stream.command("tail")
 @click.argument("name")
-@click.option("--from", "start", default="earliest", show_default=True,
+@click.option("--from", "start", default="earliest", show_default=True, callback=stream_position,
               help="earliest, latest, a seq, or LEDGER:ENTRY@SEQ.")  # fmt: skip
 @click.option("--cursor", help="Durable cursor: resume after its last ack; ack what is shown.")
 @click.option("--count", "max_count", type=click.IntRange(min=1), help="Stop after N records.")
@@ -365,7 +366,10 @@ def tail(
 @stream.command("truncate")
 @click.argument("name")
 @click.option(
-    "--before", required=True, help="A seq or LEDGER:ENTRY@SEQ: drop whole segments before it."
+    "--before",
+    required=True,
+    callback=stream_position,
+    help="A seq or LEDGER:ENTRY@SEQ: drop whole segments before it.",
 )
 @click.option("--force", is_flag=True, help="Also past the slowest durable cursor.")
 @metadata_option

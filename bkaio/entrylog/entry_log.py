@@ -35,6 +35,7 @@ from bkaio.errors import BookieIOError
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
 
+ENTRY_LOG_SUBDIR = "logs"  # A disk's entry logs live in <ledger dir>/logs.
 LOG_MAGIC = b"BKAIOLOG"
 LOG_VERSION = 1
 LOG_HEADER = struct.Struct(">8sII")

@@ -53,25 +53,36 @@ def decode_state(ledger_id: int, data: bytes) -> LedgerState:
     )
 
 
+INDEX_NAME = "index.lmdb"
+
+
 class LedgerIndex:
-    def __init__(self, directory: Path, map_bytes: int) -> None:
+    def __init__(self, directory: Path, map_bytes: int, *, readonly: bool = False) -> None:
+        """`readonly`: for offline tools (bkaio/bookie/offline.py); it may be opened while the
+        bookie runs (LMDB readers of other processes share its lock file) and never writes
+        data. It must exist."""
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / INDEX_NAME
+        if readonly and not path.exists():
+            raise BookieIOError(f"{directory}: no LMDB index ({INDEX_NAME}) here")
+        if not readonly:
+            directory.mkdir(parents=True, exist_ok=True)
         try:
             self._env = lmdb.open(
-                str(directory / "index.lmdb"),
+                str(path),
                 map_size=map_bytes,
                 max_dbs=2,
                 subdir=True,
                 sync=True,
                 metasync=True,
+                readonly=readonly,
                 readahead=False,  # Random point reads; readahead would only evict cache.
                 max_readers=256,
             )
+            self._locations = self._env.open_db(b"locations", create=not readonly)
+            self._ledgers = self._env.open_db(b"ledgers", create=not readonly)
         except lmdb.Error as error:
             raise BookieIOError(f"{directory}: cannot open the LMDB index: {error}") from error
-        self._locations = self._env.open_db(b"locations")
-        self._ledgers = self._env.open_db(b"ledgers")
 
     def close(self) -> None:
         self._env.close()
@@ -199,6 +210,24 @@ class LedgerIndex:
             for key, value in txn.cursor():
                 (ledger_id,) = _LEDGER_KEY.unpack(key)
                 found[ledger_id] = decode_state(ledger_id, value)
+        return found
+
+    def locations_after(
+        self, after: tuple[int, int] | None, limit: int
+    ) -> list[tuple[int, int, EntryLocation]]:
+        """Up to `limit` (ledger_id, entry_id, location) in key order strictly after `after`
+        (None: from the start). Each call is its own short read transaction, so a long walk
+        (the scrubber's) never pins old pages of a live index."""
+        found: list[tuple[int, int, EntryLocation]] = []
+        with self._env.begin(db=self._locations) as txn:
+            cursor = txn.cursor()
+            positioned = cursor.first() if after is None else cursor.set_range(entry_key(*after))
+            if positioned and after is not None and cursor.key() == entry_key(*after):
+                positioned = cursor.next()
+            while positioned and len(found) < limit:
+                ledger_id, entry_id = _ENTRY_KEY.unpack(cursor.key())
+                found.append((ledger_id, entry_id, EntryLocation.unpack(cursor.value())))
+                positioned = cursor.next()
         return found
 
     def all_locations(self) -> Iterator[tuple[int, int, EntryLocation]]:

@@ -6,7 +6,8 @@ Part of `ShardStorage` (a mixin over `StorageState`, see state.py).
 
 from __future__ import annotations
 
-from bkaio.entrylog.entry_log import EntryLocation
+from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory
+from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.state import StorageState
 from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import BookieIOError, NoSuchEntryError
@@ -128,3 +129,8 @@ class StorageReads(StorageState):
         ids.update(self._active.entry_ids(ledger_id))
         ids.update(self._flushing.entry_ids(ledger_id))
         return _ranges(sorted(ids))
+
+    def disk_readers(self) -> list[tuple[LedgerIndex, EntryLogDirectory]]:
+        """Each disk's index and entry logs, for the consistency scrubber
+        (bkaio/bookie/scrubber.py): reads only, from any thread."""
+        return list(zip(self._indexes, self._logs, strict=True))

@@ -31,7 +31,7 @@ from bkaio.entrylog.adding import StorageAdds
 from bkaio.entrylog.checkpoint import AppliedMarks, read_last_mark
 from bkaio.entrylog.config import StorageConfig
 from bkaio.entrylog.cookie import Cookie, expected_cookie, verify_or_stamp
-from bkaio.entrylog.entry_log import EntryLogDirectory
+from bkaio.entrylog.entry_log import ENTRY_LOG_SUBDIR, EntryLogDirectory
 from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.maintenance import StorageMaintenance
 from bkaio.entrylog.reading import StorageReads
@@ -531,7 +531,10 @@ def _open_disks(
     try:
         for ledger_dir, index_dir in zip(config.ledger_dirs, config.index_dirs, strict=True):
             entry_logs = EntryLogDirectory(
-                Path(ledger_dir) / "logs", config.entry_log_max_bytes, entry_log_disk, crash_points
+                Path(ledger_dir) / ENTRY_LOG_SUBDIR,
+                config.entry_log_max_bytes,
+                entry_log_disk,
+                crash_points,
             )
             entry_logs.open()
             logs.append(entry_logs)

@@ -243,7 +243,7 @@ async def test_admin_http(bookie_cluster_factory: BookieClusterFactory) -> None:
     status, _ = await asyncio.to_thread(_http, url, "PUT", {"read_only": True})
     assert status == 401
     status, _ = await asyncio.to_thread(_http, url, "PUT", {"read_only": True}, "wrong")
-    assert status == 401
+    assert status == 403
     status, _ = await asyncio.to_thread(
         _http, url, "PUT", {"read_only": "yes"}, cluster.admin_token
     )

@@ -4,85 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.etcd import initialise_cluster_blocking
+from tests.fixtures.standalone import Standalone, bkaio
 
-BKAIO = str(Path(sys.executable).parent / "bkaio")
 REPO = Path(__file__).resolve().parents[3]
-READY_TIMEOUT_SECONDS = 90.0
-
-
-def bkaio(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [BKAIO, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-class Standalone:
-    def __init__(self, data_dir: Path, bookies: int = 3, *extra_args: str) -> None:
-        self.data_dir = data_dir
-        self.bookies = bookies
-        self.extra_args = extra_args
-        self.description: dict[str, object] = {}
-        self.process: subprocess.Popen[bytes] | None = None
-        self.uri = ""
-
-    def start(self) -> None:
-        ready = self.data_dir / "ready.json"
-        self.process = subprocess.Popen(
-            [
-                BKAIO,
-                "standalone",
-                "--bookies",
-                str(self.bookies),
-                "--data-dir",
-                str(self.data_dir),
-                "--json",
-                *self.extra_args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while not ready.exists():
-            if self.process.poll() is not None:
-                _, err = self.process.communicate()
-                pytest.fail(f"standalone exited {self.process.returncode}: {err.decode()[-2000:]}")
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail("standalone did not become ready")
-            time.sleep(0.1)
-        self.description = json.loads(ready.read_text())
-        self.uri = str(self.description["metadata"])
-
-    def stop(self) -> int:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL) if False else self.process.kill()
-                self.process.wait()
-        assert self.process.stdout is not None and self.process.stderr is not None
-        self.process.stdout.close()
-        self.process.stderr.close()
-        return self.process.returncode
 
 
 @pytest.fixture

@@ -1,13 +1,17 @@
 """A one-shot admin probe of a bookie shard over the wire protocol: HELLO, then GET_BOOKIE_INFO.
 
-Uses raw protocol bodies (docs/protocol.md) over asyncio streams: an admin command makes one
-exchange, so the data path's pipelined connection machinery would only add weight here.
+    space = await probe_bookie(host, port, tls=context, auth_token=token)
+
+Used by `bkaio shell listbookies` / `bookieinfo` and by a bookie answering
+`/api/v1/bookie/list_bookie_info` about the others. The figures are the bookie's space as
+bkaio/bookie/space.py defines it. Raw protocol bodies (docs/protocol.md) over asyncio streams:
+an admin command makes one exchange, so the data path's pipelined connection machinery would
+only add weight here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 from dataclasses import dataclass
 
@@ -21,7 +25,7 @@ PROBE_MAX_FRAME_BYTES = 64 * 1024  # Control replies only; anything bigger is a 
 
 
 @dataclass(frozen=True, slots=True)
-class BookieSpace:
+class ProbedBookie:
     total_bytes: int
     free_bytes: int
     shard_index: int
@@ -29,9 +33,11 @@ class BookieSpace:
     read_only: bool
 
 
-async def probe_bookie(host: str, port: int, *, tls: ssl.SSLContext | None = None) -> BookieSpace:
+async def probe_bookie(
+    host: str, port: int, *, tls: ssl.SSLContext | None = None, auth_token: str | None = None
+) -> ProbedBookie:
     """Ask one bookie shard for its disk space and state."""
-    token = os.environ.get("BKAIO_AUTH_TOKEN") or None
+    token = auth_token or None
     async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
         reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         try:
@@ -50,7 +56,7 @@ async def probe_bookie(host: str, port: int, *, tls: ssl.SSLContext | None = Non
                 and isinstance(shard_count, int)
             ):
                 raise ProtocolError(f"GET_BOOKIE_INFO reply has non-integer fields: {info!r}")
-            return BookieSpace(total, free, shard_index, shard_count, bool(read_only))
+            return ProbedBookie(total, free, shard_index, shard_count, bool(read_only))
         finally:
             writer.close()
             await writer.wait_closed()

@@ -1,0 +1,218 @@
+"""What the admin HTTP modules share: the host they serve, errors, the token, parameters.
+
+`AdminHost` is the narrow view of the bookie parent the routes need (the parent satisfies it;
+admin modules never import the parent). Errors are JSON `{"error": ..., "kind": ...}` with a
+status that says whose fault it is: 400 a bad parameter, 401 no admin token, 403 a wrong one (or
+none configured), 404 no such thing, 503 not ready, 500 only for a failure of ours. Parameters
+are parsed by `query_int` / `query_bool` / `query_choice`, which raise `BadRequest` (a 400).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from bkaio.config import BookieConfig
+from bkaio.errors import (
+    BKError,
+    InvalidArgumentError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from bkaio.meta import Metadata
+
+from .admin_jobs import AdminJobs
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+class AdminHost(Protocol):
+    """The bookie as its admin HTTP sees it (bkaio/bookie/parent.py's BookieParent)."""
+
+    config: BookieConfig
+    metrics_registry: CollectorRegistry
+    jobs: AdminJobs
+
+    @property
+    def admin_metadata(self) -> Metadata | None:
+        """The parent's metadata connection, once it is open."""
+        ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    async def info(self) -> dict[str, Any]: ...
+
+    async def refresh_metrics(self) -> None: ...
+
+    async def set_forced_read_only(self, value: bool) -> None: ...
+
+    async def run_gc(self) -> list[dict[str, Any]]: ...
+
+    async def gc_details(self) -> list[dict[str, Any]]: ...
+
+    async def ledger_key(self, ledger_id: int) -> str | None: ...
+
+    def trigger_local_audit(self) -> bool:
+        """Audit now if this bookie is the elected auditor; whether it is."""
+        ...
+
+
+class BadRequest(Exception):
+    """A request parameter is missing or malformed: answered 400 with this message."""
+
+
+class NotFound(Exception):
+    """The thing asked for does not exist: answered 404."""
+
+
+_KINDS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}
+
+
+def json_error(status: int, message: str, kind: str | None = None) -> web.Response:
+    body = {"error": message, "kind": kind or _KINDS.get(status, "InternalError")}
+    return web.Response(
+        status=status, text=json.dumps(body) + "\n", content_type="application/json"
+    )
+
+
+def check_token(request: web.Request, token: str) -> web.Response | None:
+    """None when the request carries the admin token; else the 401/403 answer."""
+    if not token:
+        return json_error(
+            403, "admin.token is not configured: modifying endpoints are disabled", "Forbidden"
+        )
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if not header:
+        return json_error(401, "this endpoint needs 'Authorization: Bearer <admin token>'")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        presented.strip().encode(), token.encode()
+    ):
+        return json_error(403, "wrong admin token")
+    return None
+
+
+def _status_of(error: BKError) -> int:
+    if isinstance(error, NoSuchLedgerError | NoSuchEntryError):
+        return 404
+    if isinstance(error, InvalidArgumentError):
+        return 400
+    if isinstance(error, UnauthorizedError):
+        return 403
+    return 500
+
+
+def answering(handler: Handler) -> Handler:
+    """`handler` with BadRequest/NotFound/BKError turned into JSON answers (never a bare 500)."""
+
+    async def answered(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except BadRequest as error:
+            return json_error(400, str(error))
+        except NotFound as error:
+            return json_error(404, str(error))
+        except BKError as error:
+            status = _status_of(error)
+            if status == 500:
+                log.warning("admin_request_failed", path=request.path, error=str(error))
+            return json_error(status, str(error), type(error).__name__)
+
+    return answered
+
+
+def guarded(host: AdminHost, handler: Handler) -> Handler:
+    """`answering(handler)` behind the admin token check."""
+    inner = answering(handler)
+
+    async def checked(request: web.Request) -> web.Response:
+        denied = check_token(request, host.config.admin.token)
+        if denied is not None:
+            return denied
+        return await inner(request)
+
+    return checked
+
+
+def metadata_of(host: AdminHost) -> Metadata:
+    metadata = host.admin_metadata
+    if metadata is None:
+        raise BKError("the bookie has no metadata connection yet")
+    return metadata
+
+
+# -- parameters -------------------------------------------------------------------------------
+
+MAX_ID = 2**63 - 1
+
+
+def query_int(
+    request: web.Request,
+    name: str,
+    *,
+    default: int | None = None,
+    minimum: int = 0,
+    maximum: int = MAX_ID,
+) -> int:
+    """Query parameter `name` as an integer in [minimum, maximum]; `default` when absent
+    (BadRequest when absent and no default)."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise BadRequest(f"query parameter {name}=<integer> is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}={raw!r} is not an integer") from None
+    if not minimum <= value <= maximum:
+        raise BadRequest(f"{name}={value} is outside [{minimum}, {maximum}]")
+    return value
+
+
+def query_page(request: web.Request) -> int:
+    """BookKeeper's `page=N` (from 1); 0 when absent (no paging)."""
+    if not request.query.get("page"):
+        return 0
+    return query_int(request, "page", minimum=1)
+
+
+def query_bool(request: web.Request, name: str, *, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.lower()
+    if lowered not in ("true", "false"):
+        raise BadRequest(f"{name}={raw!r} must be true or false")
+    return lowered == "true"
+
+
+def query_choice(
+    request: web.Request, name: str, choices: tuple[str, ...], *, default: str | None
+) -> str | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise BadRequest(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+async def json_body(request: web.Request, example: str) -> dict[str, Any]:
+    """The request body as a JSON object (BadRequest naming `example` otherwise)."""
+    try:
+        body: Any = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest(f"body must be JSON like {example}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"body must be JSON like {example}")
+    return body

@@ -1,0 +1,88 @@
+"""Typed, validated command-line values: a bad one is a one-line usage error (exit 2).
+
+Every `bkaio` argument that names something (a ledger, an entry, a bookie, a metadata store, a
+range) goes through one of these click types, so a negative ledger id or a mistyped URI never
+reaches the library (where it would be an assertion or a late, confusing failure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+MAX_ID = 2**63 - 1  # Ledger and entry ids are signed 64-bit, as in BookKeeper.
+
+LEDGER_ID = click.IntRange(0, MAX_ID)
+ENTRY_ID = click.IntRange(0, MAX_ID)
+POSITIVE_INT = click.IntRange(min=1)
+POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+
+
+class BookieIdType(click.ParamType):  # type: ignore[type-arg]  # generic only in click>=8.2
+    """`host:port`, the form bookie ids take (port 1..65535, no '/')."""
+
+    name = "BOOKIE_ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        host, _, port = text.rpartition(":")
+        if (
+            not host
+            or "/" in text
+            or not text.isprintable()
+            or not port.isdigit()
+            or not 0 < int(port) < 65536
+        ):
+            self.fail(f"{value!r} is not a bookie id (host:port, e.g. 10.0.0.7:3181)", param, ctx)
+        return text
+
+
+class MetadataUriType(click.ParamType):  # type: ignore[type-arg]  # generic only in click>=8.2
+    """etcd://host:port[,host:port]/prefix or sqlite:///absolute/path.db, parsed up front."""
+
+    name = "URI"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from bkaio.errors import ConfigError
+        from bkaio.meta.uri import parse_etcd_uri, parse_sqlite_uri
+
+        text = str(value).strip()
+        scheme = text.partition("://")[0]
+        parsers = {"etcd": parse_etcd_uri, "sqlite": parse_sqlite_uri}
+        if scheme not in parsers:
+            self.fail(
+                f"{text!r}: want etcd://host:port/prefix or sqlite:///path/meta.db", param, ctx
+            )
+        try:
+            parsers[scheme](text)
+        except ConfigError as error:
+            self.fail(str(error), param, ctx)
+        return text
+
+
+BOOKIE_ID = BookieIdType()
+METADATA_URI = MetadataUriType()
+
+
+def check_range(first: int | None, last: int | None, *, what: str = "entry") -> None:
+    """FIRST..LAST must not run backwards (a usage error, exit 2)."""
+    if first is not None and last is not None and last < first:
+        raise click.BadParameter(f"last {what} {last} is before first {what} {first}")
+
+
+def stream_position(context: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback: `value` must be a seq, LEDGER:ENTRY@SEQ, or (for --from) earliest or
+    latest; returned unchanged, the command parses it."""
+    from bkaio.errors import BKError
+    from bkaio.stream import StreamPosition
+
+    if value is None or str(value).isdigit():
+        return value
+    if value in ("earliest", "latest") and param.name == "start":
+        return value
+    try:
+        StreamPosition.parse(str(value))
+    except BKError as error:
+        raise click.BadParameter(str(error)) from None
+    return value

@@ -1,0 +1,75 @@
+"""Ledgers a command makes only to test with (`simpletest`, `bookiesanity`): never left behind.
+
+    async with scratch_ledger(bk, handle):
+        ... append, close, read back ...
+
+On the way out, whatever happened, the ledger is closed (if still open) and deleted. A cleanup
+that fails is never silent: it becomes the command's error (naming the ledger left behind),
+chained to the failure that was in flight, if any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from bkaio.errors import BKError
+
+
+class LedgerLeftBehindError(BKError):
+    """A test ledger could not be closed or deleted."""
+
+
+class ScratchHandle(Protocol):
+    """What cleaning up needs of a ledger handle (bkaio.ledger_client.LedgerHandle)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ScratchClient(Protocol):
+    """What cleaning up needs of a client (bkaio.ledger_client.BookKeeper)."""
+
+    async def delete_ledger(self, ledger_id: int) -> None: ...
+
+
+async def discard(bk: ScratchClient, handle: ScratchHandle) -> list[str]:
+    """Close (if open) and delete the ledger; what went wrong, if anything."""
+    problems: list[str] = []
+    if not handle.is_closed:
+        try:
+            await handle.close()
+        except BKError as error:
+            problems.append(f"close: {error}")
+    try:
+        await bk.delete_ledger(handle.ledger_id)
+    except BKError as error:
+        problems.append(f"delete: {error}")
+    return problems
+
+
+@contextlib.asynccontextmanager
+async def scratch_ledger(bk: ScratchClient, handle: ScratchHandle) -> AsyncIterator[None]:
+    try:
+        yield
+    except BKError as error:
+        problems = await discard(bk, handle)
+        if problems:
+            raise LedgerLeftBehindError(
+                f"{error}; test ledger {handle.ledger_id} was left behind ({'; '.join(problems)})"
+            ) from error
+        raise
+    except BaseException:
+        await discard(bk, handle)  # Interrupted (Ctrl-C, a timeout): clean up and go on out.
+        raise
+    problems = await discard(bk, handle)
+    if problems:
+        raise LedgerLeftBehindError(
+            f"test ledger {handle.ledger_id} was not cleaned up ({'; '.join(problems)})"
+        )

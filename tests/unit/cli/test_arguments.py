@@ -1,0 +1,144 @@
+"""Every CLI argument is checked before anything runs: a bad one is one line and exit 2.
+
+In-process through `bkaio.cli.main.main` (the console script's function), so the whole matrix
+is fast; tests/integration/cli runs a few of them through the installed `bkaio` command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bkaio.cli.main import main
+
+SQLITE = "sqlite:////nonexistent/dir/meta.db"  # Never opened: validation comes first.
+
+
+@pytest.fixture
+def bookie_config(tmp_path: Path) -> str:
+    path = tmp_path / "bookie.toml"
+    data = tmp_path / "data"
+    path.write_text(
+        "\n".join(
+            [
+                "[bookie]",
+                'host = "127.0.0.1"',
+                "port = 45181",
+                "shards = 2",
+                "[metadata]",
+                f'uri = "sqlite:///{tmp_path / "meta.db"}"',
+                "[storage]",
+                f'journal_dirs = ["{data / "journal"}"]',
+                f'ledger_dirs = ["{data / "ledgers"}"]',
+                "",
+            ]
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("shell", "readledger", "-1"),
+        ("shell", "ledgermetadata", "-5"),
+        ("shell", "deleteledger", "-3"),
+        ("shell", "readledger", "1", "5", "2"),
+        ("shell", "readledger", "1", "-2"),
+        ("shell", "readledger", "x"),
+        ("shell", "readledger", str(2**63)),
+        ("shell", "recover", "no-port"),
+        ("shell", "decommission", "host:99999"),
+        ("shell", "bookieinfo", "a/b:1"),
+        ("shell", "bookiesanity", "host:0"),
+        ("shell", "bookiesanity", "127.0.0.1:1", "--entries", "0"),
+        ("shell", "bookiesanity", "127.0.0.1:1", "--check-timeout", "-1"),
+        ("shell", "bookiesanity", "127.0.0.1:1", "--timeout", "0"),
+        ("shell", "simpletest", "--entries", "0"),
+        ("shell", "simpletest", "-e", "2", "-w", "3"),
+        ("shell", "simpletest", "-w", "1", "-a", "2"),
+        ("shell", "nukeexistingcluster"),
+        ("shell", "nosuchcommand"),
+    ],
+)
+def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([*args, "--metadata", SQLITE])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["nosuchscheme://what", "etcd://host:notaport/x", "sqlite://relative.db", "etcd://h:1/x?y=1"],
+)
+def test_metadata_uris_are_checked_up_front(uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["shell", "listledgers", "--metadata", uri]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("readjournal", "99999"),
+        ("readjournal", "not-a-journal"),
+        ("readjournal", "1", "--shard", "2"),
+        ("readjournal", "1", "--journal", "1"),
+        ("readentrylog", "12345"),
+        ("readentrylog", "xyz"),
+        ("readentrylog", "0", "--entryid", "1"),
+        ("readentrylog", "0", "--startpos", "100", "--endpos", "10"),
+        ("readentrylog", "0", "--shard", "3"),
+        ("readentrylog", "0", "--disk", "1"),
+        ("readentrylog", "0", "--ledgerid", "-1"),
+        ("localconsistencycheck", "--shard", "-2"),
+        ("updatecookie",),
+        ("updatecookie", "--directories", "--old-bookie-id", "h:1"),
+        ("updatecookie", "--old-bookie-id", "nonsense"),
+        ("listfilesondisc", "--bogus"),
+        ("readlog", "12345"),
+    ],
+)
+def test_bookie_arguments(
+    args: tuple[str, ...], bookie_config: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["bookie", *args, "--config", bookie_config])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("stream", "truncate", "ns/s", "--before", "garbage"),
+        ("stream", "tail", "ns/s", "--from", "1:2"),
+        ("autorecovery", "--lost-bookie-delay", "-1"),
+    ],
+)
+def test_other_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*args, "--metadata", SQLITE]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+
+
+def test_a_missing_config_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bookie", "info", "--config", "/nonexistent/bookie.toml"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_bookie_command_needs_a_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bookie", "lastmark", "--json"]) == 2
+    error = json.loads(capsys.readouterr().err)
+    assert error == {"error": "--config FILE is required", "kind": "UsageError"}
+
+
+def test_usage_errors_under_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["shell", "readledger", "-1", "--json", "--metadata", SQLITE]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error = json.loads(captured.err)
+    assert error["kind"] == "UsageError" and "-1 is not in the range" in error["error"]

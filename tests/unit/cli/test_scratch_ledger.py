@@ -1,0 +1,85 @@
+"""A test ledger (`simpletest`, `bookiesanity`) is closed and deleted whatever fails half-way,
+and a cleanup that fails is the command's error, naming the ledger left behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bkaio.cli.scratch_ledger import LedgerLeftBehindError, scratch_ledger
+from bkaio.errors import BKError, NotEnoughBookiesError
+
+
+class FakeHandle:
+    """The ScratchHandle protocol: a ledger handle that records its close."""
+
+    def __init__(self, ledger_id: int, *, close_fails: bool = False) -> None:
+        self._ledger_id = ledger_id
+        self._closed = False
+        self._close_fails = close_fails
+
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        if self._close_fails:
+            raise NotEnoughBookiesError("fake: no bookie answers the close")
+        self._closed = True
+
+
+class FakeClient:
+    """The ScratchClient protocol: a client that records the ledgers it deleted."""
+
+    def __init__(self, *, delete_fails: bool = False) -> None:
+        self.deleted: list[int] = []
+        self._delete_fails = delete_fails
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        if self._delete_fails:
+            raise BKError("fake: metadata unreachable")
+        self.deleted.append(ledger_id)
+
+
+async def test_a_ledger_that_worked_is_closed_and_deleted() -> None:
+    client, handle = FakeClient(), FakeHandle(7)
+    async with scratch_ledger(client, handle):
+        pass
+    assert handle.is_closed and client.deleted == [7]
+
+
+async def test_a_failure_half_way_still_closes_and_deletes_and_is_raised() -> None:
+    client, handle = FakeClient(), FakeHandle(7)
+    with pytest.raises(NotEnoughBookiesError, match="append failed"):
+        async with scratch_ledger(client, handle):
+            raise NotEnoughBookiesError("append failed")
+    assert handle.is_closed and client.deleted == [7]
+
+
+async def test_an_interruption_still_cleans_up() -> None:
+    client, handle = FakeClient(), FakeHandle(7)
+    with pytest.raises(asyncio.CancelledError):
+        async with scratch_ledger(client, handle):
+            raise asyncio.CancelledError
+    assert handle.is_closed and client.deleted == [7]
+
+
+async def test_a_close_that_fails_still_deletes_and_names_the_ledger() -> None:
+    client, handle = FakeClient(), FakeHandle(7, close_fails=True)
+    with pytest.raises(LedgerLeftBehindError, match="append failed; test ledger 7") as caught:
+        async with scratch_ledger(client, handle):
+            raise NotEnoughBookiesError("append failed")
+    assert client.deleted == [7]  # The delete is tried even when the close failed.
+    assert isinstance(caught.value.__cause__, NotEnoughBookiesError)
+
+
+async def test_a_delete_that_fails_after_success_is_the_error() -> None:
+    client, handle = FakeClient(delete_fails=True), FakeHandle(7)
+    with pytest.raises(LedgerLeftBehindError, match="test ledger 7 was not cleaned up"):
+        async with scratch_ledger(client, handle):
+            pass
