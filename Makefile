@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-replay bench-idle clean system-deps venv
+.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-reads bench-replay bench-idle clean system-deps venv
 
 venv: $(STAMP)
 
@@ -75,9 +75,11 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
-# bkaio against NATS JetStream, every workload 3 times (under 15 minutes); see docs/benchmarks.md.
+# Everything, unattended (about 22 minutes; docs/benchmarks.md): bkaio against NATS JetStream,
+# every append workload 3 times (under 15 minutes), then the read benchmarks (`bench-reads`).
 bench: $(BENCH_STAMP)
 	$(VENV)/bin/bkaio bench --suite full
+	$(MAKE) bench-reads
 
 # About a minute: CI's smoke test runs a part of it.
 bench-quick: $(BENCH_STAMP)
@@ -105,7 +107,7 @@ bench-bookie: venv
 bench-meta: venv system-deps
 	$(PY) benchmarks/meta_bench.py
 
-bench-spark: venv
+bench-spark: $(TEST_STAMP)
 	$(PY) benchmarks/spark_bench.py
 
 # Deterministic simulation of the real bookie and client code (docs/faults.md): `make sim
@@ -122,6 +124,13 @@ sim: venv
 	PYTHONHASHSEED=0 $(PY) -m bkaio.testing.sim --jobs $(JOBS) \
 		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(MUTATION),,--mutation-checks 1000)) \
 		$(if $(MUTATION),--mutation $(MUTATION)) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# The read targets (docs/benchmarks.md, "Reads"), about 8 minutes: sequential reads of a closed
+# 200k x 1 KiB ledger (E3/Qw3 and E5/Qw2), tailing at 5k/s, a 1M catch-up read under 5k/s
+# writes, then Spark count() of a 1M x 100 B stream (cold and warm).
+bench-reads: $(TEST_STAMP)
+	$(PY) benchmarks/read_bench.py all
+	$(PY) benchmarks/spark_bench.py --entries 1000000
 
 # RSS of a shard replaying a 2 GiB journal, above an idle one (target <= 256 MiB); ~4 GiB of disk.
 bench-replay: venv

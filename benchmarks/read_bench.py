@@ -1,13 +1,21 @@
-"""Ledger read throughput against 3 local bookies: READ_RANGE batches against one read per entry.
+"""Read benchmarks against local bookies (issue 27's targets; docs/benchmarks.md, "Reads").
 
-    .venv/bin/python benchmarks/read_bench.py [--entries 20000] [--payload-bytes 1024]
+    .venv/bin/python benchmarks/read_bench.py [sequential|tail|catchup|all] [options]
 
-Starts 3 real bookie processes (sqlite metadata, tmp dirs, fsync on) with the test fixture's
-`BookieCluster`, writes one closed E3/Qw3/Qa2 ledger, then reads it whole with `read_iter`
-for each `read_batch_entries` setting (1 is the per-entry path: one READ_ENTRY per entry, 64
-in flight). The first pass after a flush reads the entry logs (page cache, not the disk: the
-bench box has RAM to spare); every setting reads the same ledger twice and reports the second.
-Prints one JSON line per run, then a table with entries/s and the client's CPU per entry.
+- sequential: one closed ledger of `--entries` (200 000) 1 KiB entries per shape, E3/Qw3/Qa2
+  on 3 bookies and E5/Qw2/Qa2 on 5, read whole with `read_iter` by a fresh client (read
+  twice, the second pass reported: the first warms the page cache and the connections).
+  Entries/s and the client's CPU per entry (its process time over the pass).
+- tail: a writer appends 1 KiB entries open-loop at `--rate` (5 000/s) for `--seconds` while
+  a reader in another process tails the ledger (`ReadHandle.wait_for_entries`); latency is
+  from the writer's acknowledgement to the reader's delivery (both CLOCK_MONOTONIC). The
+  writer sends its LAC on acknowledgement (`explicit_lac_on_ack`).
+- catchup: `--catchup-entries` (1 000 000) entries written, then the writer goes on open-loop
+  at `--rate` for `--catchup-seconds` (10) while a reader in another process reads the million
+  from the start; append latency (from the intended send time) with and without that reader.
+Bookies are real processes (sqlite metadata, tmp dirs, fsync on), started with the test
+fixture's `BookieCluster`. Prints one JSON line per measurement, then a table. Timings belong
+here, never in tests.
 """
 
 from __future__ import annotations
@@ -15,79 +23,230 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bkaio.ledger_client import BookKeeper
+from bkaio.bench.loads import run_open
+from bkaio.bench.stats import percentile
+from bkaio.ledger_client import BookKeeper, ReadHandle
 from bkaio.logs import configure_logging
 from tests.fixtures.bookies import BookieCluster
 
-BATCH_SETTINGS = (1, 32, 128, 512)
+SHAPES = ((3, 3, 2), (5, 2, 2))
+PAYLOAD = bytes(1024)
+RESULTS: list[dict[str, Any]] = []
 
 
-async def write_ledger(bk: BookKeeper, entries: int, payload: bytes) -> int:
-    lh = await bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw")
-    window = 500
+def report(**result: Any) -> None:
+    RESULTS.append(result)
+    print(json.dumps(result), flush=True)
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def write_closed(bk: BookKeeper, shape: tuple[int, int, int], entries: int) -> int:
+    lh = await bk.create_ledger(*shape, password=b"pw")
+    window = 1000
     for start in range(0, entries, window):
-        batch = [lh.append(payload) for _ in range(min(window, entries - start))]
-        await asyncio.gather(*batch)
+        await asyncio.gather(*(lh.append(PAYLOAD) for _ in range(min(window, entries - start))))
     await lh.close()
     return lh.ledger_id
 
 
-async def read_all(bk: BookKeeper, ledger_id: int, last: int) -> tuple[float, float, int]:
-    rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
-    wall, cpu = time.perf_counter(), time.process_time()
+async def sequential(base: Path, entries: int) -> None:
+    for shape in SHAPES:
+        directory = base / f"sequential-e{shape[0]}"
+        directory.mkdir()
+        cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=shape[0])
+        async with cluster:
+            async with BookKeeper.connect(cluster.metadata_uri, client_id="writer") as bk:
+                ledger_id = await write_closed(bk, shape, entries)
+            async with BookKeeper.connect(cluster.metadata_uri, client_id="reader") as bk:
+                rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
+                await read_whole(rh, entries)  # Warms the page cache and the connections.
+                wall, cpu = time.perf_counter(), time.process_time()
+                count = await read_whole(rh, entries)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                report(
+                    bench="sequential",
+                    shape=f"E{shape[0]}/Qw{shape[1]}/Qa{shape[2]}",
+                    entries=count,
+                    entries_per_second=round(count / wall),
+                    mib_per_second=round(count * len(PAYLOAD) / wall / 2**20, 1),
+                    client_cpu_us_per_entry=round(cpu / count * 1e6, 2),
+                )
+
+
+async def read_whole(rh: ReadHandle, entries: int) -> int:
     count = 0
-    async for _entry in rh.read_iter(0, last):
+    async for _entry in rh.read_iter(0, entries - 1):
         count += 1
-    return time.perf_counter() - wall, time.process_time() - cpu, count
+    assert count == entries, count
+    return count
+
+
+async def child(role: str, *arguments: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, __file__, role, *arguments, stdout=asyncio.subprocess.PIPE
+    )
+
+
+async def tail(base: Path, rate: float, seconds: float) -> None:
+    directory = base / "tail"
+    directory.mkdir()
+    cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
+    async with (
+        cluster,
+        BookKeeper.connect(
+            cluster.metadata_uri, client_id="writer", explicit_lac_on_ack=True
+        ) as bk,
+    ):
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        total = round(rate * seconds)
+        reader = await child("tail-reader", cluster.metadata_uri, str(lh.ledger_id), str(total))
+        assert reader.stdout is not None
+        assert (await reader.stdout.readline()).strip() == b"ready"
+        acked: list[float] = [0.0] * total
+        clock = time.monotonic
+
+        def record(future: asyncio.Future[int]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                acked[future.result()] = clock()
+
+        def send(payload: bytes) -> asyncio.Future[int]:
+            future = lh.append(payload)
+            future.add_done_callback(record)
+            return future
+
+        outcome = await run_open(send, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
+        delivered = json.loads(await reader.stdout.read())
+        await reader.wait()
+        await lh.close()
+    assert outcome.errors == 0 and len(delivered) == total, (outcome.first_error, len(delivered))
+    latencies = sorted(at - acked[entry_id] for entry_id, at in enumerate(delivered))
+    report(
+        bench="tail",
+        rate_per_second=rate,
+        entries=total,
+        ack_to_delivered_p50_ms=ms(percentile(latencies, 50)),
+        ack_to_delivered_p99_ms=ms(percentile(latencies, 99)),
+        ack_to_delivered_p999_ms=ms(percentile(latencies, 99.9)),
+        ack_to_delivered_max_ms=ms(latencies[-1]),
+        append_p99_ms=ms(percentile(sorted(outcome.latencies), 99)),
+    )
+
+
+async def tail_reader(metadata: str, ledger_id: int, total: int) -> None:
+    """Child process: tail the ledger; print the delivery time of every entry (JSON)."""
+    delivered: list[float] = []
+    clock = time.monotonic
+    async with BookKeeper.connect(metadata, client_id="tail-reader") as bk:
+        rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
+        print("ready", flush=True)
+        while len(delivered) < total:
+            entries = await rh.wait_for_entries(len(delivered), timeout=30.0)
+            now = clock()
+            delivered += [now] * len(entries)
+    sys.stdout.write(json.dumps(delivered))
+
+
+async def catchup(base: Path, entries: int, rate: float, seconds: float) -> None:
+    directory = base / "catchup"
+    directory.mkdir()
+    cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
+    async with cluster, BookKeeper.connect(cluster.metadata_uri, client_id="writer") as bk:
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        window = 1000
+        for _ in range(entries // window):
+            await asyncio.gather(*(lh.append(PAYLOAD) for _ in range(window)))
+        await asyncio.sleep(2.0)  # Flushed: the reader reads entry logs, not the cache.
+        alone = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=5.0)
+        reader = await child(
+            "catchup-reader", cluster.metadata_uri, str(lh.ledger_id), str(entries)
+        )
+        assert reader.stdout is not None
+        assert (await reader.stdout.readline()).strip() == b"ready"
+        during = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
+        result = json.loads(await reader.stdout.read())
+        await reader.wait()
+        await lh.close()
+    assert alone.errors == during.errors == 0, (alone.first_error, during.first_error)
+    report(
+        bench="catchup",
+        entries=result["entries"],
+        read_seconds=round(result["seconds"], 2),
+        read_entries_per_second=round(result["entries"] / result["seconds"]),
+        append_rate_per_second=rate,
+        append_seconds=seconds,
+        append_p99_alone_ms=ms(percentile(sorted(alone.latencies), 99)),
+        append_p99_during_catchup_ms=ms(percentile(sorted(during.latencies), 99)),
+        append_p999_during_catchup_ms=ms(percentile(sorted(during.latencies), 99.9)),
+    )
+
+
+async def catchup_reader(metadata: str, ledger_id: int, entries: int) -> None:
+    """Child process: read entries 0..entries-1 of the (open) ledger from the start."""
+    async with BookKeeper.connect(metadata, client_id="catchup-reader") as bk:
+        rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
+        print("ready", flush=True)
+        started = time.perf_counter()
+        count = 0
+        async for batch in rh.read_batches(0, entries - 1):
+            count += len(batch)
+        seconds = time.perf_counter() - started
+    sys.stdout.write(json.dumps({"entries": count, "seconds": seconds}))
+
+
+def table() -> None:
+    for result in RESULTS:
+        fields = " ".join(f"{k}={v}" for k, v in result.items() if k != "bench")
+        print(f"{result['bench']:>10}  {fields}")
 
 
 async def main(arguments: argparse.Namespace) -> None:
     configure_logging(json=False, level="warning")
-    payload = bytes(arguments.payload_bytes)
-    last = arguments.entries - 1
-    results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="bkaio-read-bench-") as directory:
         base = Path(directory)
-        cluster = BookieCluster(f"sqlite://{base / 'meta.db'}", base, count=3)
-        async with cluster:
-            async with BookKeeper.connect(cluster.metadata_uri, client_id="bench") as bk:
-                ledger_id = await write_ledger(bk, arguments.entries, payload)
-            for batch in BATCH_SETTINGS:
-                async with BookKeeper.connect(
-                    cluster.metadata_uri, client_id="bench", read_batch_entries=batch
-                ) as reader:
-                    await read_all(reader, ledger_id, last)  # Warm: connections, page cache.
-                    wall, cpu, count = await read_all(reader, ledger_id, last)
-                assert count == arguments.entries, count
-                result = {
-                    "read_batch_entries": batch,
-                    "entries": count,
-                    "payload_bytes": arguments.payload_bytes,
-                    "entries_per_second": round(count / wall),
-                    "mib_per_second": round(count * len(payload) / wall / 2**20, 1),
-                    "client_cpu_us_per_entry": round(cpu / count * 1e6, 1),
-                }
-                print(json.dumps(result), flush=True)
-                results.append(result)
-    print(f"{'batch':>6} {'entries/s':>10} {'MiB/s':>7} {'client µs/entry':>16}")
-    for r in results:
-        print(
-            f"{r['read_batch_entries']:>6} {r['entries_per_second']:>10} "
-            f"{r['mib_per_second']:>7} {r['client_cpu_us_per_entry']:>16}"
-        )
+        if arguments.bench in ("sequential", "all"):
+            await sequential(base, arguments.entries)
+        if arguments.bench in ("tail", "all"):
+            await tail(base, arguments.rate, arguments.seconds)
+        if arguments.bench in ("catchup", "all"):
+            await catchup(
+                base, arguments.catchup_entries, arguments.rate, arguments.catchup_seconds
+            )
+    table()
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("tail-reader", "catchup-reader"):
+        configure_logging(json=False, level="warning")
+        role, *rest = sys.argv[1:]
+        if role == "tail-reader":
+            uvloop.run(tail_reader(rest[0], int(rest[1]), int(rest[2])))
+        else:
+            uvloop.run(catchup_reader(rest[0], int(rest[1]), int(rest[2])))
+        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=20_000)
-    parser.add_argument("--payload-bytes", type=int, default=1024)
+    parser.add_argument(
+        "bench", nargs="?", default="all", choices=("sequential", "tail", "catchup", "all")
+    )
+    parser.add_argument("--entries", type=int, default=200_000)
+    parser.add_argument("--catchup-entries", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=5000.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="tail: writing time")
+    parser.add_argument(
+        "--catchup-seconds", type=float, default=10.0, help="catchup: writing time (the read's)"
+    )
     uvloop.run(main(parser.parse_args()))
+    os._exit(0)

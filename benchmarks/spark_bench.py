@@ -83,7 +83,9 @@ def main() -> None:
 
         async def read(concurrent: bool) -> int:
             bk = await runtime.client(uri, options.client)
-            ranges = await catalog.plan_batch(bk, options)
+            ranges = [
+                item for partition in await catalog.plan_batch(bk, options) for item in partition
+            ]
 
             async def one(item: Any) -> int:
                 return sum([len(b) async for b in read_entries(bk, item, 4096, True)])

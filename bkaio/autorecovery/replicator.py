@@ -19,7 +19,8 @@ import asyncio
 import enum
 import os
 import time
-from collections.abc import Collection, Iterator
+from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import structlog
@@ -30,12 +31,11 @@ from bkaio.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
 )
-from bkaio.ledger_client.quorum import write_set
+from bkaio.ledger_client.range_reads import read_copies
 from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.protocol.digest import entry_digest
 
 from .cluster import ClusterView, MasterKeys
 from .fragments import (
@@ -217,63 +217,40 @@ class Replicator:
         key: bytes,
         targets: frozenset[str],
     ) -> int:
-        """Copy `entry_ids` with a window of entries in flight; the payload bytes copied."""
-        pending: Iterator[int] = iter(entry_ids)
+        """Copy `entry_ids` with a window of entries in flight; the payload bytes copied.
+
+        The copies come from the client's range reads (`read_copies`: read ahead, digests
+        checked, each entry from a surviving bookie of its write set, `targets` last)."""
+        source = read_copies(
+            self._view.context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum,
+            fragment.ensemble, fragment.first_entry_id, fragment.last_entry_id,
+            fragment.bookie_index, {*targets, fragment.bookie_id},
+        )  # fmt: skip
+        read: deque[StoredCopy] = deque()
+        reading = asyncio.Lock()
         copied = [0]
 
+        async def next_copy() -> StoredCopy | None:
+            async with reading:  # One reader of `source` at a time.
+                if not read:
+                    read.extend(await anext(source, []))
+                return read.popleft() if read else None
+
         async def copy_some() -> None:
-            for entry_id in pending:  # Shared iterator: each entry goes to one copier.
-                copy = await self._read_copy(metadata, fragment, entry_id, targets)
+            while (copy := await next_copy()) is not None:  # Each entry to one copier.
                 await self._write_copy(metadata.ledger_id, replacement, key, copy)
                 copied[0] += len(copy.payload)
                 self._metrics.entries_replicated.inc()
                 self._metrics.bytes_replicated.inc(len(copy.payload))
 
         copiers = min(self._entries_in_flight, max(1, len(entry_ids)))
-        async with asyncio.TaskGroup() as group:
-            for _ in range(copiers):
-                group.create_task(copy_some())
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(copiers):
+                    group.create_task(copy_some())
+        finally:
+            await source.aclose()
         return copied[0]
-
-    async def _read_copy(
-        self, metadata: LedgerMetadata, fragment: Fragment, entry_id: int, targets: frozenset[str]
-    ) -> StoredCopy:
-        """A digest-valid copy of the entry from a surviving bookie of its write set."""
-        indexes = write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
-        registered = self._view.registered()
-        sources = [
-            fragment.ensemble[i]
-            for i in indexes
-            if i != fragment.bookie_index and fragment.ensemble[i] not in targets
-        ]
-        sources.sort(key=lambda bookie_id: bookie_id not in registered)  # Live ones first.
-        # A bookie being moved off but still up (decommission) is the last resort.
-        if fragment.bookie_id in registered:
-            sources.append(fragment.bookie_id)
-        failures: list[str] = []
-        for source in sources:
-            try:
-                copy = await self._view.pool.read_entry(source, metadata.ledger_id, entry_id)
-            except BKError as error:
-                failures.append(f"{source}: {type(error).__name__}")
-                continue
-            expected = entry_digest(
-                metadata.ledger_id, entry_id, copy.lac, copy.length, copy.payload
-            )
-            if copy.entry_id != entry_id or expected != copy.digest:
-                log.warning(
-                    "replica_bad_digest",
-                    ledger_id=metadata.ledger_id,
-                    entry_id=entry_id,
-                    bookie_id=source,
-                )
-                failures.append(f"{source}: bad digest")
-                continue
-            return copy
-        raise ReplicationError(
-            f"ledger {metadata.ledger_id}: entry {entry_id} is readable from none of "
-            f"{sources} ({failures})"
-        )
 
     async def _write_copy(
         self, ledger_id: int, replacement: str, key: bytes, copy: StoredCopy

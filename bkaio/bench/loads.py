@@ -10,8 +10,13 @@ and no closure or Event call.
 
 The open loop sends on a fixed schedule whatever the replies do, and measures from the intended
 send time (not the actual one), so a stalled sender or a full queue shows up as latency
-instead of silently lowering the offered rate (coordinated omission). The first failed append
-stops a run: numbers with failures in them are not comparable.
+instead of silently lowering the offered rate (coordinated omission). It is paced by a
+`Metronome` (bkaio/bench/pacer.py): one callback per tick sends what fell due, with no timer,
+future or coroutine per tick or per append. The first failed append stops a run: numbers with
+failures in them are not comparable.
+
+Every load reads time from one clock (`perf_counter`, or the metronome's own): tests pass a fake
+metronome whose clock they move, so no test depends on how fast the box runs.
 """
 
 from __future__ import annotations
@@ -23,16 +28,16 @@ from functools import partial
 from time import perf_counter
 from typing import Any
 
-from bkaio.bench.pacer import PunctualSleeper
+from bkaio.bench.pacer import Metronome, open_metronome
 
 Send = Callable[[bytes], Awaitable[Any]]
 
-# Open loop: the shortest sleep between bursts. uvloop rounds a timer's delay to whole
-# milliseconds and turns anything under 0.5 ms into `call_soon`: sleeping "until the next
-# append is due" at 5k/s (every 0.2 ms) would spin the client's loop, burning a core that the
-# servers being measured need. So the pacer sleeps at least one timer tick and then sends
-# everything that fell due meanwhile; each append's latency still counts from its own
-# intended send time, so that lateness is measured, not hidden.
+# Open loop: the shortest time between bursts. Waking for every append at 5k/s (every 0.2 ms)
+# would cost the client a wake-up per append and take CPU from the servers being measured
+# (measured: +45-50 % server CPU per append, no better p99; docs/performance.md). So the pacer
+# ticks at most once a millisecond and sends everything that fell due since the last tick;
+# each append's latency still counts from its own intended send time, so that lateness is
+# measured, not hidden. Below 1000 appends/s each append gets its own tick.
 PACER_TICK_SECONDS = 0.001
 # Open loop: past this many appends in flight the system is overloaded; stop rather than let
 # memory grow without bound. 20 s at 5 k/s is 100 k; a healthy run has at most a few hundred.
@@ -58,8 +63,11 @@ class LoadOutcome:
 class _Tracker:
     """Starts appends and counts completions; wakes `idle` when nothing is outstanding."""
 
-    def __init__(self, send: Send, payload: bytes) -> None:
+    def __init__(
+        self, send: Send, payload: bytes, clock: Callable[[], float] = perf_counter
+    ) -> None:
         self.send = send
+        self.clock = clock
         self.payload = payload
         self.outcome = LoadOutcome()
         self.outstanding = 0
@@ -92,7 +100,7 @@ class _Tracker:
         future.add_done_callback(self._on_done)
 
     def _done(self, future: asyncio.Future[Any]) -> None:
-        now = perf_counter()
+        now = self.clock()
         started = self._started.pop(future)
         self.outstanding -= 1
         try:
@@ -122,31 +130,41 @@ class _Tracker:
 
 
 async def run_serial(
-    send: Send, payload: bytes, *, appends: int = 0, duration_seconds: float = 0.0
+    send: Send,
+    payload: bytes,
+    *,
+    appends: int = 0,
+    duration_seconds: float = 0.0,
+    clock: Callable[[], float] = perf_counter,
 ) -> LoadOutcome:
     """One append at a time: `appends` of them, or as many as fit in `duration_seconds`."""
     assert appends > 0 or duration_seconds > 0, "serial needs appends or a duration"
-    tracker = _Tracker(send, payload)
-    began = perf_counter()
+    tracker = _Tracker(send, payload, clock)
+    began = clock()
     deadline = began + duration_seconds if duration_seconds else float("inf")
     issued = 0
     while not tracker.stopped:
-        if (appends and issued >= appends) or perf_counter() >= deadline:
+        if (appends and issued >= appends) or clock() >= deadline:
             break
-        tracker.issue(perf_counter())
+        tracker.issue(clock())
         issued += 1
         await tracker.idle.wait()
-    tracker.outcome.elapsed_seconds = perf_counter() - began
+    tracker.outcome.elapsed_seconds = clock() - began
     return tracker.outcome
 
 
 async def run_closed(
-    send: Send, payload: bytes, *, outstanding: int, duration_seconds: float
+    send: Send,
+    payload: bytes,
+    *,
+    outstanding: int,
+    duration_seconds: float,
+    clock: Callable[[], float] = perf_counter,
 ) -> LoadOutcome:
     """`outstanding` appends always in flight; each completion sends the next until the end."""
     assert outstanding > 0 and duration_seconds > 0
-    tracker = _Tracker(send, payload)
-    began = perf_counter()
+    tracker = _Tracker(send, payload, clock)
+    began = clock()
     deadline = began + duration_seconds
 
     def next_append(now: float) -> None:
@@ -155,9 +173,9 @@ async def run_closed(
 
     tracker.on_success = next_append
     for _ in range(outstanding):
-        tracker.issue(perf_counter())
+        tracker.issue(clock())
     await tracker.idle.wait()
-    tracker.outcome.elapsed_seconds = perf_counter() - began
+    tracker.outcome.elapsed_seconds = clock() - began
     return tracker.outcome
 
 
@@ -168,50 +186,78 @@ async def run_open(
     rate_per_second: float,
     duration_seconds: float,
     max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+    metronome: Metronome | None = None,
 ) -> LoadOutcome:
-    """Appends at a fixed rate; latency from each append's intended send time."""
+    """Appends at a fixed rate; latency from each append's intended send time.
+
+    `metronome` paces it (default: `open_metronome()`); its clock times the appends too."""
     assert rate_per_second > 0 and duration_seconds > 0
-    tracker = _Tracker(send, payload)
+    metronome = metronome if metronome is not None else open_metronome()
+    tracker = _Tracker(send, payload, metronome.now)
     tracker.outcome.offered_per_second = rate_per_second
     total = max(1, round(rate_per_second * duration_seconds))
-    sleeper = PunctualSleeper.open()  # None off Linux: asyncio.sleep's coarse timers then.
+    pacer = _Pacer(tracker, metronome, rate_per_second, total, max_outstanding)
     try:
-        await _pace(tracker, sleeper, rate_per_second, total, max_outstanding)
+        await pacer.run()
     finally:
-        if sleeper is not None:
-            sleeper.close()
+        metronome.stop()
     await tracker.idle.wait()
-    tracker.outcome.elapsed_seconds = perf_counter() - tracker.began
+    tracker.outcome.elapsed_seconds = metronome.now() - tracker.began
     return tracker.outcome
 
 
-async def _pace(
-    tracker: _Tracker,
-    sleeper: PunctualSleeper | None,
-    rate_per_second: float,
-    total: int,
-    max_outstanding: int,
-) -> None:
-    interval = 1.0 / rate_per_second
-    began = tracker.began = perf_counter()
-    woke = began  # The last wake-up's target time.
-    sent = 0
-    while sent < total and not tracker.stopped:
-        due = min(total, int((perf_counter() - began) * rate_per_second) + 1)
-        while sent < due:
-            if tracker.outstanding >= max_outstanding:
-                tracker.outcome.overloaded = True
-                tracker.stopped = True
-                break
-            tracker.issue(began + sent * interval)  # The intended time, not now.
-            sent += 1
-        if sent >= total:
-            break
-        # Wake-ups at least a tick apart (no busy loop at high rates: what falls due meanwhile
-        # goes out in the next burst, each append still timed from its own intended time),
-        # counted from the previous target so they do not drift; on time at low rates.
-        woke = max(began + sent * interval, woke + PACER_TICK_SECONDS)
-        if sleeper is not None:
-            await sleeper.sleep_until(woke)
-        else:  # libuv's timers count whole milliseconds: up to a tick late.
-            await asyncio.sleep(max(PACER_TICK_SECONDS, woke - perf_counter()))
+class _Pacer:
+    """Sends the open loop's appends from the metronome's ticks: at each, every append whose
+    intended time has come, each timed from that time."""
+
+    def __init__(
+        self,
+        tracker: _Tracker,
+        metronome: Metronome,
+        rate_per_second: float,
+        total: int,
+        max_outstanding: int,
+    ) -> None:
+        self._tracker = tracker
+        self._metronome = metronome
+        self._rate = rate_per_second
+        self._interval = 1.0 / rate_per_second
+        self._total = total
+        self._max_outstanding = max_outstanding
+        self._sent = 0
+        self._finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> None:
+        tracker = self._tracker
+        began = tracker.began = self._metronome.now()
+        self._tick()  # The first append is due at once.
+        if not self._finished.done():
+            period = max(self._interval, PACER_TICK_SECONDS)
+            self._metronome.start(began + period, period, self._tick)
+        await self._finished
+
+    def _tick(self) -> None:
+        tracker = self._tracker
+        began = tracker.began
+        interval = self._interval
+        sent = self._sent
+        # The epsilon: a tick exactly at an append's time counts it due despite rounding.
+        due = min(self._total, int((self._metronome.now() - began) * self._rate + 1e-6) + 1)
+        try:
+            while sent < due and not tracker.stopped:
+                if tracker.outstanding >= self._max_outstanding:
+                    tracker.outcome.overloaded = True
+                    tracker.stopped = True
+                    break
+                tracker.issue(began + sent * interval)  # The intended time, not now.
+                sent += 1
+        except Exception as error:  # `send` raised: the run ends with it, as in a coroutine.
+            self._metronome.stop()
+            if not self._finished.done():
+                self._finished.set_exception(error)
+            return
+        finally:
+            self._sent = sent
+        if (sent >= self._total or tracker.stopped) and not self._finished.done():
+            self._metronome.stop()
+            self._finished.set_result(None)

@@ -4,7 +4,10 @@ table(aggregates) -> rich Table           medians of the repeats, the worst valu
 evaluate_targets(aggregates) -> [Verdict] the targets of reference/perf.md section 4
 JsonlWriter                               one JSON line per run in benchmarks/results/
 plot_percentiles(runs, path)              latency-by-percentile curves (log x, HdrHistogram
-                                          style), one panel per workload, one line per system
+                                          style), one panel per workload, one line per system;
+                                          and a last panel: latency against throughput
+throughput_curves(runs)                   that panel's points: the open-loop workloads of one
+                                          system, payload and quorum, by offered rate
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import IO, Any
 
 from rich.table import Table
 
-from bkaio.bench.stats import Aggregate, RunResult
+from bkaio.bench.stats import Aggregate, RunResult, aggregate_all
 
 
 def _ms(value: float) -> str:
@@ -150,8 +153,41 @@ def _x_position(percent: float, samples: int) -> float:
     return 1.0 / remaining
 
 
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One open-loop workload of a latency-vs-throughput curve: medians of its repeats."""
+
+    workload: str
+    offered_per_second: float
+    appends_per_second: float
+    p50_ms: float
+    p99_ms: float
+
+
+def throughput_curves(runs: Sequence[RunResult]) -> dict[str, list[CurvePoint]]:
+    """The open-loop workloads of each (system, payload, quorum) with two rates or more, as
+    points sorted by offered rate; keyed by a label naming the three."""
+    open_loop = [run for run in runs if run.offered_per_second is not None]
+    offered = {run.workload: run.offered_per_second or 0.0 for run in open_loop}
+    kinds = {run.workload: (run.payload_bytes, run.quorum) for run in open_loop}
+    curves: dict[str, list[CurvePoint]] = {}
+    for row in aggregate_all(open_loop):
+        rate = offered[row.workload]
+        payload, quorum = kinds[row.workload]
+        label = f"{row.system} {payload}B {quorum}"
+        curves.setdefault(label, []).append(
+            CurvePoint(row.workload, rate, row.appends_per_second, row.p50_ms, row.p99_ms)
+        )
+    return {
+        label: sorted(points, key=lambda point: point.offered_per_second)
+        for label, points in curves.items()
+        if len({point.offered_per_second for point in points}) >= 2
+    }
+
+
 def plot_percentiles(runs: Sequence[RunResult], path: Path) -> Path | None:
-    """One panel per workload; per system the curve of its median-p99 repeat. None: no runs."""
+    """One panel per workload; per system the curve of its median-p99 repeat; then the
+    latency-vs-throughput panel when the runs make a curve. None: no runs."""
     if not runs:
         return None
     import matplotlib
@@ -160,8 +196,10 @@ def plot_percentiles(runs: Sequence[RunResult], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(run.workload for run in runs))
-    columns = min(2, len(workloads))
-    rows = math.ceil(len(workloads) / columns)
+    curves = throughput_curves(runs)
+    panels = len(workloads) + (1 if curves else 0)
+    columns = min(2, panels)
+    rows = math.ceil(panels / columns)
     figure, axes_grid = plt.subplots(
         rows, columns, figsize=(7 * columns, 4.2 * rows), squeeze=False
     )
@@ -194,9 +232,37 @@ def plot_percentiles(runs: Sequence[RunResult], path: Path) -> Path | None:
         axes.set_ylabel("latency (ms)")
         axes.grid(True, which="both", alpha=0.3)
         axes.legend(fontsize=8)
-    for index in range(len(workloads), rows * columns):
+    if curves:
+        index = len(workloads)
+        _plot_curves(axes_grid[index // columns][index % columns], curves)
+    for index in range(panels, rows * columns):
         axes_grid[index // columns][index % columns].set_visible(False)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _plot_curves(axes: Any, curves: dict[str, list[CurvePoint]]) -> None:
+    """Latency against achieved throughput: p99 solid, p50 dashed, one colour per curve."""
+    for number, (label, points) in enumerate(curves.items()):
+        colour = f"C{number}"
+        rates = [point.appends_per_second for point in points]
+        axes.plot(rates, [max(p.p99_ms, 1e-3) for p in points], "o-", color=colour,
+                  label=f"{label} p99")  # fmt: skip
+        axes.plot(rates, [max(p.p50_ms, 1e-3) for p in points], ".--", color=colour,
+                  label=f"{label} p50")  # fmt: skip
+        for point in points:
+            axes.annotate(
+                f"{point.offered_per_second / 1000:g}k",
+                (point.appends_per_second, max(point.p99_ms, 1e-3)),
+                textcoords="offset points",
+                xytext=(3, 4),
+                fontsize=7,
+            )
+    axes.set_yscale("log")
+    axes.set_title("latency vs throughput (open loop; labels: offered rate)", fontsize=9)
+    axes.set_xlabel("achieved appends/s")
+    axes.set_ylabel("latency (ms)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7)

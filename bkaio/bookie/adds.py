@@ -33,6 +33,7 @@ from bkaio.supervision import loop_supervisor
 from .interfaces import AddRequests, Peer
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
+from .read_entries import notify_lac_early
 
 log = structlog.get_logger(__name__)
 
@@ -104,6 +105,10 @@ class AddPath:
         frame.peer = peer
         frame.started = _perf_counter()
         frame.size = size
+        if self.lac_waiters:  # Tail polls learn a piggybacked LAC on arrival (read_entries.py).
+            notify_lac_early(
+                self.storage, self.lac_waiters, ledger_id, frame.master_key, frame.entries[-1].lac
+            )
         batch = frame  # The same object is storage's batch.
         self._adds_in_flight += 1
         if self.key_verifier is not None and not self.storage.holds_key(ledger_id):

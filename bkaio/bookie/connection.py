@@ -35,6 +35,7 @@ from bkaio.protocol.messages import (
     ErrorResponse,
     HelloRequest,
     Op,
+    ReadEntriesResponse,
     Response,
     decode_request,
     request_id_of,
@@ -281,7 +282,10 @@ class BookieServerProtocol(asyncio.Protocol):
         if self._transport is None or self._closing:
             return
         try:
-            self._encoder.add(response)
+            if type(response) is ReadEntriesResponse:
+                self._encoder.add_read_entries(response)  # The records are not copied.
+            else:
+                self._encoder.add(response)
         except ProtocolError as error:  # A response above max_frame_bytes: a server bug or
             # limits set inconsistently; the client still gets an answer for its request id.
             log.error("response_too_large", peer=self.peer, error=str(error))
@@ -356,7 +360,8 @@ class BookieServerProtocol(asyncio.Protocol):
             self._add_oks = bytearray()
             transport.write(batch)
         elif len(self._encoder):
-            transport.write(self._encoder.take())
+            # One vectored write: read answers' record buffers go out without being joined.
+            transport.writelines(self._encoder.take_parts())
         if self._close_after_flush:
             self._closing = True
             transport.close()

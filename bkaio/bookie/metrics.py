@@ -48,6 +48,7 @@ OPS = (
     "add_entry",
     "read_entry",
     "read_range",
+    "read_entries",
     "read_lac",
     "write_lac",
     "force",
@@ -363,6 +364,20 @@ class JournalStatsCollector(Collector):
         triggers.add_metric(["queue_empty"], stats.trigger_queue_empty)
         triggers.add_metric(["wait"], stats.trigger_wait)
         families.append(triggers)
+        families.append(
+            CounterMetricFamily(
+                "bkaio_journal_group_holds",
+                "Groups (bursts) that waited for the next append (journal.adaptive_wait_us)",
+                value=stats.holds,
+            )
+        )
+        families.append(
+            CounterMetricFamily(
+                "bkaio_journal_group_holds_fruitless",
+                "Waits that caught no append (waiting then pauses for a while)",
+                value=stats.holds_fruitless,
+            )
+        )
         group_bounds = [float(2**index) for index in range(len(stats.group_records_histogram) - 1)]
         families.append(
             HistogramMetricFamily(
@@ -408,6 +423,8 @@ class _SummedStats:
         self.trigger_entries = sum(s.trigger_entries for s in all_stats)
         self.trigger_queue_empty = sum(s.trigger_queue_empty for s in all_stats)
         self.trigger_wait = sum(s.trigger_wait for s in all_stats)
+        self.holds = sum(s.holds for s in all_stats)
+        self.holds_fruitless = sum(s.holds_fruitless for s in all_stats)
         self.group_records_histogram = [
             sum(counts)
             for counts in zip(*(s.group_records_histogram for s in all_stats), strict=True)

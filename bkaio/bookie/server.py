@@ -27,13 +27,13 @@ from bkaio.errors import (
     BKError,
     NoSuchEntryError,
     NoSuchLedgerError,
-    TooManyRequestsError,
     UnauthorizedError,
     WrongShardError,
 )
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
 from bkaio.protocol.messages import (
     PROTOCOL_VERSION,
+    READ_ENTRIES_FEATURE,
     Flag,
     ForceRequest,
     ForceResponse,
@@ -46,6 +46,7 @@ from bkaio.protocol.messages import (
     Op,
     PingRequest,
     PingResponse,
+    ReadEntriesRequest,
     ReadEntryRequest,
     ReadEntryResponse,
     ReadLacRequest,
@@ -67,13 +68,22 @@ from .adds import REQUEST_OVERHEAD_BYTES, AddPath
 from .interfaces import Peer
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
+from .read_entries import notify_lac_early, read_entries, wait_for_lac
 from .space import BookieSpace
 
 __all__ = ["ADD_ENTRIES_MIN_FRAME_BYTES", "FEATURES", "REQUEST_OVERHEAD_BYTES", "ShardServer"]
 
 log = structlog.get_logger(__name__)
 
-FEATURES = ("read_range", "long_poll", "fence", "write_lac", "list_entries", "add_entries")
+FEATURES = (
+    "read_range",
+    "long_poll",
+    "fence",
+    "write_lac",
+    "list_entries",
+    "add_entries",
+    READ_ENTRIES_FEATURE,
+)
 # Clients fill ADD_ENTRIES frames up to `ADD_ENTRIES_BATCH_BYTES` of entries without knowing
 # this bookie's frame limit: a bookie with a smaller limit than this does not offer them.
 ADD_ENTRIES_MIN_FRAME_BYTES = 4 * ADD_ENTRIES_BATCH_BYTES
@@ -133,6 +143,7 @@ class ShardServer(AddPath):
         self._handlers: dict[Op, Callable[[Any], Awaitable[Response]]] = {
             Op.READ_ENTRY: self._read_entry,
             Op.READ_RANGE: self._read_range,
+            Op.READ_ENTRIES: self._read_entries,
             Op.READ_LAC: self._read_lac,
             Op.WRITE_LAC: self._write_lac,
             Op.FORCE: self._force,
@@ -271,12 +282,15 @@ class ShardServer(AddPath):
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         started = time.perf_counter()
-        if op is Op.READ_LAC:  # Its long poll counts against this connection's bound too.
+        # Long polls count against this connection's bound too.
+        if op is Op.READ_LAC:
             handler = partial(self._read_lac, owner=peer)
+        elif op is Op.READ_ENTRIES:
+            handler = partial(self._read_entries, owner=peer)
         task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        if op is Op.READ_LAC:
+        if op is Op.READ_LAC or op is Op.READ_ENTRIES:
             peer.track_long_poll(task)
 
     def _write_cache_full(self, full: bool) -> None:
@@ -462,31 +476,21 @@ class ShardServer(AddPath):
         if flags & Flag.FENCE:
             await self._fence(ledger_id, master_key)
 
+    async def _read_entries(self, request: ReadEntriesRequest, owner: object = None) -> Response:
+        self._check_shard(request.ledger_id)
+        return await read_entries(self, request, owner)
+
     async def _read_lac(self, request: ReadLacRequest, owner: object = None) -> Response:
         ledger_id = request.ledger_id
         await self._route_and_fence(ledger_id, request.flags, request.master_key)
         long_poll = bool(request.flags & Flag.LONG_POLL)
         if not long_poll and self.storage.ledger_state(ledger_id) is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} is not on {self.config.bookie_id}")
-        lac = self._lac_of(ledger_id)
-        if long_poll and lac <= request.previous_lac and not self.stopping:
-            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            try:
-                self.lac_waiters.add(ledger_id, request.previous_lac, future, owner)
-            except TooManyRequestsError:
-                self.metrics.limit_hit("max_long_poll_waiters")
-                raise
-            try:
-                async with asyncio.timeout(request.timeout_ms / 1000):
-                    await future
-            except TimeoutError:
-                pass
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # Our task was cancelled, not
-                    raise  # just the waiter (which wake_all cancels at shutdown).
-            finally:
-                self.lac_waiters.remove(ledger_id, future)
+        if long_poll:
+            lac = await wait_for_lac(
+                self, ledger_id, request.previous_lac, request.timeout_ms, owner
+            )
+        else:
             lac = self._lac_of(ledger_id)
         state = self.storage.ledger_state(ledger_id)
         last_entry_id = state.last_entry_id if state is not None else -1
@@ -496,6 +500,10 @@ class ShardServer(AddPath):
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
         await self._check_ledger_key(ledger_id, request.master_key)
+        if self.lac_waiters:  # Long polls learn the LAC now, not once it is journaled.
+            notify_lac_early(
+                self.storage, self.lac_waiters, ledger_id, request.master_key, request.lac
+            )
         await self.storage.write_lac(ledger_id, request.master_key, request.lac)
         if self.lac_waiters:
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))

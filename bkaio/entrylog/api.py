@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from bkaio.entrylog.record_reads import RecordRun
 from bkaio.entrylog.types import AddBatch, DiskUsage, LedgerState, StoredEntry
 from bkaio.errors import BKError
 
@@ -51,6 +52,20 @@ class LedgerStorage(Protocol):
     ) -> list[StoredEntry]:
         """Consecutive entries from `first_entry_id` (-1: the last one stored), at most
         `max_count` and, but for the first, `max_bytes`; NoSuchEntryError when there is none."""
+        ...
+
+    async def read_records(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        stride: int,
+        max_count: int,
+        max_bytes: int,
+    ) -> RecordRun:
+        """Entries first, first + stride, ... <= last stored here, as entry records (as on
+        disk): at most `max_count` and, but for the first, `max_bytes` of payload; the run says
+        where it stopped looking. NoSuchLedgerError for a ledger not here."""
         ...
 
     def ledger_state(self, ledger_id: int) -> LedgerState | None: ...

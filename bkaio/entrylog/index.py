@@ -15,18 +15,33 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lmdb
 
+from bkaio.entry_records import RECORD_HEAD_BYTES
 from bkaio.entrylog.entry_log import LOCATION, EntryLocation
 from bkaio.entrylog.types import LedgerState, StoredEntry
 from bkaio.errors import BookieIOError
 
 _ENTRY_KEY = struct.Struct(">QQ")
+_SIZE = struct.Struct(">I")  # The size field of a packed location (at byte 8).
 _LEDGER_KEY = struct.Struct(">Q")
 _STATE = struct.Struct(">?qqq")
 _MAX_ID = (1 << 64) - 1
+
+
+@dataclass(slots=True)
+class IndexScan:
+    """Indexed entries of a ledger in id order (`LedgerIndex.scan`)."""
+
+    entry_ids: list[int] = field(default_factory=list)
+    locations: list[bytes] = field(default_factory=list)  # Packed `EntryLocation`s.
+    payload_bytes: int = 0
+    # The first wanted entry not looked at because a limit was reached; None when the scan
+    # looked at every indexed entry it was asked for.
+    limited_at: int | None = None
 
 
 def entry_key(ledger_id: int, entry_id: int) -> bytes:
@@ -177,6 +192,52 @@ class LedgerIndex:
                 run.append(EntryLocation.unpack(value))
                 expected += 1
         return run
+
+    def scan(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        stride: int,
+        max_count: int,
+        max_payload_bytes: int,
+    ) -> IndexScan:
+        """Indexed entries first, first + stride, ... <= last in order, at most `max_count`,
+        and past the first at most `max_payload_bytes` of payload (a record's size less its
+        head, RECORD_HEAD_BYTES). One cursor walk over the ledger's keys from `first`."""
+        scan = IndexScan()
+        if max_count < 1:
+            scan.limited_at = first_entry_id
+            return scan
+        entry_ids = scan.entry_ids
+        locations = scan.locations
+        unpack_key = _ENTRY_KEY.unpack
+        unpack_size = _SIZE.unpack_from
+        head_bytes = RECORD_HEAD_BYTES
+        payload = 0
+        with self._env.begin(db=self._locations) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(entry_key(ledger_id, first_entry_id)):
+                return scan
+            for key, value in cursor:
+                found_ledger, entry_id = unpack_key(key)
+                if found_ledger != ledger_id or entry_id > last_entry_id:
+                    break
+                if stride != 1 and (entry_id - first_entry_id) % stride:
+                    continue
+                size = unpack_size(value, 8)[0] - head_bytes
+                if entry_ids and payload + size > max_payload_bytes:
+                    scan.limited_at = entry_id
+                    break
+                payload += size
+                entry_ids.append(entry_id)
+                locations.append(value)
+                if len(entry_ids) >= max_count:
+                    if entry_id + stride <= last_entry_id:
+                        scan.limited_at = entry_id + stride
+                    break
+        scan.payload_bytes = payload
+        return scan
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest indexed entry id of the ledger, -1 when none (a floor seek)."""

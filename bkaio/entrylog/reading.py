@@ -1,5 +1,6 @@
-"""The read path of ledger storage: `read_range` (a single entry is a range of one) and
-`list_entries`, from the write caches, else the index and entry logs on the reader pool.
+"""The read path of ledger storage: `read_range` (a single entry is a range of one),
+`read_records` (READ_ENTRIES: records as on disk, record_reads.py) and `list_entries`, from the
+write caches, else the index and entry logs on the reader pool.
 
 Part of `ShardStorage` (a mixin over `StorageState`, see state.py).
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory
 from bkaio.entrylog.index import LedgerIndex
+from bkaio.entrylog.record_reads import RecordRun, read_records
 from bkaio.entrylog.state import StorageState
 from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import BookieIOError, NoSuchEntryError
@@ -116,6 +118,27 @@ class StorageReads(StorageState):
                 return entry
             location = self._indexes[disk].get(ledger_id, entry_id)
         raise BookieIOError(f"ledger {ledger_id}: entry {entry_id} keeps moving under compaction")
+
+    async def read_records(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        stride: int,
+        max_count: int,
+        max_bytes: int,
+    ) -> RecordRun:
+        """The entries first, first + stride, ... <= last stored here, as entry records read
+        from disk as they are (record_reads.py); at most `max_count` and, but for the first,
+        `max_bytes` of payload. NoSuchLedgerError for a ledger not here."""
+        self._check_open()
+        self._ledger(ledger_id)
+        disk = self.config.disk_of(ledger_id)
+        return await read_records(
+            self._loop, self._reader_pool, self._indexes[disk], self._logs[disk],
+            (self._active, self._flushing), ledger_id, first_entry_id, last_entry_id, stride,
+            max_count, max_bytes,
+        )  # fmt: skip
 
     async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
         """The entries of the ledger stored here, as ascending inclusive ranges."""

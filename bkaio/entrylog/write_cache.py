@@ -61,6 +61,10 @@ class WriteCache:
         ledger = self._by_ledger.get(ledger_id)
         return None if ledger is None else ledger.get(entry_id)
 
+    def entries_of(self, ledger_id: int) -> dict[int, StoredEntry] | None:
+        """The ledger's cached entries by entry id (None when there are none); do not change."""
+        return self._by_ledger.get(ledger_id)
+
     def entry_ids(self, ledger_id: int) -> list[int]:
         return list(self._by_ledger.get(ledger_id, ()))
 

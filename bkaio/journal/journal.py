@@ -3,8 +3,17 @@
 The loop side (this module) builds the next group in a bytearray and hands whole groups to one
 writer thread, which writes a group, calls `sync_function` once, and wakes the loop once per
 group (`call_soon_threadsafe`). Appends that arrive while a sync is in flight form the next
-group, so groups grow with load and a lone append on an idle journal commits at once. There
-is no timer in the commit path unless `adaptive_wait_us` asks for one.
+group, so groups grow with load and a lone append on an idle journal commits at once.
+
+A group is handed to the writer (BookKeeper's group-commit triggers, docs/storage.md): when it
+reaches `max_group_bytes` or `max_group_entries`; when the writer is free and the loop has
+appended everything of this iteration ("queue empty"); and, with `adaptive_wait_us`, a group of
+two records or more that finds the writer free waits for the next append, at most that long
+(`_hold`). Such a group comes from a burst (an ADD_ENTRIES frame, a client's loop iteration): the
+next burst then shares its write, its sync and its answers, which at moderate rates halves the
+fixed costs per append. A single record (a serial writer, or 1k/s) never waits, and a wait that
+caught nothing (the client was waiting for this answer) turns waiting off for
+`_HOLD_BACKOFF_GROUPS` groups, so a closed loop does not pay for it again and again.
 
 Limits: at most two groups exist (one being written, one filling), and the filling one is
 bounded by `max_group_bytes` (plus the one record that crossed it) and `max_group_entries`
@@ -70,6 +79,10 @@ from bkaio.wal.records import ReplayResult
 log = structlog.get_logger(__name__)
 
 SLOW_SYNC_SECONDS: Final = 0.05  # A sync this slow stalls every add behind it: say so.
+# A group waits for the next append only when it holds at least this many records (a burst).
+_HOLD_MIN_RECORDS: Final = 2
+# After a wait that caught nothing, this many groups go at once (then waiting is tried again).
+_HOLD_BACKOFF_GROUPS: Final = 256
 
 
 class Journal:
@@ -114,9 +127,9 @@ class Journal:
         # Hand-off state.
         self._writing = False
         self._handoff_scheduled = False
-        self._adaptive_wait_s = config.adaptive_wait_us / 1e6
-        self._adaptive_timer: asyncio.TimerHandle | None = None
-        self._last_handoff_time = 0.0
+        self._hold_seconds = config.adaptive_wait_us / 1e6
+        self._hold_timer: asyncio.TimerHandle | None = None  # The filling group waits (`_hold`).
+        self._hold_backoff = 0  # Groups still to go at once after a fruitless wait.
         self._force_waiters: list[tuple[JournalMark, asyncio.Future[JournalMark]]] = []
         # Appenders waiting for a group with room, oldest first. A hand-off wakes as many as
         # the new group can take (`_wake_room_waiters`); the last of them wakes the next batch
@@ -318,10 +331,8 @@ class Journal:
             if not self._handoff_scheduled:
                 self._handoff_scheduled = True
                 self._loop.call_soon(self._hand_off)
-            elif self._adaptive_timer is not None and not self._has_room():
-                self._adaptive_timer.cancel()
-                self._adaptive_timer = None
-                self._loop.call_soon(self._hand_off)
+            elif self._hold_timer is not None:
+                self._end_hold()
         shared = self._shared
         if shared is None:
             shared = self._shared = self._loop.create_future()
@@ -363,10 +374,8 @@ class Journal:
                 self._handoff_scheduled = True
                 # Not a timer: every append of this loop iteration joins the group first.
                 self._loop.call_soon(self._hand_off)
-            elif self._adaptive_timer is not None and not self._has_room():
-                self._adaptive_timer.cancel()  # Full already: waiting longer gains nothing.
-                self._adaptive_timer = None
-                self._loop.call_soon(self._hand_off)
+            elif self._hold_timer is not None:
+                self._end_hold()
         return waiter
 
     async def wait_for_room(self) -> None:
@@ -497,18 +506,20 @@ class Journal:
 
     # -- Group commit ---------------------------------------------------------------------
 
-    def _hand_off(self, waited: bool = False) -> None:
-        """Give the filling group to the writer thread, if it is free and there is one."""
+    def _hand_off(self, waited: bool = False, timed_out: bool = False) -> None:
+        """Give the filling group to the writer thread, if it is free and there is one.
+
+        `waited`: the group waited already (`_hold`), or must not (close, a group that formed
+        while the writer was busy); `timed_out`: its wait ran out."""
         self._handoff_scheduled = False
-        self._adaptive_timer = None
+        self._hold_timer = None
         if self._writing or self._failure is not None or not self._ends:
             return
-        full = not self._has_room()
-        if self._adaptive_wait_s > 0.0 and not full and not waited:
-            remaining = self._last_handoff_time + self._adaptive_wait_s - self._loop.time()
-            if remaining > 0.0:
-                self._handoff_scheduled = True
-                self._adaptive_timer = self._loop.call_later(remaining, self._hand_off, True)
+        if not waited and self._hold_seconds > 0.0 and len(self._ends) >= _HOLD_MIN_RECORDS:
+            if self._hold_backoff > 0:
+                self._hold_backoff -= 1
+            elif self._has_room():
+                self._hold()
                 return
         group = Group(
             data=self._data,
@@ -517,18 +528,41 @@ class Journal:
             new_file=self._group_new_file,
             ends=self._ends,
             waiters=self._waiters,
-            trigger=self._trigger(waited),
+            trigger=self._trigger(timed_out),
             shared=self._shared,
         )
         self._data, self._ends, self._waiters, self._shared = bytearray(), [], [], None
         self._writing = True
-        self._last_handoff_time = self._loop.time()
         self._executor.post(self._commit_on_writer_thread, group)
         if self._room_waiters:
             self._record_bytes_estimate = max(len(group.data) // len(group.ends), 1)
             self._wake_room_waiters()
 
-    def _trigger(self, waited: bool) -> str:
+    def _hold(self) -> None:
+        """Let the filling group (a burst, the writer free) wait for the next append, at most
+        `adaptive_wait_us`: the next append ends the wait (`_end_hold`), else the timer."""
+        self._handoff_scheduled = True
+        self.metrics.holds += 1
+        self._hold_timer = self._loop.call_later(self._hold_seconds, self._hold_expired)
+
+    def _end_hold(self) -> None:
+        """An append joined a waiting group: it goes once this loop iteration's appends are in
+        (or at once when full: waiting longer gains nothing)."""
+        timer = self._hold_timer
+        assert timer is not None
+        timer.cancel()
+        self._hold_timer = None
+        self._loop.call_soon(self._hand_off, True)
+
+    def _hold_expired(self) -> None:
+        """Nothing came while the group waited (a writer waiting for this answer, say): the
+        next groups go at once, and waiting is tried again after them."""
+        self.metrics.holds_fruitless += 1
+        self._hold_backoff = _HOLD_BACKOFF_GROUPS
+        self._hand_off(waited=True, timed_out=True)
+
+    def _trigger(self, timed_out: bool) -> str:
+        """Why the group goes now (BookKeeper's triggers), counted."""
         stats = self.metrics
         if len(self._data) >= self._config.max_group_bytes:
             stats.trigger_bytes += 1
@@ -536,7 +570,7 @@ class Journal:
         if len(self._ends) >= self._config.max_group_entries:
             stats.trigger_entries += 1
             return "entries"
-        if waited:
+        if timed_out:
             stats.trigger_wait += 1
             return "wait"
         stats.trigger_queue_empty += 1
@@ -563,7 +597,9 @@ class Journal:
         self.metrics.count_group(group, sync_seconds, synced=self._config.sync)
         self._durable = JournalMark(group.file_id, group.ends[-1])
         if self._ends and not self._handoff_scheduled:
-            self._hand_off()  # Keep the disk busy before waking anyone.
+            # Keep the disk busy before waking anyone; a group that formed during a sync has
+            # waited already.
+            self._hand_off(waited=True)
         file_id = group.file_id
         # The shared future first: its callbacks (the adds' apply and answer) then run before
         # those of a later fence or LAC record of the same group, in journal order as before.
@@ -665,9 +701,9 @@ class Journal:
             return
         self._closing = True
         if self._failure is None and self._ends:
-            if self._adaptive_timer is not None:
-                self._adaptive_timer.cancel()
-                self._adaptive_timer = None
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+                self._hold_timer = None
                 self._handoff_scheduled = False
             if not self._writing and not self._handoff_scheduled:
                 self._hand_off(waited=True)

@@ -32,6 +32,8 @@ class JournalStats:
     trigger_entries: int = 0  # It reached max_group_entries.
     trigger_queue_empty: int = 0  # The writer was free (the usual case, no timer).
     trigger_wait: int = 0  # The adaptive wait ran out.
+    holds: int = 0  # Groups that waited for the next append (`adaptive_wait_us`).
+    holds_fruitless: int = 0  # Of those, the ones whose wait caught nothing.
     max_group_records: int = 0
     max_group_bytes: int = 0
     sync_seconds_total: float = 0.0

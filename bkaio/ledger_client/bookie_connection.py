@@ -44,6 +44,7 @@ from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol import (
     I64_MAX,
     PROTOCOL_VERSION,
+    READ_ENTRIES_FEATURE,
     AddEntriesResponse,
     AddEntryResponse,
     ErrorResponse,
@@ -151,6 +152,11 @@ class BookieConnection(asyncio.Protocol):
         # Adds go out as ADD_ENTRIES frames: the bookie said so in its HELLO answer. False
         # until then, and again once the connection is gone.
         self.batches_adds = False
+        # The bookie takes READ_ENTRIES (range and stride reads): its HELLO answer said so.
+        self.reads_entries = False
+        # The HELLO answer came (features known); `wait_ready` callers wait for it.
+        self._hello_answered = False
+        self._ready_waiters: list[asyncio.Future[None]] = []
         # `when_writable` callbacks: run once the transport takes writes again (or the
         # connection is gone), so that a ledger held back by this slow bookie goes on.
         self._writable_waiters: list[Callable[[], None]] = []
@@ -291,6 +297,32 @@ class BookieConnection(asyncio.Protocol):
             callback = self._waiters.pop(request_id, None)
             if callback is not None:
                 self._loop.call_soon(callback, type(error)(str(error)))
+
+    async def wait_ready(self) -> None:
+        """Return once the bookie answered this connection's HELLO (so `reads_entries` and
+        `batches_adds` say what it takes), connecting first if needed; BookieUnavailableError
+        (or the HELLO's error) when that fails."""
+        if self._hello_answered:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+
+        def failed(error: BKError) -> None:
+            if not waiter.done():
+                waiter.set_exception(error)
+
+        if self._ready_to_send(failed):
+            self._ready_waiters.append(waiter)
+        await waiter
+
+    def _wake_ready_waiters(self, error: BKError | None) -> None:
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for waiter in waiters:
+            if waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(type(error)(str(error)))
 
     def _ready_to_send(self, callback: Waiter) -> bool:
         """False (with `callback` failed soon) when no request can be queued now."""
@@ -476,6 +508,9 @@ class BookieConnection(asyncio.Protocol):
         else:
             self._reconnect.reset()
             self.batches_adds = ADD_ENTRIES_FEATURE in result.features and self._connected
+            self.reads_entries = READ_ENTRIES_FEATURE in result.features and self._connected
+            self._hello_answered = self._connected
+            self._wake_ready_waiters(None)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -610,6 +645,9 @@ class BookieConnection(asyncio.Protocol):
     def _connection_failed(self, error: BKError) -> None:
         self._last_failure = str(error)
         self.batches_adds = False
+        self.reads_entries = False
+        self._hello_answered = False
+        self._wake_ready_waiters(error)
         self._paused = False
         if self._writable_waiters:  # After the waiters below failed.
             self._loop.call_soon(self._wake_writable_waiters)

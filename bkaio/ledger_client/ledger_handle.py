@@ -61,6 +61,9 @@ _FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
 # Compare-and-swaps one ensemble change may try: each lost one means another client changed
 # the record (a recovery, which fences this writer) or the store lost the answer.
 _MAX_METADATA_ATTEMPTS = 8
+# After a batching wait that caught nothing, this many bursts go at once (then waiting is
+# tried again): a closed loop pays the wait once in this many sends, not every time.
+_BATCH_WAIT_BACKOFF_SENDS = 256
 
 
 class _PendingAdd:
@@ -166,6 +169,8 @@ class LedgerHandle:
         self._max_piggybacked_lac = -1
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_tasks: set[asyncio.Task[None]] = set()
+        self._push_lac = context.config.explicit_lac_on_ack
+        self._lac_push_due = False  # A `_lac_pushed` is scheduled.
         self._log = log.bind(ledger_id=self.ledger_id)
         # `BookiePool.add_entry_many` when the context has it (test fakes may not).
         self._add_entry_many = getattr(context.ops, "add_entry_many", None)
@@ -182,6 +187,11 @@ class LedgerHandle:
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
+        # The adaptive batching wait of a burst (`_send_unsent`, ClientConfig.add_batch_wait_us).
+        self._batch_wait_seconds = context.config.add_batch_wait_us / 1e6
+        self._batch_timer: asyncio.TimerHandle | None = None  # The unsent burst waits.
+        self._batch_waited = False  # It waited already: it goes at the next `_send_unsent`.
+        self._batch_wait_backoff = 0  # Bursts still to send at once after a fruitless wait.
 
     # ----------------------------------------------------------------- public surface
 
@@ -262,6 +272,8 @@ class LedgerHandle:
             unsent.append(add)
             if len(unsent) == 1:
                 self._defer_send(self._send_unsent)
+            elif self._batch_timer is not None:  # A waiting burst caught this append.
+                self._end_batch_wait()
         else:
             self._send(add, self._write_set_masks[add.entry_id % self._ensemble_size])
 
@@ -285,6 +297,8 @@ class LedgerHandle:
         if self._closed:
             return
         self._closing = True
+        if self._batch_timer is not None:  # A waiting burst goes now: nothing else will come.
+            self._send_unsent(now=True)
         await self._idle.wait()
         if self._change_task is not None:
             with contextlib.suppress(BKError):
@@ -373,17 +387,33 @@ class LedgerHandle:
                 callback=MethodType(self._answer_handlers[index], add),
             )
 
-    def _send_unsent(self) -> None:
+    def _send_unsent(self, *, now: bool = False) -> None:
         """Send this loop iteration's appends: one batch of ADD_ENTRIES frames per bookie.
 
         Only for a ledger whose write set is the whole ensemble (E = Qw), so every add goes
         to every bookie. The entries are packed once and each bookie's connection takes the
         batch in one call; a bookie down, or one whose connection takes no ADD_ENTRIES now,
         gets the adds one by one through `_send` instead.
+
+        With `add_batch_wait_us`, a burst (two appends or more) waits for the next append
+        first (`_wait_for_more`), unless `now` (an ensemble change, close).
         """
         adds = self._unsent
         if not adds:
             return
+        if self._batch_timer is not None:
+            if not now:
+                return  # Waiting: the next append or the timer sends it.
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        elif (
+            not (now or self._batch_waited)
+            and self._batch_wait_seconds
+            and len(adds) > 1
+            and self._wait_for_more()
+        ):
+            return
+        self._batch_waited = False
         self._unsent = []
         if self._error is not None:
             return  # `_fail` resolved them already.
@@ -422,6 +452,38 @@ class LedgerHandle:
                     bookie_id, ledger_id, partial(self._writable_again, bookie_id)
                 ):
                     blocked.add(bookie_id)
+
+    def _wait_for_more(self) -> bool:
+        """Let the unsent burst wait for the next append (at most `add_batch_wait_us`), unless
+        waiting is paused after a fruitless wait, or the handle is closing. True: it waits.
+
+        Only a burst waits: a lone append (a serial writer, a slow rate) goes at once, and so
+        does everything while a wait that caught nothing is recent (a closed loop whose next
+        append needs this one's answer would pay the whole wait every time)."""
+        if self._batch_wait_backoff > 0:
+            self._batch_wait_backoff -= 1
+            return False
+        if self._closing or self._error is not None:
+            return False
+        self._batch_timer = self._loop.call_later(self._batch_wait_seconds, self._batch_wait_over)
+        return True
+
+    def _end_batch_wait(self) -> None:
+        """An append joined the waiting burst: both go once this loop iteration's appends are
+        in (the pool's deferred send, with the other ledgers' batches)."""
+        timer = self._batch_timer
+        assert timer is not None
+        timer.cancel()
+        self._batch_timer = None
+        self._batch_waited = True
+        self._defer_send(self._send_unsent)
+
+    def _batch_wait_over(self) -> None:
+        """Nothing came while the burst waited: it goes now; the next bursts go at once."""
+        self._batch_timer = None
+        self._batch_waited = True
+        self._batch_wait_backoff = _BATCH_WAIT_BACKOFF_SENDS
+        self._defer_send(self._send_unsent)
 
     def _writable_again(self, bookie_id: str) -> None:
         """`bookie_id` takes writes again (or failed): held-back appends go on when no other
@@ -509,6 +571,9 @@ class LedgerHandle:
                 self._failures.progress()
             if self._lac_timer is None:
                 self._schedule_explicit_lac()
+            if self._push_lac and not self._lac_push_due:
+                self._lac_push_due = True
+                self._loop.call_soon(self._lac_pushed)
         if self._waiting:
             self._send_waiting()
         if not pending and not self._waiting:
@@ -616,7 +681,7 @@ class LedgerHandle:
     async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
         # Appends not sent yet go to the ensemble they were appended under, like the rest:
         # the re-send below then covers them as it covers every pending add.
-        self._send_unsent()
+        self._send_unsent(now=True)
         plan = plan_replacements(
             placement=self._ctx.placement,
             bookies=self._ctx.bookies(),
@@ -700,6 +765,23 @@ class LedgerHandle:
         interval = self._ctx.config.explicit_lac_interval
         if interval > 0 and self._lac_timer is None and not self._closed:
             self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
+
+    def _lac_pushed(self) -> None:
+        """`explicit_lac_on_ack`: once the loop iteration whose acks moved the LAC is done,
+        WRITE_LAC unless an add sent or queued since carries the LAC (tailing readers then
+        learn of the entry without waiting for the next add)."""
+        self._lac_push_due = False
+        lac = self._lac
+        latest = (
+            self._waiting[-1] if self._waiting else self._pending[-1] if self._pending else None
+        )
+        carried = max(self._max_piggybacked_lac, -1 if latest is None else latest.lac)
+        if lac <= carried or self._error is not None or self._closed:
+            return
+        self._max_piggybacked_lac = lac
+        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
+        self._lac_tasks.add(task)
+        task.add_done_callback(self._lac_tasks.discard)
 
     def _explicit_lac_due(self) -> None:
         self._lac_timer = None

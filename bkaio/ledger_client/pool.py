@@ -18,6 +18,7 @@ import structlog
 from bkaio.errors import (
     BKError,
     BookieUnavailableError,
+    NoSuchEntryError,
     ProtocolError,
     error_for_status,
 )
@@ -30,17 +31,26 @@ from bkaio.ledger_client.bookie_connection import (
     BookieAddress,
     BookieConnection,
 )
-from bkaio.ledger_client.types import AddCallback, ClientConfig, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import (
+    AddCallback,
+    ClientConfig,
+    EntriesAnswer,
+    LacAnswer,
+    StoredCopy,
+)
 from bkaio.protocol import (
     Flag,
     FrameEncoder,
     Op,
+    ReadEntriesResponse,
     ReadEntryResponse,
     ReadLacResponse,
     ReadRangeResponse,
     Response,
     Status,
+    WireEntry,
 )
+from bkaio.protocol.records import pack_record
 from bkaio.supervision import loop_supervisor
 
 log = structlog.get_logger(__name__)
@@ -291,30 +301,107 @@ class BookiePool:
             raise ProtocolError(f"bookie {bookie_id}: OK read of entry {entry_id} with no entry")
         return StoredCopy(entry.entry_id, entry.lac, entry.length, entry.digest, entry.payload)
 
-    async def read_range(
+    async def read_entries(
         self,
         bookie_id: str,
         ledger_id: int,
         first_entry_id: int,
+        last_entry_id: int,
+        *,
+        stride: int = 1,
         max_count: int,
         max_bytes: int,
-    ) -> list[StoredCopy]:
-        """READ_RANGE from one bookie: its consecutive copies from `first_entry_id` (at most
-        `max_count`, about `max_bytes`), possibly fewer; raises the error its status maps to
-        (NoSuchEntryError when it lacks `first_entry_id` itself). Digests are not checked here.
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> EntriesAnswer:
+        """READ_ENTRIES to one bookie (`BookieOps.read_entries`); digests are not checked here.
+
+        A bookie without the feature is asked with the older requests instead
+        (`_read_entries_by_older_ops`); a new connection's HELLO answer, which says, is waited
+        for first.
         """
+        connection = self._connection(bookie_id, ledger_id)
+        await connection.wait_ready()
+        if not connection.reads_entries:
+            return await self._read_entries_by_older_ops(
+                bookie_id, ledger_id, first_entry_id, last_entry_id, stride, max_count, max_bytes,
+                previous_lac, long_poll_seconds,
+            )  # fmt: skip
+        flags = Flag.NONE
+        timeout_ms = 0
+        if previous_lac is not None:
+            flags = Flag.LONG_POLL
+            timeout_ms = max(1, int(long_poll_seconds * 1000))
         response = await self._call_ok(
             bookie_id,
             ledger_id,
-            Op.READ_RANGE,
-            (ledger_id, first_entry_id, max_count, max_bytes, 0, None),
-            self._config.read_timeout,
-            f"range read of ledger {ledger_id} from entry {first_entry_id}",
+            Op.READ_ENTRIES,
+            (
+                ledger_id,
+                first_entry_id,
+                last_entry_id,
+                stride,
+                max_count,
+                max_bytes,
+                int(flags),
+                -1 if previous_lac is None else previous_lac,
+                timeout_ms,
+            ),
+            self._config.read_timeout + timeout_ms / 1000,
+            f"read of ledger {ledger_id} entries {first_entry_id}..{last_entry_id}",
         )
-        assert isinstance(response, ReadRangeResponse)
-        return [
-            StoredCopy(e.entry_id, e.lac, e.length, e.digest, e.payload) for e in response.entries
-        ]
+        assert isinstance(response, ReadEntriesResponse)
+        return EntriesAnswer(response.lac, response.next_entry_id, response.records_bytes)
+
+    async def _read_entries_by_older_ops(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        stride: int,
+        max_count: int,
+        max_bytes: int,
+        previous_lac: int | None,
+        long_poll_seconds: float,
+    ) -> EntriesAnswer:
+        """`read_entries` through READ_LAC, READ_RANGE and READ_ENTRY, for bookies that predate
+        READ_ENTRIES: a long poll answers with the LAC only, a stride read with one entry."""
+        if previous_lac is not None:
+            answer = await self.read_lac(
+                bookie_id,
+                ledger_id,
+                previous_lac=previous_lac,
+                long_poll_seconds=long_poll_seconds,
+            )
+            return EntriesAnswer(answer.lac, first_entry_id, b"")
+        try:
+            if stride == 1:
+                count = min(max_count, last_entry_id - first_entry_id + 1)
+                response = await self._call_ok(
+                    bookie_id,
+                    ledger_id,
+                    Op.READ_RANGE,
+                    (ledger_id, first_entry_id, count, max_bytes, 0, None),
+                    self._config.read_timeout,
+                    f"range read of ledger {ledger_id} from entry {first_entry_id}",
+                )
+                assert isinstance(response, ReadRangeResponse)
+                entries = response.entries
+                lac = response.lac
+            else:
+                copy = await self.read_entry(bookie_id, ledger_id, first_entry_id)
+                entries = (
+                    WireEntry(copy.entry_id, copy.lac, copy.length, copy.digest, copy.payload),
+                )
+                lac = -1
+        except NoSuchEntryError:  # The first one is missing: the answer covers it alone.
+            return EntriesAnswer(-1, first_entry_id + stride, b"")
+        parts: list[bytes] = []
+        for e in entries:
+            parts += pack_record(ledger_id, e.entry_id, e.lac, e.length, e.digest, e.payload)
+        next_entry_id = first_entry_id + stride * max(1, len(entries))
+        return EntriesAnswer(lac, next_entry_id, b"".join(parts))
 
     async def read_lac(
         self,

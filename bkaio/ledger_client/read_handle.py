@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from operator import itemgetter
 from types import TracebackType
 
 import structlog
@@ -19,8 +20,16 @@ from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
 from bkaio.ledger_client.acknowledged import last_acknowledged_entry
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError
-from bkaio.ledger_client.quorum import bookies_for_entry
-from bkaio.ledger_client.reads import EntryReader, gather_ordered
+from bkaio.ledger_client.quorum import segment_for_entry
+from bkaio.ledger_client.range_reads import (
+    MIN_REQUEST_BYTES,
+    Piece,
+    RangeReader,
+    plan_pieces,
+    read_ahead,
+)
+from bkaio.ledger_client.reads import EntryReader
+from bkaio.ledger_client.tailing import TailPoller
 from bkaio.ledger_client.types import Entry
 from bkaio.meta.ledger_metadata import LedgerMetadata
 
@@ -29,6 +38,10 @@ log = structlog.get_logger(__name__)
 # A tail's long poll is cut into rounds this long; between rounds the handle re-reads the
 # metadata, so a close or an ensemble change is noticed within one round.
 _LONG_POLL_ROUND_SECONDS = 1.0
+_payload_of = itemgetter(2)  # Of an `Entry` (a NamedTuple), without a Python call.
+# Payload bytes per entry assumed until the handle has read some (an open ledger's metadata has
+# no length): generous, so a first request is rarely cut short.
+_GUESS_ENTRY_BYTES = 4096.0
 
 
 class ReadHandle:
@@ -41,7 +54,15 @@ class ReadHandle:
         self._reader = EntryReader(
             context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum
         )
+        self._ranges = RangeReader(context, metadata.ledger_id, metadata.write_quorum, self._reader)
+        self._poller = TailPoller(context, metadata.ledger_id, metadata.write_quorum)
+        # Entries a tail poll brought beyond what `wait_for_entries` returned (contiguous).
+        self._tail: deque[Entry] = deque()
         self._lac = metadata.last_entry_id if metadata.is_closed else -1
+        # Expected payload bytes per entry, for sizing range requests: exact for a closed
+        # ledger, then followed as entries are read.
+        count = metadata.last_entry_id + 1 if metadata.is_closed else 0
+        self._entry_bytes = metadata.length / count if count > 0 else _GUESS_ENTRY_BYTES
 
     # ----------------------------------------------------------------- state
 
@@ -110,10 +131,31 @@ class ReadHandle:
         """Tail: wait until `entry_id` <= LAC (long-polling the bookies), then read it.
 
         None when `timeout` seconds pass first. NoSuchEntryError when the ledger is closed
-        before `entry_id`: that entry will never exist.
+        before `entry_id`: that entry will never exist. The entries after it that the same
+        poll brought are kept for the next calls (`wait_for_entries`).
+        """
+        entries = await self.wait_for_entries(entry_id, timeout, max_entries=1)
+        return entries[0] if entries else None
+
+    async def wait_for_entries(
+        self,
+        entry_id: int,
+        timeout: float = 1.0,  # noqa: ASYNC109
+        *,
+        max_entries: int | None = None,
+    ) -> list[Entry]:
+        """Tail: entries entry_id, entry_id + 1, ... as soon as they are confirmed (<= LAC):
+        at least one, at most `max_entries`; [] when `timeout` seconds pass first.
+
+        A long poll answers with the entries themselves (tailing.py: one round trip from the
+        writer's acknowledgement to the reader); entries it brought beyond what is returned
+        are kept for the next call. NoSuchEntryError when the ledger is closed before
+        `entry_id`.
         """
         if entry_id < 0:
             raise InvalidArgumentError(f"ledger {self.ledger_id}: entry id {entry_id} < 0")
+        if max_entries is not None and max_entries < 1:
+            raise InvalidArgumentError(f"max_entries={max_entries} must be >= 1")
         clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
         deadline = clock() + timeout
         while True:
@@ -122,16 +164,26 @@ class ReadHandle:
                     f"ledger {self.ledger_id} is closed at entry {self._md.last_entry_id}; "
                     f"entry {entry_id} will never exist"
                 )
+            tail = self._tail
+            if tail and tail[0].entry_id != entry_id:
+                tail.clear()  # Kept for another position: the caller moved on.
+            if tail:
+                count = len(tail) if max_entries is None else min(max_entries, len(tail))
+                return [tail.popleft() for _ in range(count)]
             if entry_id <= self._lac:
-                return await self._read_one(entry_id)
+                last = min(
+                    self._lac, entry_id + (max_entries or self._ctx.config.read_batch_entries) - 1
+                )
+                return await self.read(entry_id, last)
             remaining = deadline - clock()
             if remaining <= 0:
-                return None
+                return []
             wait = min(remaining, _LONG_POLL_ROUND_SECONDS)
-            lac = await self._reader.long_poll_lac(self._md.ensembles[-1][1], self._lac, wait)
+            lac, entries = await self._poller.poll(self._md.ensembles[-1][1], entry_id - 1, wait)
             if lac > self._lac:
                 self._lac = lac
-            else:
+                tail.extend(entries)  # From entry_id on (what the poll asked for).
+            elif lac <= entry_id - 1:
                 await self.refresh_metadata()
 
     # ----------------------------------------------------------------- entries
@@ -142,39 +194,62 @@ class ReadHandle:
         NoSuchEntryError when `last_entry_id` is beyond that bound; BookieUnavailableError
         when too few bookies answer; a corrupt copy is skipped for another one.
         """
-        return [entry async for entry in self.read_iter(first_entry_id, last_entry_id)]
+        entries: list[Entry] = []
+        async for batch in self.read_batches(first_entry_id, last_entry_id):
+            entries += batch
+        return entries
 
     async def read_iter(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[Entry]:
-        """Like `read`, one entry at a time, with a window of concurrent reads ahead.
+        """Like `read`, one entry at a time, reading ahead (`read_batches`)."""
+        async for batch in self.read_batches(first_entry_id, last_entry_id):
+            for entry in batch:
+                yield entry
 
-        The window holds batches: a run of entries in one segment whose bookies each hold all
-        of it (ensemble == write quorum) is one READ_RANGE (`read_batch_entries`); elsewhere a
-        batch is one entry. At least two batches are in flight, so the next is on its way
-        while one is consumed.
+    async def read_batches(
+        self, first_entry_id: int, last_entry_id: int, *, batch_entries: int | None = None
+    ) -> AsyncGenerator[list[Entry], None]:
+        """Entries first..last in order, in batches (one range-read piece each), reading ahead.
+
+        A batch holds `batch_entries` (default: the client's `read_batch_entries`) entries per
+        bookie asked: so many with ensemble == write quorum, E times so many when striped.
+
+        The next pieces are requested while the consumer works on this one: at most
+        `read_ahead_requests` range requests in flight and `read_ahead_bytes` of payload
+        asked for or fetched and not yet handed out (a piece counts the bytes its requests may
+        return until it is handed out); always at least one piece. Errors as for `read`,
+        raised at the batch they concern. Closing the iterator early cancels what is in flight.
         """
+        if batch_entries is not None and batch_entries < 1:
+            raise InvalidArgumentError(f"batch_entries={batch_entries} must be >= 1")
         await self._check_range(first_entry_id, last_entry_id)
         config = self._ctx.config
-        tasks: deque[asyncio.Task[list[Entry]]] = deque()
-        in_flight = 0  # Entries asked for by the tasks.
-        next_id = first_entry_id
+        md = self._md
+        pieces = plan_pieces(
+            md.ensembles,
+            md.write_quorum,
+            first_entry_id,
+            last_entry_id,
+            batch_entries or config.read_batch_entries,
+        )
+        batches = read_ahead(pieces, md.write_quorum, config, self._request_bytes, self._read_piece)
         try:
-            while next_id <= last_entry_id or tasks:
-                while next_id <= last_entry_id and (
-                    len(tasks) < 2 or in_flight < config.read_window
-                ):
-                    last = self._batch_end(next_id, last_entry_id)
-                    tasks.append(asyncio.ensure_future(self._read_batch(next_id, last)))
-                    in_flight += last - next_id + 1
-                    next_id = last + 1
-                batch = await tasks.popleft()
-                in_flight -= len(batch)
-                for entry in batch:
-                    yield entry
+            async for batch in batches:
+                self._learn_entry_bytes(batch)
+                yield batch
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await batches.aclose()
+
+    def _request_bytes(self, entries: int) -> int:
+        """Payload bytes to ask for with a range request of `entries` entries: their expected
+        size with a margin, within [MIN_REQUEST_BYTES, read_batch_bytes]."""
+        expected = int(entries * self._entry_bytes * 1.25)
+        return max(MIN_REQUEST_BYTES, min(self._ctx.config.read_batch_bytes, expected))
+
+    def _learn_entry_bytes(self, batch: list[Entry]) -> None:
+        """Follow the payload size the ledger's entries have (for `_request_bytes`)."""
+        if batch:
+            average = sum(map(len, map(_payload_of, batch))) / len(batch)
+            self._entry_bytes = max(1.0, (self._entry_bytes + average) / 2)
 
     async def _check_range(self, first_entry_id: int, last_entry_id: int) -> None:
         if first_entry_id < 0 or last_entry_id < first_entry_id:
@@ -196,49 +271,42 @@ class ReadHandle:
                 f"ledger {self.ledger_id}: entry {last_entry_id} is beyond its {bound} {self._lac}"
             )
 
-    def _batch_end(self, first_entry_id: int, last_entry_id: int) -> int:
-        """The last entry of the batch starting at `first_entry_id` (see `read_iter`)."""
-        md = self._md
-        batch = self._ctx.config.read_batch_entries
-        if batch == 1 or md.ensemble_size != md.write_quorum:
-            return first_entry_id
-        last = min(last_entry_id, first_entry_id + batch - 1)
-        for segment_start, _bookies in md.ensembles:  # A batch stays in one segment.
-            if first_entry_id < segment_start <= last:
-                last = segment_start - 1
-                break
-        return last
-
-    async def _read_batch(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
-        if first_entry_id == last_entry_id:
-            return [await self._read_one(first_entry_id)]
-        md = self._md
-        bookies = bookies_for_entry(md.ensembles, first_entry_id, md.write_quorum)
-        copies = await self._reader.read_range_prefix(bookies, first_entry_id, last_entry_id)
-        entries = [Entry(self.ledger_id, copy.entry_id, copy.payload) for copy in copies]
-        rest = range(first_entry_id + len(entries), last_entry_id + 1)
-        if rest:  # What no range answer covered: entry by entry, with fail-over and quorums.
-            entries += await gather_ordered([self._read_one(entry_id) for entry_id in rest])
-        return entries
-
-    async def _read_one(self, entry_id: int) -> Entry:
-        md = self._md
-        bookies = bookies_for_entry(md.ensembles, entry_id, md.write_quorum)
+    async def _read_piece(self, piece: Piece, max_bytes: int) -> list[Entry]:
         try:
-            copy = await self._reader.read_entry(bookies, entry_id)
+            return await self._ranges.read_piece(piece, max_bytes)
         except BKError:
-            if md.is_closed:
+            if self._md.is_closed:
                 raise
             # An open ledger may have changed ensemble since this handle read its metadata.
             fresh = await self.refresh_metadata()
-            fresh_bookies = bookies_for_entry(fresh.ensembles, entry_id, fresh.write_quorum)
-            if fresh_bookies == bookies:
+            again = list(
+                plan_pieces(
+                    fresh.ensembles,
+                    fresh.write_quorum,
+                    piece.first_entry_id,
+                    piece.last_entry_id,
+                    piece.entry_count,
+                )
+            )
+            if [p.bookies for p in again] == [piece.bookies]:
                 raise
-            copy = await self._reader.read_entry(fresh_bookies, entry_id)
-        return Entry(self.ledger_id, entry_id, copy.payload)
+            entries: list[Entry] = []
+            for part in again:
+                entries += await self._ranges.read_piece(part, max_bytes)
+            return entries
+
+    async def _read_one(self, entry_id: int) -> Entry:
+        _, bookies = segment_for_entry(self._md.ensembles, entry_id)
+        (entry,) = await self._read_piece(
+            Piece(entry_id, entry_id, bookies, 0), self._request_bytes(1)
+        )
+        return entry
 
     async def close(self) -> None:
-        """Release the handle (reads hold no resources between calls; closing is optional)."""
+        """Release the handle: cancels the long polls a tail sent ahead (else they end within
+        a poll round, at most a second; closing is optional)."""
+        self._poller.close()
+        self._tail.clear()
 
     async def __aenter__(self) -> ReadHandle:
         return self

@@ -1,4 +1,7 @@
-"""Quorum reads: one entry with fail-over, fencing recovery reads, LAC reads and long polls.
+"""Quorum reads: one entry with fail-over, fencing recovery reads, LAC reads.
+
+(Ranges of entries: range_reads.py, which falls back on `read_entry` for single entries; long
+polls: tailing.py.)
 
 The decisions (docs/client.md):
 - An entry read tries its write set in order, failing over on errors and timeouts, and
@@ -16,8 +19,8 @@ Imports no transport code (bookies are reached through `ClientContext.ops`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -36,11 +39,10 @@ from bkaio.protocol.digest import verify_entry_digest
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
 _NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
 
 
-async def _cancel_all(tasks: Sequence[asyncio.Future[T]]) -> None:
+async def cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel the unfinished and collect every outcome, so no exception goes unretrieved."""
     for task in tasks:
         task.cancel()
@@ -80,49 +82,6 @@ class EntryReader:
         if speculative is None:
             return await self._read_in_order(bookies, entry_id)
         return await self._read_speculative(bookies, entry_id, speculative)
-
-    async def read_range_prefix(
-        self, bookies: Sequence[str], first_entry_id: int, last_entry_id: int
-    ) -> list[StoredCopy]:
-        """Digest-valid copies of first..last, in order, as far as READ_RANGEs reach.
-
-        For a segment whose every bookie holds every entry (ensemble == write quorum): asks
-        `bookies` in order, each from where the previous answer stopped (a bookie that missed
-        entries, or is down, hands over to the next). The result may be shorter than asked,
-        even empty; the caller reads the rest entry by entry, which decides absence and
-        failure by the quorum rules. A corrupt copy ends that bookie's answer.
-        """
-        read_range = getattr(self._ctx.ops, "read_range", None)
-        if read_range is None:  # Bookie ops without range reads (test fakes).
-            return []
-        max_bytes = self._ctx.config.read_batch_bytes
-        copies: list[StoredCopy] = []
-        next_id = first_entry_id
-        for bookie_id in bookies:
-            if next_id > last_entry_id:
-                break
-            try:
-                answer = await read_range(
-                    bookie_id, self.ledger_id, next_id, last_entry_id - next_id + 1, max_bytes
-                )
-            except BKError as error:
-                log.debug(
-                    "range_read_failed",
-                    ledger_id=self.ledger_id,
-                    bookie_id=bookie_id,
-                    first_entry_id=next_id,
-                    error=str(error),
-                )
-                continue
-            for copy in answer:
-                if next_id > last_entry_id or copy.entry_id != next_id:
-                    break
-                if not self._valid(copy, next_id):
-                    self._corrupt(bookie_id, next_id)
-                    break
-                copies.append(copy)
-                next_id += 1
-        return copies
 
     async def _read_in_order(self, bookies: Sequence[str], entry_id: int) -> StoredCopy:
         ops = self._ctx.ops
@@ -187,7 +146,7 @@ class EntryReader:
                 if not tasks and next_index < len(bookies):
                     launch()
         finally:
-            await _cancel_all(list(tasks))
+            await cancel_all(list(tasks))
         raise self._read_failure(entry_id, negatives, failures)
 
     def _read_failure(self, entry_id: int, negatives: int, failures: list[str]) -> BKError:
@@ -243,7 +202,7 @@ class EntryReader:
                     else:
                         raise error
         finally:
-            await _cancel_all(list(tasks))
+            await cancel_all(list(tasks))
         raise LedgerRecoveryError(
             f"ledger {self.ledger_id}: recovery cannot decide entry {entry_id}: no valid copy "
             f"and {negatives} of {self._negatives_needed} needed negatives "
@@ -293,54 +252,10 @@ class EntryReader:
                 if has_quorum_coverage(answered, size, self._write_quorum, self._ack_quorum):
                     return best
         finally:
-            await _cancel_all(list(tasks))
+            await cancel_all(list(tasks))
         message = (
             f"ledger {self.ledger_id}: only {len(answered)} of {size} bookies answered "
             f"READ_LAC{' with fencing' if fence else ''}, not every write set has "
             f"{self._negatives_needed} answers ({'; '.join(failures)})"
         )
         raise LedgerRecoveryError(message) if fence else BookieUnavailableError(message)
-
-    async def long_poll_lac(
-        self, ensemble: Sequence[str], previous_lac: int, wait_seconds: float
-    ) -> int:
-        """Wait up to `wait_seconds` for some bookie's LAC to pass `previous_lac`.
-
-        Returns the highest LAC seen (`previous_lac` when nothing moved or nobody answered).
-        """
-        ops = self._ctx.ops
-        tasks = [
-            asyncio.ensure_future(
-                ops.read_lac(
-                    bookie_id,
-                    self.ledger_id,
-                    previous_lac=previous_lac,
-                    long_poll_seconds=wait_seconds,
-                )
-            )
-            for bookie_id in ensemble
-        ]
-        best = previous_lac
-        try:
-            pending = set(tasks)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.exception() is None:
-                        best = max(best, task.result().lac)
-                    elif not isinstance(task.exception(), BKError):
-                        raise task.exception()  # type: ignore[misc]
-                if best > previous_lac:
-                    return best
-        finally:
-            await _cancel_all(list(tasks))
-        return best
-
-
-async def gather_ordered(awaitables: Sequence[Awaitable[T]]) -> list[T]:
-    """Await all, results in order; on the first failure cancel the rest and raise it."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        await _cancel_all(list(tasks))

@@ -11,6 +11,7 @@ from enum import IntEnum, IntFlag
 from bkaio.status import Status
 
 PROTOCOL_VERSION = 1
+READ_ENTRIES_FEATURE = "read_entries"  # In a bookie's HELLO answer: it takes READ_ENTRIES.
 
 U32_MAX = 2**32 - 1
 I64_MAX = 2**63 - 1
@@ -32,6 +33,7 @@ class Op(IntEnum):
     LIST_ENTRIES = 9
     PING = 10
     ADD_ENTRIES = 11  # Several adds of one ledger in one frame; bookie feature "add_entries".
+    READ_ENTRIES = 12  # Range and stride reads, long polls with entries; feature "read_entries".
 
 
 class Flag(IntFlag):
@@ -40,7 +42,8 @@ class Flag(IntFlag):
     NONE = 0
     FENCE = 1  # READ_ENTRY / READ_RANGE / READ_LAC: fence the ledger; needs master_key.
     RECOVERY_ADD = 2  # ADD_ENTRY: allowed on a fenced ledger (recovery re-writes).
-    LONG_POLL = 4  # READ_LAC: reply once the LAC exceeds previous_lac, or at timeout_ms.
+    LONG_POLL = 4  # READ_LAC / READ_ENTRIES: reply once the LAC exceeds previous_lac, or at
+    # timeout_ms.
 
 
 FLAG_MASK = int(Flag.FENCE | Flag.RECOVERY_ADD | Flag.LONG_POLL)

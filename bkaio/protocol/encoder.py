@@ -17,7 +17,12 @@ import msgpack
 
 from bkaio import errors  # Module reference: see the import note in frames.py.
 from bkaio.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER
-from bkaio.protocol.messages import ADD_ENTRIES_ENTRY_FIELDS, ADD_ENTRIES_HEAD_FIELDS, Op
+from bkaio.protocol.messages import (
+    ADD_ENTRIES_ENTRY_FIELDS,
+    ADD_ENTRIES_HEAD_FIELDS,
+    Op,
+    ReadEntriesResponse,
+)
 
 # A msgpack array of up to 15 values starts with one byte, 0x90 | length (fixarray): the
 # prepacked path frames [op, request_id, *fields] with at most 13 fields that way.
@@ -56,6 +61,15 @@ def _entries_head(body_bytes: int, count: int, request_id: int, fields: bytes) -
     return head + fields
 
 
+def _bin_header(size: int) -> bytes:
+    """The msgpack header of a bin of `size` bytes (bin 8, 16 or 32)."""
+    if size < 0x100:
+        return struct.pack(">BB", 0xC4, size)
+    if size < 0x10000:
+        return struct.pack(">BH", 0xC5, size)
+    return struct.pack(">BI", 0xC6, size)
+
+
 class Encodable(Protocol):
     """Any protocol message: every request and response class has `to_body`."""
 
@@ -73,8 +87,9 @@ class FrameEncoder:
         self._max_frame_bytes = max_frame_bytes
         self._packer = msgpack.Packer()  # Reused: a Packer per message costs more than packing.
         self._buffer = bytearray()
-        # Frames of `add_prepacked` as buffers; every one of them precedes the `_buffer` frames.
-        self._parts: list[bytes] = []
+        # Frames of `add_prepacked` (and `add_read_entries`) as buffers; every one of them
+        # precedes the `_buffer` frames.
+        self._parts: list[bytes | memoryview] = []
         self._frames = 0
         # The open ADD_ENTRIES frame (`add_to_entries`): [index of its head in `_parts`, first
         # request id, entries, entry bytes, ledger id, flags, master key, entry bytes it may
@@ -216,6 +231,42 @@ class FrameEncoder:
         parts += packed_entries
         self._frames += 1
 
+    def add_read_entries(self, response: ReadEntriesResponse) -> int:
+        """Append a READ_ENTRIES response without copying its records: the frame's head (up
+        to the bin header of the records field) is packed here, and the record buffers are
+        kept as they are, to go to `writelines` (`take_parts`). Returns the frame size."""
+        head_fields = [
+            response.op,
+            response.request_id,
+            response.status,
+            response.ledger_id,
+            response.lac,
+            response.next_entry_id,
+        ]
+        head = self._packer.pack(head_fields)
+        assert head[0] == _FIXARRAY | len(head_fields), head[:1]
+        records = response.records
+        size = sum(len(part) for part in records)
+        bin_header = _bin_header(size)
+        body_bytes = len(head) + len(bin_header) + size
+        if body_bytes > self._max_frame_bytes:
+            self._refuse(response.op, body_bytes)
+        if self._adds is not None:
+            self._close_adds()
+        if self._buffer:
+            self._buffer_to_parts()
+        parts = self._parts
+        # The head packed as an array of 6, now of 7 with the records after it.
+        parts.append(
+            FRAME_HEADER.pack(body_bytes)
+            + bytes([_FIXARRAY | (len(head_fields) + 1)])
+            + head[1:]
+            + bin_header
+        )
+        parts += records
+        self._frames += 1
+        return FRAME_HEADER.size + body_bytes
+
     def _close_adds(self) -> None:
         """Write the head of the open ADD_ENTRIES frame into its place; no frame is open then."""
         adds = self._adds
@@ -270,7 +321,7 @@ class FrameEncoder:
         self._frames = 0
         return batch
 
-    def take_parts(self) -> list[bytes]:
+    def take_parts(self) -> list[bytes | memoryview]:
         """`take` as a list of buffers whose concatenation is the batch, for `writelines`."""
         if self._adds is not None:
             self._close_adds()

@@ -278,6 +278,87 @@ class ReadRangeResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadEntriesRequest:
+    """Range and stride reads, and long polls that answer with the entries (READ_ENTRIES,
+    docs/protocol.md "Range reads"): the entries first, first + stride, ... <= last."""
+
+    op: ClassVar[Op] = Op.READ_ENTRIES
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int  # Inclusive; >= first_entry_id.
+    stride: int  # >= 1.
+    max_count: int
+    max_bytes: int
+    flags: Flag  # NONE or LONG_POLL.
+    previous_lac: int  # With LONG_POLL: answer once the LAC exceeds this.
+    timeout_ms: int  # With LONG_POLL: answer with what there is after this long.
+
+    def to_body(self) -> list[Any]:
+        return [
+            Op.READ_ENTRIES,
+            self.request_id,
+            self.ledger_id,
+            self.first_entry_id,
+            self.last_entry_id,
+            self.stride,
+            self.max_count,
+            self.max_bytes,
+            self.flags,
+            self.previous_lac,
+            self.timeout_ms,
+        ]
+
+    @property
+    def long_poll(self) -> bool:
+        return bool(self.flags & Flag.LONG_POLL)
+
+    def error_response(self, status: Status) -> ReadEntriesResponse:
+        assert status is not Status.OK, self
+        return ReadEntriesResponse(
+            self.request_id, status, self.ledger_id, -1, self.first_entry_id, (b"",)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEntriesResponse:
+    """The wanted entries the bookie holds below `next_entry_id`, as entry records
+    (bkaio/protocol/records.py) in one bin field."""
+
+    op: ClassVar[Op] = Op.READ_ENTRIES
+    request_id: int
+    status: Status
+    ledger_id: int
+    lac: int  # The bookie's LAC for the ledger; -1 when none.
+    next_entry_id: int  # The first wanted entry not looked at.
+    # The records field as buffers whose concatenation it is: a bookie sends record runs read
+    # from disk as they are (`FrameEncoder.add_read_entries`); a decoded response has one.
+    records: tuple[bytes | memoryview, ...] = field(repr=False)
+
+    @property
+    def records_bytes(self) -> bytes:
+        records = self.records
+        if len(records) == 1 and type(records[0]) is bytes:
+            return records[0]
+        return b"".join(records)
+
+    @property
+    def records_size(self) -> int:
+        return sum(len(part) for part in self.records)
+
+    def to_body(self) -> list[Any]:
+        return [
+            Op.READ_ENTRIES,
+            self.request_id,
+            self.status,
+            self.ledger_id,
+            self.lac,
+            self.next_entry_id,
+            self.records_bytes,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class ReadLacRequest:
     op: ClassVar[Op] = Op.READ_LAC
     request_id: int
@@ -486,6 +567,7 @@ Request: TypeAlias = (
     | AddEntriesRequest
     | ReadEntryRequest
     | ReadRangeRequest
+    | ReadEntriesRequest
     | ReadLacRequest
     | WriteLacRequest
     | ForceRequest
@@ -499,6 +581,7 @@ Response: TypeAlias = (
     | AddEntriesResponse
     | ReadEntryResponse
     | ReadRangeResponse
+    | ReadEntriesResponse
     | ReadLacResponse
     | WriteLacResponse
     | ForceResponse

@@ -27,6 +27,7 @@ from bkaio.protocol.codes import (
     FLAG_MASK,
     I64_MAX,
     PROTOCOL_VERSION,
+    READ_ENTRIES_FEATURE,
     U32_MAX,
     U64_MAX,
     Flag,
@@ -57,6 +58,7 @@ from bkaio.protocol.fields import (
     _check_str_or_nil,
     _check_u32,
     _FieldError,
+    _int_between,
     _int_text,
     _type_name,
 )
@@ -77,6 +79,8 @@ from bkaio.protocol.message_types import (
     Message,
     PingRequest,
     PingResponse,
+    ReadEntriesRequest,
+    ReadEntriesResponse,
     ReadEntryRequest,
     ReadEntryResponse,
     ReadLacRequest,
@@ -99,6 +103,7 @@ __all__ = [
     "FLAG_MASK",
     "I64_MAX",
     "PROTOCOL_VERSION",
+    "READ_ENTRIES_FEATURE",
     "U32_MAX",
     "U64_MAX",
     "AddEntriesRequest",
@@ -119,6 +124,8 @@ __all__ = [
     "Op",
     "PingRequest",
     "PingResponse",
+    "ReadEntriesRequest",
+    "ReadEntriesResponse",
     "ReadEntryRequest",
     "ReadEntryResponse",
     "ReadLacRequest",
@@ -261,6 +268,45 @@ def _add_entries_response(
     return AddEntriesResponse(request_id, status, ledger_id, entry_id, count)
 
 
+_check_stride = _int_between(1, U32_MAX)
+
+
+def _check_long_poll_flag(value: Any) -> Flag:
+    flags = _check_flags(value)
+    if flags & ~Flag.LONG_POLL:
+        raise _FieldError(f"may only be LONG_POLL ({int(Flag.LONG_POLL)}) or 0, got {int(flags)}")
+    return flags
+
+
+def _read_entries_request(
+    request_id: int,
+    ledger_id: int,
+    first_entry_id: int,
+    last_entry_id: int,
+    stride: int,
+    max_count: int,
+    max_bytes: int,
+    flags: Flag,
+    previous_lac: int,
+    timeout_ms: int,
+) -> ReadEntriesRequest:
+    if last_entry_id < first_entry_id:
+        _raise(
+            f"READ_ENTRIES field 4 (last_entry_id) must be >= first_entry_id {first_entry_id}, "
+            f"got {last_entry_id}"
+        )
+    return ReadEntriesRequest(
+        request_id, ledger_id, first_entry_id, last_entry_id, stride, max_count, max_bytes,
+        flags, previous_lac, timeout_ms,
+    )  # fmt: skip
+
+
+def _read_entries_response(
+    request_id: int, status: Status, ledger_id: int, lac: int, next_entry_id: int, records: bytes
+) -> ReadEntriesResponse:
+    return ReadEntriesResponse(request_id, status, ledger_id, lac, next_entry_id, (records,))
+
+
 _REQUEST_TABLE: dict[int, Decoder] = {
     Op.HELLO: _table_decoder(
         "HELLO",
@@ -297,6 +343,22 @@ _REQUEST_TABLE: dict[int, Decoder] = {
             ("master_key", _check_bytes_or_nil),
         ),
         ReadRangeRequest,
+    ),
+    Op.READ_ENTRIES: _table_decoder(
+        "READ_ENTRIES",
+        (
+            _REQUEST_ID,
+            _LEDGER_ID,
+            ("first_entry_id", _check_entry_id),
+            ("last_entry_id", _check_entry_id),
+            ("stride", _check_stride),
+            ("max_count", _check_count),
+            ("max_bytes", _check_count),
+            ("flags", _check_long_poll_flag),
+            ("previous_lac", _check_lac),
+            ("timeout_ms", _check_u32),
+        ),
+        _read_entries_request,
     ),
     Op.READ_LAC: _table_decoder(
         "READ_LAC",
@@ -362,6 +424,18 @@ _RESPONSE_TABLE: dict[int, Decoder] = {
         "READ_RANGE response",
         (_REQUEST_ID, _STATUS, _LEDGER_ID, ("lac", _check_lac), ("entries", _check_entries)),
         ReadRangeResponse,
+    ),
+    Op.READ_ENTRIES: _table_decoder(
+        "READ_ENTRIES response",
+        (
+            _REQUEST_ID,
+            _STATUS,
+            _LEDGER_ID,
+            ("lac", _check_lac),
+            ("next_entry_id", _check_entry_id),
+            ("records", _check_bytes),
+        ),
+        _read_entries_response,
     ),
     Op.READ_LAC: _table_decoder(
         "READ_LAC response",

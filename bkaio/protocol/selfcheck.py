@@ -33,6 +33,8 @@ from bkaio.protocol.messages import (
     ListEntriesResponse,
     PingRequest,
     PingResponse,
+    ReadEntriesRequest,
+    ReadEntriesResponse,
     ReadEntryRequest,
     ReadEntryResponse,
     ReadLacRequest,
@@ -47,6 +49,7 @@ from bkaio.protocol.messages import (
     decode_request,
     decode_response,
 )
+from bkaio.protocol.records import pack_record
 from bkaio.protocol.status import Status
 
 _LEDGER_ID = 42
@@ -84,6 +87,8 @@ def sample_requests() -> list[Request]:
             20, _LEDGER_ID, Flag.NONE, _KEY, tuple(_entry(i, b"batched %d" % i) for i in range(3))
         ),
         AddEntriesRequest(30, _LEDGER_ID, Flag.RECOVERY_ADD, _KEY, (_entry(5, b""),)),
+        ReadEntriesRequest(40, _LEDGER_ID, 0, 999, 1, 512, 1 << 20, Flag.NONE, -1, 0),
+        ReadEntriesRequest(41, _LEDGER_ID, 3, 2**63 - 1, 5, 64, 1 << 16, Flag.LONG_POLL, 2, 900),
     ]
 
 
@@ -112,7 +117,17 @@ def sample_responses() -> list[Response]:
         ErrorResponse(0, Status.BAD_REQUEST, "frame body must be a msgpack array, got int"),
         AddEntriesResponse(20, Status.OK, _LEDGER_ID, 0, 3),
         AddEntriesResponse(30, Status.READ_ONLY, _LEDGER_ID, 5, 1),
+        ReadEntriesResponse(40, Status.OK, _LEDGER_ID, 2, 3, (_records(entries),)),
+        ReadEntriesResponse(41, Status.OK, _LEDGER_ID, -1, 9, (b"",)),
+        ReadEntriesResponse(42, Status.NO_SUCH_LEDGER, _LEDGER_ID, -1, 0, (b"",)),
     ]
+
+
+def _records(entries: tuple[WireEntry, ...]) -> bytes:
+    parts: list[bytes] = []
+    for e in entries:
+        parts += pack_record(_LEDGER_ID, e.entry_id, e.lac, e.length, e.digest, e.payload)
+    return b"".join(parts)
 
 
 def _check_stream(messages: list[Any], decode: Any, chunk_bytes: int | None) -> None:

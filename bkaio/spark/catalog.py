@@ -26,7 +26,7 @@ from bkaio.spark.options import (
     StreamBound,
     split_stream_name,
 )
-from bkaio.spark.planner import ReadRange, split_ranges, stream_ranges
+from bkaio.spark.planner import ReadRange, plan_partitions, stream_ranges
 from bkaio.stream.errors import StreamNotFoundError
 from bkaio.stream.model import StreamMeta
 from bkaio.stream.reader import end_seq
@@ -119,7 +119,7 @@ def check_start(state: StreamState, start: int, fail_on_data_loss: bool) -> int:
     return state.first_seq
 
 
-async def plan_batch(bk: BookKeeper, options: ReadOptions) -> list[ReadRange]:
+async def plan_batch(bk: BookKeeper, options: ReadOptions) -> list[tuple[ReadRange, ...]]:
     """Every partition of a batch read, in (stream, seq) or (ledger id) order."""
     if options.ledgers:
         ranges = await ledger_ranges(bk, options)
@@ -134,7 +134,7 @@ async def plan_batch(bk: BookKeeper, options: ReadOptions) -> list[ReadRange]:
             start = check_start(state, start, options.fail_on_data_loss)
             end = min(end, state.end_seq)
             ranges += stream_ranges(name, state.meta.segments, start, end, STREAM_PASSWORD)
-    return split_ranges(
+    return plan_partitions(
         ranges,
         max_entries=options.max_entries_per_partition,
         max_bytes=options.max_bytes_per_partition,
@@ -168,7 +168,7 @@ async def ledger_ranges(bk: BookKeeper, options: ReadOptions) -> list[ReadRange]
 
 async def plan_stream_batch(
     bk: BookKeeper, options: ReadOptions, start: dict[str, int], end: dict[str, int]
-) -> list[ReadRange]:
+) -> list[tuple[ReadRange, ...]]:
     """The partitions of one micro-batch: seqs [start[s], end[s]) of every stream s."""
     ranges: list[ReadRange] = []
     store = StreamStore(metadata_of(bk))
@@ -188,7 +188,7 @@ async def plan_stream_batch(
         state = StreamState(name, meta, meta.first_seq, end[name])
         first = check_start(state, first, options.fail_on_data_loss)
         ranges += stream_ranges(name, meta.segments, first, end[name], STREAM_PASSWORD)
-    return split_ranges(
+    return plan_partitions(
         ranges,
         max_entries=options.max_entries_per_partition,
         max_bytes=options.max_bytes_per_partition,

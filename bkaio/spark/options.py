@@ -35,10 +35,11 @@ LATEST_SEQ = -1
 StreamBound = int | tuple[int, int]  # seq (>= 0, or EARLIEST_SEQ/LATEST_SEQ) | (ledger, entry)
 OffsetSpec = Literal["earliest", "latest"] | dict[str, StreamBound]
 
-DEFAULT_MAX_ENTRIES_PER_PARTITION = 50_000
+DEFAULT_MAX_ENTRIES_PER_PARTITION = 1_000_000
 DEFAULT_MAX_BYTES_PER_PARTITION = 64 << 20
-DEFAULT_BATCH_ENTRIES = 4096  # Rows per Arrow record batch a reader yields.
-DEFAULT_READ_WINDOW = 256  # Concurrent entry reads per partition (the client's default is 64).
+# Rows per Arrow record batch a reader yields: entries per range request to one bookie (so
+# E times as many per batch of a striped ledger, whose batches take one request per bookie).
+DEFAULT_BATCH_ENTRIES = 4096
 
 CLIENT_PREFIX = "bkaio.client."
 
@@ -328,7 +329,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         fail_on_data_loss=_bool(options, "failondataloss", True),
         password=options.get("password", "").encode(),
         batch_entries=_int(options, "batchentries", DEFAULT_BATCH_ENTRIES, minimum=1),
-        client=_client_options(options, {"read_window": DEFAULT_READ_WINDOW}),
+        client=_client_options(options, {}),
     )
 
 

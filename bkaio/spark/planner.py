@@ -1,9 +1,12 @@
 """Partition planning and offset arithmetic for the Spark connector. Pure: no I/O, no pyspark.
 
-A `ReadRange` is one Spark input partition: an inclusive entry range of one ledger, with
-everything `read()` needs to fetch it (the stream it belongs to, the seq of its first entry,
-the ledger password). Planning maps a stream's seq range onto its segments, then splits the
-pieces by entry count and estimated bytes, then splits further to reach `minPartitions`.
+A `ReadRange` is an inclusive entry range of one ledger, with everything `read()` needs to
+fetch it (the stream it belongs to, the seq of its first entry, the ledger password). A Spark
+input partition is a run of them (`plan_partitions`): planning maps a stream's seq range onto
+its segments, splits ranges above the partition size (entries and estimated bytes), gathers
+consecutive small ones (a stream that rolls often has many small ledgers; a task per ledger
+would cost more in task overhead than in reading), then halves the largest partitions until
+there are `minPartitions`.
 
 Streaming offsets are `{"namespace/stream": next_seq}`: the seq of the first record *not*
 yet covered, per stream. A seq names a record for the life of a stream (ledger ids need not
@@ -120,6 +123,55 @@ def split_ranges(
         head, tail = item.split_at(item.first_entry_id + item.entry_count // 2)
         pieces[largest : largest + 1] = [head, tail]
     return pieces
+
+
+def plan_partitions(
+    ranges: Sequence[ReadRange],
+    *,
+    max_entries: int,
+    max_bytes: int,
+    min_partitions: int = 0,
+) -> list[tuple[ReadRange, ...]]:
+    """Spark partitions of `ranges` (kept in order): each a run of ranges of at most
+    `max_entries` entries and (by the estimates) `max_bytes` bytes, at least `min_partitions`
+    of them while a partition can be split."""
+    pieces = split_ranges(ranges, max_entries=max_entries, max_bytes=max_bytes)
+    partitions: list[list[ReadRange]] = []
+    entries = size = 0
+    for piece in pieces:
+        if partitions and (
+            entries + piece.entry_count <= max_entries and size + piece.bytes_estimate <= max_bytes
+        ):
+            partitions[-1].append(piece)
+            entries += piece.entry_count
+            size += piece.bytes_estimate
+        else:
+            partitions.append([piece])
+            entries, size = piece.entry_count, piece.bytes_estimate
+    while 0 < len(partitions) < min_partitions:
+        counts = [sum(r.entry_count for r in p) for p in partitions]
+        largest = max(range(len(partitions)), key=counts.__getitem__)
+        if counts[largest] < 2:
+            break  # Every partition holds one entry: no more splits possible.
+        head, tail = _halve(partitions[largest], counts[largest])
+        partitions[largest : largest + 1] = [head, tail]
+    return [tuple(p) for p in partitions]
+
+
+def _halve(partition: list[ReadRange], entries: int) -> tuple[list[ReadRange], list[ReadRange]]:
+    """Two runs of about half the entries each, splitting a range where the middle falls."""
+    half = entries // 2
+    head: list[ReadRange] = []
+    for index, item in enumerate(partition):
+        if half >= item.entry_count:
+            head.append(item)
+            half -= item.entry_count
+            continue
+        if half == 0:
+            return head, partition[index:]
+        first, second = item.split_at(item.first_entry_id + half)
+        return [*head, first], [second, *partition[index + 1 :]]
+    raise AssertionError(f"half of {entries} entries not found in {partition}")
 
 
 def limit_offsets(

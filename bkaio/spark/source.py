@@ -29,7 +29,7 @@ from bkaio.spark import catalog, sink
 from bkaio.spark.errors import SparkOptionError
 from bkaio.spark.options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from bkaio.spark.planner import ReadRange, limit_offsets
-from bkaio.spark.reading import SCHEMA_DDL, read_entries, to_record_batch
+from bkaio.spark.reading import SCHEMA_DDL, read_partition
 from bkaio.spark.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -54,30 +54,15 @@ SOURCE_NAME = "bkaio"
 
 
 class BkaioPartition(InputPartition):
-    """One `ReadRange`; `value` is None for the single empty partition of an empty read."""
+    """A run of `ReadRange`s (planner.plan_partitions); empty for the single partition of an
+    empty read."""
 
-    def __init__(self, value: ReadRange | None) -> None:
+    def __init__(self, value: tuple[ReadRange, ...]) -> None:
         super().__init__(value)
 
 
-def _partitions(ranges: Sequence[ReadRange]) -> list[BkaioPartition]:
-    return [BkaioPartition(r) for r in ranges] or [BkaioPartition(None)]
-
-
-def read_partition(options: ReadOptions, item: ReadRange | None) -> Iterator[pyarrow.RecordBatch]:
-    """Arrow record batches of one partition, read on this process's loop."""
-    if item is None:
-        return iter(())
-    runtime = get_runtime()
-
-    async def batches() -> Any:
-        bk = await runtime.client(options.metadata, options.client)
-        async for entries in read_entries(
-            bk, item, options.batch_entries, options.fail_on_data_loss
-        ):
-            yield to_record_batch(item, entries)
-
-    return runtime.iterate(batches())
+def _partitions(partitions: Sequence[tuple[ReadRange, ...]]) -> list[BkaioPartition]:
+    return [BkaioPartition(p) for p in partitions] or [BkaioPartition(())]
 
 
 class BkaioDataSource(DataSource):
@@ -117,7 +102,7 @@ class BkaioBatchReader(DataSourceReader):
     def partitions(self) -> list[BkaioPartition]:
         runtime = get_runtime()
 
-        async def plan() -> list[ReadRange]:
+        async def plan() -> list[tuple[ReadRange, ...]]:
             bk = await runtime.client(self.options.metadata, self.options.client)
             return await catalog.plan_batch(bk, self.options)
 
@@ -188,10 +173,10 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return limited
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[BkaioPartition]:
-        ranges: list[ReadRange] = self._run(
+        partitions: list[tuple[ReadRange, ...]] = self._run(
             lambda bk: catalog.plan_stream_batch(bk, self.options, start, end)
         )
-        return _partitions(ranges)
+        return _partitions(partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
         return read_partition(self.options, partition.value)

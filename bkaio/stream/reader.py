@@ -47,7 +47,9 @@ from bkaio.stream.writer import STREAM_PASSWORD
 from bkaio.supervision import spawn_job
 
 if TYPE_CHECKING:
-    from bkaio.ledger_client import BookKeeper, ReadHandle
+    from collections.abc import AsyncGenerator
+
+    from bkaio.ledger_client import BookKeeper, Entry, ReadHandle
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +58,9 @@ Start = Literal["earliest", "latest"] | StreamPosition
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReaderOptions:
-    batch_entries: int = 256  # Entries fetched per read of a sealed (or confirmed) range.
+    # Entries per range request (per bookie) when reading a sealed or confirmed range; the
+    # client reads ahead of the consumer (ClientConfig.read_ahead_requests/_bytes).
+    batch_entries: int = 256
     long_poll_seconds: float = 1.0  # One tailing long poll; the watch cuts it short.
 
     def __post_init__(self) -> None:
@@ -123,6 +127,11 @@ class StreamReader:
         self._buffer: deque[StreamRecord] = deque()
         self._handle: ReadHandle | None = None  # ReadHandle of the segment being read.
         self._handle_ledger_id = -1
+        # The read-ahead over a range of that ledger (`ReadHandle.read_batches`), the entry
+        # it yields next and the range's last entry; None when no range is being read.
+        self._batches: AsyncGenerator[list[Entry], None] | None = None
+        self._batches_next = -1
+        self._batches_last = -1
         self._meta_changed = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_error: BaseException | None = None
@@ -268,20 +277,46 @@ class StreamReader:
         await self._tail(segment, handle, entry_id)
 
     async def _read_range(self, segment: Segment, first_entry_id: int, last_entry_id: int) -> None:
-        last = min(last_entry_id, first_entry_id + self._options.batch_entries - 1)
-        assert self._handle is not None and self._handle_ledger_id == segment.ledger_id
-        entries = await self._handle.read(first_entry_id, last)
-        for entry in entries:
-            seq = segment.first_seq + entry.entry_id
-            assert seq == self._next_seq, (seq, self._next_seq)
-            self._buffer.append(StreamRecord(segment.position(seq), entry.payload))
-            self._next_seq = seq + 1
+        """Buffer the next batch of first..last, from the read-ahead over that range (started
+        here when it is not the one under way)."""
+        handle = self._handle
+        assert handle is not None and self._handle_ledger_id == segment.ledger_id
+        if self._batches is None or self._batches_next != first_entry_id:
+            await self._stop_batches()
+            self._batches = handle.read_batches(
+                first_entry_id, last_entry_id, batch_entries=self._options.batch_entries
+            )
+            self._batches_next = first_entry_id
+            self._batches_last = last_entry_id
+        try:
+            entries = await anext(self._batches)
+        except BaseException:
+            await self._stop_batches()
+            raise
+        seq = segment.first_seq + entries[0].entry_id
+        assert seq == self._next_seq, (seq, self._next_seq)
+        position = segment.position
+        self._buffer.extend(
+            StreamRecord(position(seq + index), entry.payload)
+            for index, entry in enumerate(entries)
+        )
+        self._next_seq = seq + len(entries)
+        self._batches_next = entries[-1].entry_id + 1
+        if self._batches_next > self._batches_last:
+            await self._stop_batches()
+
+    async def _stop_batches(self) -> None:
+        """Close the read-ahead (what it has in flight is cancelled)."""
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            await batches.aclose()
 
     async def _tail(self, segment: Segment, handle: ReadHandle, entry_id: int) -> None:
-        """Long-poll the open ledger for `entry_id`, cut short by a change of the record."""
+        """Long-poll the open ledger for `entry_id` and whatever follows it, cut short by a
+        change of the record; the poll's answer carries the entries themselves."""
         changed = self._meta_changed
         poll = asyncio.ensure_future(
-            handle.wait_for_entry(entry_id, timeout=self._options.long_poll_seconds)
+            handle.wait_for_entries(entry_id, timeout=self._options.long_poll_seconds)
         )
         change = asyncio.ensure_future(changed.wait())
         try:
@@ -298,14 +333,22 @@ class StreamReader:
             return  # Sealed before entry_id: the loop sees it and waits for the next segment.
         if error is not None:
             raise error
-        entry = poll.result()
-        if entry is not None:
-            assert entry.entry_id == entry_id
-            self._buffer.append(StreamRecord(segment.position(self._next_seq), entry.payload))
-            self._next_seq += 1
+        entries = poll.result()
+        if entries:
+            assert entries[0].entry_id == entry_id
+            seq = self._next_seq
+            position = segment.position
+            self._buffer.extend(
+                StreamRecord(position(seq + index), entry.payload)
+                for index, entry in enumerate(entries)
+            )
+            self._next_seq = seq + len(entries)
 
     async def _open(self, segment: Segment) -> ReadHandle:
         if self._handle_ledger_id != segment.ledger_id:
+            await self._stop_batches()
+            if self._handle is not None:
+                await self._handle.close()
             self._handle = await self._bk.open_ledger(
                 segment.ledger_id, password=STREAM_PASSWORD, recovery=False
             )
@@ -398,6 +441,9 @@ class StreamReader:
         if self._ack_task is not None:
             with contextlib.suppress(BKError):
                 await asyncio.shield(self._ack_task)
+        await self._stop_batches()
+        if self._handle is not None:
+            await self._handle.close()
         if self._watch_task is not None:
             await cancel_and_wait(self._watch_task)
 

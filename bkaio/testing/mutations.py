@@ -17,7 +17,7 @@ from typing import Final
 
 from bkaio.errors import ConfigError
 from bkaio.journal.writer import Group, JournalFileWriter
-from bkaio.ledger_client.types import AddCallback, BookieOps, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import AddCallback, BookieOps, EntriesAnswer, LacAnswer, StoredCopy
 
 
 class AckBeforeSync:
@@ -75,6 +75,31 @@ class UnfencedReads:
         del fence  # The mutation.
         return await self._ops.read_entry(
             bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
+        )
+
+    async def read_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        stride: int = 1,
+        max_count: int,
+        max_bytes: int,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> EntriesAnswer:
+        return await self._ops.read_entries(
+            bookie_id,
+            ledger_id,
+            first_entry_id,
+            last_entry_id,
+            stride=stride,
+            max_count=max_count,
+            max_bytes=max_bytes,
+            previous_lac=previous_lac,
+            long_poll_seconds=long_poll_seconds,
         )
 
     async def read_lac(

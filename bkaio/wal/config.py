@@ -30,9 +30,11 @@ class JournalConfig:
     `max_group_bytes` / `max_group_entries`: bounds of one group commit. They bound memory (at
     most two groups exist: one being written, one filling) and the size of one write.
     `max_file_bytes`: a journal file is rolled, after a sync, once it reaches this size.
-    `adaptive_wait_us`: 0 (default) commits as soon as the writer is free, with no timer. A
-    positive value holds a group back until at least this long after the previous group
-    started, which lowers the sync rate (CPU) under load at no cost to an idle journal.
+    `adaptive_wait_us`: 0 commits as soon as the writer is free, with no timer. A positive
+    value lets a group of two records or more (a burst) that finds the writer free wait for the
+    next append, at most this long: at moderate rates the next burst shares its write, sync and
+    answers. A single record never waits, and a wait that catches nothing turns waiting off
+    for a while (bkaio.journal.journal).
     `sync`: False skips fdatasync. UNSAFE: an acknowledged record can be lost on power failure
     or kill -9 of the host. For tests only.
     `preallocate_next_file`: zero-fill and sync the *next* file in a background thread, so that

@@ -13,7 +13,13 @@ from bkaio.spark.options import (
     parse_read_options,
     parse_write_options,
 )
-from bkaio.spark.planner import ReadRange, limit_offsets, split_ranges, stream_ranges
+from bkaio.spark.planner import (
+    ReadRange,
+    limit_offsets,
+    plan_partitions,
+    split_ranges,
+    stream_ranges,
+)
 from bkaio.spark.sink import WrittenLedger, appended
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
 
@@ -94,6 +100,45 @@ def test_raw_ledger_ranges_keep_a_null_seq_when_split() -> None:
         (3, 5, -1),
         (6, 9, -1),
     ]
+
+
+def many_small_segments(count: int, records: int) -> list[Segment]:
+    return [closed(100 + i, i * records, records, records * 10) for i in range(count)]
+
+
+def test_small_ledgers_share_partitions_up_to_the_size() -> None:
+    ranges = stream_ranges("ns/s", many_small_segments(50, 20), 0, 1000, b"")
+    partitions = plan_partitions(ranges, max_entries=300, max_bytes=1 << 30)
+    assert [sum(r.entry_count for r in p) for p in partitions] == [300, 300, 300, 100]
+    assert covered([r for p in partitions for r in p]) == covered(ranges)  # In seq order.
+    by_bytes = plan_partitions(ranges, max_entries=10_000, max_bytes=1000)
+    assert [sum(r.bytes_estimate for r in p) for p in by_bytes] == [1000] * 10
+
+
+def test_a_large_range_is_split_and_its_pieces_not_gathered_again() -> None:
+    ranges = [ReadRange("ns/s", 5, 0, 999, 0, 0), ReadRange("ns/s", 6, 0, 9, 1000, 0)]
+    partitions = plan_partitions(ranges, max_entries=400, max_bytes=1 << 30)
+    assert [[(r.ledger_id, r.entry_count) for r in p] for p in partitions] == [
+        [(5, 333)],
+        [(5, 333)],
+        [(5, 334), (6, 10)],
+    ]
+
+
+@pytest.mark.parametrize("min_partitions", [0, 1, 2, 3, 7, 50, 1001, 5000])
+def test_min_partitions_halves_the_largest_partition(min_partitions: int) -> None:
+    ranges = stream_ranges("ns/s", many_small_segments(50, 20), 0, 1000, b"")
+    partitions = plan_partitions(
+        ranges, max_entries=10_000, max_bytes=1 << 30, min_partitions=min_partitions
+    )
+    assert len(partitions) == max(1, min(min_partitions, 1000))
+    assert covered([r for p in partitions for r in p]) == covered(ranges)
+    sizes = [sum(r.entry_count for r in p) for p in partitions]
+    assert max(sizes) - min(sizes) <= max(sizes) // 2 + 1  # About even.
+
+
+def test_no_ranges_no_partitions() -> None:
+    assert plan_partitions([], max_entries=10, max_bytes=10, min_partitions=4) == []
 
 
 def test_limit_offsets_shares_the_budget_and_always_progresses() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import urllib.request
 
 import pytest
 
@@ -130,31 +129,3 @@ async def test_connect_can_be_awaited_and_reads_past_the_lac_fail(
         await lh.close()
     finally:
         await bk.close()
-
-
-def _request_count(admin_url: str, op: str) -> float:
-    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    prefix = f'bkaio_bookie_request_seconds_count{{op="{op}",success="true"}} '
-    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
-
-
-async def test_unstriped_ledgers_are_read_by_range_requests(
-    bookie_cluster_factory: BookieClusterFactory,
-) -> None:
-    cluster = await bookie_cluster_factory(count=3)
-    payloads = [os.urandom(100) + b"%d" % i for i in range(1_000)]
-    async with BookKeeper.connect(cluster.metadata_uri, read_batch_entries=100) as bk:
-        lh = await bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw")
-        await asyncio.gather(*(lh.append(p) for p in payloads))
-        await lh.close()
-        rh = await bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
-        entries = await rh.read(0, 999)
-        assert [e.payload for e in entries] == payloads
-        streamed = [e.payload async for e in rh.read_iter(950, 999)]
-        assert streamed == payloads[950:]
-    urls = [bookie.admin_url for bookie in cluster.bookies]
-    ranges = sum([await asyncio.to_thread(_request_count, url, "read_range") for url in urls])
-    singles = sum([await asyncio.to_thread(_request_count, url, "read_entry") for url in urls])
-    assert ranges == 11  # 10 batches of 100, then one of 50 for read_iter.
-    assert singles == 0

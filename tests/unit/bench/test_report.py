@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from bkaio.bench.report import JsonlWriter, evaluate_targets, plot_percentiles, table
+from bkaio.bench.report import (
+    JsonlWriter,
+    evaluate_targets,
+    plot_percentiles,
+    table,
+    throughput_curves,
+)
 from bkaio.bench.stats import RunResult, aggregate_all, summarize
 
 
@@ -83,3 +90,31 @@ def test_percentile_plot_is_a_png(tmp_path: Path) -> None:
     assert path is not None
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_percentiles([], tmp_path / "none.png") is None
+
+
+def _open(system: str, rate: float, achieved: float, p50_ms: float, p99_ms: float) -> RunResult:
+    run = _run(system, f"open{rate:g}", p50_ms, p99_ms, achieved)
+    return dataclasses.replace(run, offered_per_second=rate)
+
+
+CURVE = [
+    _open("bkaio", 5000.0, 5000.0, 1.5, 4.0),
+    _open("bkaio", 1000.0, 1000.0, 1.0, 2.0),
+    _open("bkaio", 40000.0, 31000.0, 900.0, 2000.0),  # Past saturation.
+    _open("nats-always", 5000.0, 5000.0, 4.0, 20.0),  # One point: no curve.
+]
+
+
+def test_the_open_loop_workloads_of_a_system_make_its_throughput_curve() -> None:
+    curves = throughput_curves([*RUNS, *CURVE])
+    assert list(curves) == ["bkaio 1024B E3/Qw3/Qa2"]
+    points = curves["bkaio 1024B E3/Qw3/Qa2"]
+    assert [p.offered_per_second for p in points] == [1000.0, 5000.0, 40000.0]
+    assert [p.appends_per_second for p in points] == [1000.0, 5000.0, 31000.0]
+    assert points[-1].p99_ms == pytest.approx(2000.0)
+
+
+def test_the_png_gets_a_throughput_panel_when_there_is_a_curve(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = plot_percentiles([*RUNS, *CURVE], tmp_path / "c.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -51,9 +51,31 @@ def test_the_shipped_spec_defines_the_issue_workloads() -> None:
     assert all(w.quorum == "E3/Qw3/Qa2" for w in full.workloads if not w.label.endswith("qw2"))
     assert {w.payload_bytes for w in full.workloads} == {100, 1024, 16384}
     assert not by_label["closed100-qw2"].peer and by_label["closed100-qw2"].write_quorum == 2
+    assert by_label["open10000"].rate_per_second == 10000.0
+    assert by_label["open10000"].duration_seconds == 20.0
     quick = read_suite(path, "quick")
-    assert [w.label for w in quick.workloads] == ["serial", "closed100", "open1000", "open5000"]
+    assert [w.label for w in quick.workloads] == [
+        "serial",
+        "closed100",
+        "open1000",
+        "open5000",
+        "open10000",
+    ]
     assert quick.workloads[1].duration_seconds == pytest.approx(2.0)
+
+
+def test_the_shipped_spec_has_a_throughput_curve_from_1k_past_saturation() -> None:
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "workloads.toml"
+    full = read_suite(path, "full")
+    rates = sorted(
+        w.rate_per_second
+        for w in full.workloads
+        if w.shape == "open" and w.payload_bytes == 1024 and w.quorum == "E3/Qw3/Qa2"
+    )
+    assert rates[0] == 1000.0 and rates[-1] >= 40000.0  # closed100 saturates near 30-38k/s.
+    assert len(rates) >= 6
+    curve = read_suite(path, "curve")
+    assert sorted(w.rate_per_second for w in curve.workloads) == rates
 
 
 def test_default_spec_path_finds_the_checkout_file() -> None:

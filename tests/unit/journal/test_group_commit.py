@@ -275,6 +275,97 @@ async def test_append_encoded_refuses_bytes_that_are_not_one_record(config: Jour
         await journal.close()
 
 
+@pytest.fixture
+def hour_long_wait(config: JournalConfig, monkeypatch: pytest.MonkeyPatch) -> JournalConfig:
+    """A wait that no loaded box runs out: only an append, a full group or close ends it."""
+    monkeypatch.setattr("bkaio.wal.config.MAX_ADAPTIVE_WAIT_US", 3_600_000_000)
+    return replace(config, adaptive_wait_us=3_600_000_000)
+
+
+async def _iterations(count: int = 5) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_burst_waits_for_the_next_append_and_shares_its_sync(
+    hour_long_wait: JournalConfig,
+) -> None:
+    sync = FakeCountingSync()
+    journal = await Journal.open(hour_long_wait, sync_function=sync)
+    try:
+        burst = journal.append_entries(1, [_entry(0), _entry(1)])
+        assert burst is not None
+        await _iterations()
+        assert (journal.metrics.holds, sync.calls) == (1, 0)  # Waiting, the writer free.
+        following = journal.append_entries(1, [_entry(2)])
+        assert following is not None and following[0] is burst[0]  # The same group.
+        assert await burst[0] == journal.durable_mark
+        stats = journal.metrics
+        assert (sync.calls, stats.groups, stats.max_group_records) == (1, 1, 3)
+        assert (stats.trigger_queue_empty, stats.trigger_wait, stats.holds_fruitless) == (1, 0, 0)
+    finally:
+        await journal.close()
+
+
+async def test_a_single_record_never_waits(hour_long_wait: JournalConfig) -> None:
+    """A serial writer (or 1k/s) sends one entry at a time: it must not wait for a next one
+    that only its answer would bring."""
+    journal = await Journal.open(hour_long_wait, sync_function=FakeCountingSync())
+    try:
+        for entry_id in range(3):
+            appended = journal.append_entries(1, [_entry(entry_id)])
+            assert appended is not None
+            await appended[0]
+        await journal.append(FenceRecord(ledger_id=1))
+        assert (journal.metrics.holds, journal.metrics.groups) == (0, 4)
+    finally:
+        await journal.close()
+
+
+async def test_a_group_formed_during_a_sync_does_not_wait(hour_long_wait: JournalConfig) -> None:
+    sync = FakeGatedSync()
+    journal = await Journal.open(hour_long_wait, sync_function=sync)
+    try:
+        first = await hold_first_sync(journal, sync)
+        during = journal.append_entries(1, [_entry(i) for i in range(5)])
+        assert during is not None
+        sync.release()
+        await first
+        await during[0]  # Handed to the writer as soon as it was free: no wait.
+        assert journal.metrics.holds == 0
+    finally:
+        await journal.close()
+
+
+async def test_a_wait_that_catches_nothing_commits_and_pauses_waiting(
+    config: JournalConfig,
+) -> None:
+    sync = FakeCountingSync()
+    journal = await Journal.open(replace(config, adaptive_wait_us=1000), sync_function=sync)
+    try:
+        burst = journal.append_entries(1, [_entry(0), _entry(1)])
+        assert burst is not None
+        await burst[0]  # Nobody appends: the wait runs out, and the group goes.
+        stats = journal.metrics
+        assert (stats.holds, stats.holds_fruitless, stats.trigger_wait) == (1, 1, 1)
+        again = journal.append_entries(1, [_entry(2), _entry(3)])
+        assert again is not None
+        await again[0]
+        assert stats.holds == 1  # Waiting is off for a while after a fruitless wait.
+    finally:
+        await journal.close()
+
+
+async def test_close_commits_a_waiting_group(hour_long_wait: JournalConfig) -> None:
+    journal = await Journal.open(hour_long_wait, sync_function=FakeCountingSync())
+    burst = journal.append_entries(1, [_entry(0), _entry(1)])
+    assert burst is not None
+    await _iterations()
+    assert journal.metrics.holds == 1
+    await journal.close()
+    assert await burst[0] == journal.durable_mark
+
+
 async def test_adaptive_wait_still_commits_everything(config: JournalConfig) -> None:
     journal = await Journal.open(
         replace(config, adaptive_wait_us=2000), sync_function=FakeCountingSync()

@@ -23,10 +23,11 @@ from bkaio.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from bkaio.ledger_client.types import AddCallback, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import AddCallback, EntriesAnswer, LacAnswer, StoredCopy
 from bkaio.meta.bookies import BookieInfo
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata
+from bkaio.protocol.records import pack_record
 
 
 @dataclass
@@ -106,9 +107,11 @@ class FakeBookieOps:
         self.hung: set[str] = set()  # Never answer: requests time out.
         self.held: dict[str, list[Callable[[], None]]] = {}  # Adds parked until release().
         self.fence_lost: set[str] = set()  # Fencing READ_LAC requests to these are dropped.
-        self.slow_reads: set[str] = set()  # READ_ENTRY to these times out.
+        self.slow_reads: set[str] = set()  # Reads from these time out.
+        self.stalled_reads: set[str] = set()  # Reads from these wait until cancelled.
         self.add_count: dict[str, int] = {}
         self.range_reads: list[tuple[str, int, int]] = []  # (bookie, first entry, entries got).
+        self.range_bytes: list[int] = []  # Payload bytes of each range answer, in order.
         self.entry_reads = 0
 
     def hold(self, bookie_id: str) -> None:
@@ -165,6 +168,8 @@ class FakeBookieOps:
 
     async def _gate(self, bookie_id: str) -> None:
         await asyncio.sleep(0)
+        if bookie_id in self.stalled_reads:
+            await asyncio.Event().wait()  # A bookie that never answers (no timeout either).
         if bookie_id in self.down:
             raise BookieUnavailableError(f"{bookie_id} is down")
         if bookie_id in self.hung:
@@ -187,26 +192,55 @@ class FakeBookieOps:
             raise BKTimeoutError(f"{bookie_id}: read timed out")
         return self.bookies[bookie_id].read(ledger_id, entry_id, fence, master_key)
 
-    async def read_range(
-        self, bookie_id: str, ledger_id: int, first_entry_id: int, max_count: int, max_bytes: int
-    ) -> list[StoredCopy]:
-        """Like a bookie's READ_RANGE: consecutive copies, stopping at the first missing one."""
+    async def read_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        stride: int = 1,
+        max_count: int,
+        max_bytes: int,
+        previous_lac: int | None = None,
+        long_poll_seconds: float = 0.0,
+    ) -> EntriesAnswer:
+        """Like a bookie's READ_ENTRIES: the wanted entries it holds, as records."""
         await self._gate(bookie_id)
         if bookie_id in self.slow_reads:
             await asyncio.sleep(self.timeout)
             raise BKTimeoutError(f"{bookie_id}: read timed out")
         bookie = self.bookies[bookie_id]
-        copies = [bookie.read(ledger_id, first_entry_id, False, None)]  # Raises when absent.
-        size = len(copies[0].payload)
-        ledger = bookie.ledgers[ledger_id]
-        while len(copies) < max_count:
-            copy = ledger.entries.get(first_entry_id + len(copies))
-            if copy is None or size + len(copy.payload) > max_bytes:
-                break
-            copies.append(copy)
-            size += len(copy.payload)
-        self.range_reads.append((bookie_id, first_entry_id, len(copies)))
-        return copies
+        if previous_lac is not None:
+            deadline = asyncio.get_running_loop().time() + long_poll_seconds
+            while asyncio.get_running_loop().time() < deadline:
+                ledger = bookie.ledgers.get(ledger_id)
+                if ledger is not None and (ledger.lac > previous_lac or ledger.fenced):
+                    break
+                await asyncio.sleep(0.005)
+        ledger = bookie.ledgers.get(ledger_id)
+        if ledger is None:
+            if previous_lac is not None:
+                return EntriesAnswer(-1, first_entry_id, b"")
+            raise NoSuchLedgerError(f"{bookie_id}: no ledger {ledger_id}")
+        last = last_entry_id if previous_lac is None else min(last_entry_id, ledger.lac)
+        parts: list[bytes] = []
+        count = size = 0
+        next_id = first_entry_id
+        while next_id <= last and count < max_count:
+            copy = ledger.entries.get(next_id)
+            if copy is not None:
+                if count and size + len(copy.payload) > max_bytes:
+                    break
+                parts += pack_record(
+                    ledger_id, next_id, copy.lac, copy.length, copy.digest, copy.payload
+                )
+                count += 1
+                size += len(copy.payload)
+            next_id += stride
+        self.range_reads.append((bookie_id, first_entry_id, count))
+        self.range_bytes.append(size)
+        return EntriesAnswer(ledger.lac, next_id, b"".join(parts))
 
     async def read_lac(
         self,

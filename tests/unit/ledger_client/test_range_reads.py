@@ -1,5 +1,6 @@
-"""Reads through READ_RANGE (ensemble == write quorum) against FakeBookies: batching, hand-over
-between bookies, corrupt and missing copies, segment boundaries, and the per-entry fallback."""
+"""Range reads against FakeBookies, for every ensemble shape: the requests they make, fail-over
+per entry (missing, corrupt) and per request (dead, stalled bookies, speculation), segment
+boundaries, and the read-ahead window's bounds."""
 
 from __future__ import annotations
 
@@ -11,88 +12,139 @@ from bkaio.errors import ConfigError, NoSuchEntryError
 from bkaio.ledger_client.types import ClientConfig
 from tests.unit.ledger_client.cluster import FakeCluster, fake_cluster
 
+SHAPES = [(3, 3), (3, 2), (4, 2), (5, 2), (5, 3)]  # (ensemble, write quorum)
 
-async def closed_ledger(cluster: FakeCluster, count: int, ensemble: int = 3, qw: int = 3) -> int:
+
+async def closed_ledger(
+    cluster: FakeCluster, count: int, ensemble: int = 3, qw: int = 3, size: int = 0
+) -> int:
     lh = await cluster.client.create_ledger(ensemble, qw, 2)
-    await asyncio.gather(*(lh.append(f"e{i}".encode()) for i in range(count)))
+    await asyncio.gather(*(lh.append(payload(i, size)) for i in range(count)))
     await lh.close()
     return lh.ledger_id
 
 
+def payload(index: int, size: int = 0) -> bytes:
+    text = f"e{index}".encode()
+    return text + bytes(max(0, size - len(text)))
+
+
 def payloads(count: int, first: int = 0) -> list[bytes]:
-    return [f"e{i}".encode() for i in range(first, first + count)]
+    return [payload(i) for i in range(first, first + count)]
 
 
-async def test_a_long_read_is_a_few_range_requests_not_one_read_per_entry() -> None:
+async def test_a_long_read_is_a_few_range_requests_spread_over_the_ensemble() -> None:
     cluster = fake_cluster(3, read_batch_entries=50)
     ledger_id = await closed_ledger(cluster, 120)
     rh = await cluster.client.open_ledger(ledger_id)
     entries = await rh.read(0, 119)
     assert [e.payload for e in entries] == payloads(120)
     assert [e.entry_id for e in entries] == list(range(120))
-    assert [(first, got) for _b, first, got in cluster.ops.range_reads] == [
-        (0, 50),
-        (50, 50),
-        (100, 20),
-    ]
+    assert {e.ledger_id for e in entries} == {ledger_id}
+    asked = cluster.ops.range_reads
+    assert [(first, got) for _b, first, got in asked] == [(0, 50), (50, 50), (100, 20)]
+    assert len({bookie for bookie, _f, _g in asked}) == 3  # One piece per bookie.
     assert cluster.ops.entry_reads == 0
 
 
-async def test_a_bookie_missing_entries_hands_over_to_the_next_one() -> None:
+@pytest.mark.parametrize(("ensemble", "qw"), SHAPES)
+async def test_every_shape_reads_in_ranges_one_stride_per_bookie(ensemble: int, qw: int) -> None:
+    cluster = fake_cluster(5, read_batch_entries=10)
+    ledger_id = await closed_ledger(cluster, 123, ensemble, qw)
+    rh = await cluster.client.open_ledger(ledger_id)
+    assert [e.payload for e in await rh.read(0, 122)] == payloads(123)
+    assert [e.payload for e in await rh.read(7, 7)] == payloads(1, first=7)
+    assert [e.payload for e in await rh.read(3, 60)] == payloads(58, first=3)
+    assert cluster.ops.entry_reads == 0
+    if ensemble > qw:
+        # Stride requests: one per bookie and piece, each bookie serving its own residue.
+        first_piece = [r for r in cluster.ops.range_reads[:ensemble]]
+        assert sorted(first for _b, first, _g in first_piece) == list(range(ensemble))
+        assert len({bookie for bookie, _f, _g in first_piece}) == ensemble
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), SHAPES)
+async def test_a_dead_bookie_costs_no_entry(ensemble: int, qw: int) -> None:
+    cluster = fake_cluster(5, read_batch_entries=8)
+    ledger_id = await closed_ledger(cluster, 100, ensemble, qw)
+    rh = await cluster.client.open_ledger(ledger_id)
+    cluster.ops.down.add(rh.metadata.ensembles[0][1][1])
+    assert [e.payload for e in await rh.read(0, 99)] == payloads(100)
+    assert cluster.ops.entry_reads == 0  # Whole requests failed over, not entries.
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), SHAPES)
+async def test_a_stalled_bookie_is_raced_by_a_speculative_read(ensemble: int, qw: int) -> None:
+    cluster = fake_cluster(
+        5, read_batch_entries=8, speculative_read_timeout=0.01, read_timeout=60.0
+    )
+    ledger_id = await closed_ledger(cluster, 60, ensemble, qw)
+    rh = await cluster.client.open_ledger(ledger_id)
+    cluster.ops.stalled_reads.add(rh.metadata.ensembles[0][1][0])  # Never answers.
+    async with asyncio.timeout(60):  # Without speculation the reads would wait for ever.
+        assert [e.payload for e in await rh.read(0, 59)] == payloads(60)
+        assert [e.payload async for e in rh.read_iter(0, 59)] == payloads(60)
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), SHAPES)
+async def test_a_corrupt_copy_is_read_from_another_replica(ensemble: int, qw: int) -> None:
+    cluster = fake_cluster(5, read_batch_entries=100)
+    ledger_id = await closed_ledger(cluster, 40, ensemble, qw)
+    rh = await cluster.client.open_ledger(ledger_id)
+    bookies = rh.metadata.ensembles[0][1]
+    # The bookie asked for entry 5: the first piece's (E = Qw), else the first of its write set.
+    primary = bookies[0 if ensemble == qw else 5 % ensemble]
+    cluster.bookie(primary).corrupt(ledger_id, 5)
+    assert [e.payload for e in await rh.read(0, 39)] == payloads(40)
+    assert cluster.ops.entry_reads == 1  # Entry 5 alone, from another replica.
+
+
+async def test_a_bookie_missing_entries_has_only_those_read_elsewhere() -> None:
     cluster = fake_cluster(3, read_batch_entries=100)
     ledger_id = await closed_ledger(cluster, 30)
     rh = await cluster.client.open_ledger(ledger_id)
-    first_bookie = rh.metadata.ensembles[0][1][0]  # Write set of entry 0 starts here.
+    first_bookie = rh.metadata.ensembles[0][1][0]  # The first piece is asked of it.
     del cluster.bookie(first_bookie).ledgers[ledger_id].entries[10]  # Qa=2: it may lag.
     assert [e.payload for e in await rh.read(0, 29)] == payloads(30)
-    asked = [(bookie, first, got) for bookie, first, got in cluster.ops.range_reads]
-    assert asked[0] == (first_bookie, 0, 10)
-    assert asked[1][1:] == (10, 20) and asked[1][0] != first_bookie
-    assert cluster.ops.entry_reads == 0
+    assert cluster.ops.range_reads == [(first_bookie, 0, 29)]
+    assert cluster.ops.entry_reads == 1
 
 
-async def test_a_corrupt_copy_in_a_range_is_read_from_another_bookie() -> None:
-    cluster = fake_cluster(3, read_batch_entries=100)
-    ledger_id = await closed_ledger(cluster, 20)
+@pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
+async def test_an_entry_no_replica_holds_is_absent(ensemble: int, qw: int) -> None:
+    cluster = fake_cluster(5, read_batch_entries=100)
+    ledger_id = await closed_ledger(cluster, 10, ensemble, qw)
     rh = await cluster.client.open_ledger(ledger_id)
-    first_bookie = rh.metadata.ensembles[0][1][0]
-    cluster.bookie(first_bookie).corrupt(ledger_id, 5)
-    assert [e.payload for e in await rh.read(0, 19)] == payloads(20)
-    assert cluster.ops.range_reads[0] == (first_bookie, 0, 20)  # Got 20; kept the 5 before.
-    assert cluster.ops.range_reads[1][1] == 5
-
-
-async def test_down_bookies_fall_back_to_entry_reads_with_the_usual_errors() -> None:
-    cluster = fake_cluster(3, read_batch_entries=100)
-    ledger_id = await closed_ledger(cluster, 10)
-    rh = await cluster.client.open_ledger(ledger_id)
-    ensemble = rh.metadata.ensembles[0][1]
-    cluster.ops.down.update(ensemble[:2])
-    assert [e.payload for e in await rh.read(0, 9)] == payloads(10)  # The third has all.
-    for bookie_id in ensemble:  # Nobody has entry 7: absent by the quorum rule.
-        cluster.bookie(bookie_id).ledgers[ledger_id].entries.pop(7)
-    cluster.ops.down.clear()
+    for bookie_id in rh.metadata.ensembles[0][1]:
+        cluster.bookie(bookie_id).ledgers[ledger_id].entries.pop(7, None)
     with pytest.raises(NoSuchEntryError, match="entry 7 is absent"):
         await rh.read(0, 9)
+    seen = []
+    with pytest.raises(NoSuchEntryError, match="entry 7 is absent"):
+        async for entry in rh.read_iter(0, 9):
+            seen.append(entry.entry_id)
+    assert seen == []  # Entries 0..9 are one piece: it fails as a whole.
 
 
-async def test_striped_ledgers_read_entry_by_entry() -> None:
-    cluster = fake_cluster(4, read_batch_entries=100)
-    ledger_id = await closed_ledger(cluster, 12, ensemble=4, qw=2)
+async def test_all_replicas_down_is_unavailable_not_absent() -> None:
+    cluster = fake_cluster(5, read_batch_entries=100)
+    ledger_id = await closed_ledger(cluster, 10, 5, 2)
     rh = await cluster.client.open_ledger(ledger_id)
-    assert [e.payload for e in await rh.read(0, 11)] == payloads(12)
-    assert cluster.ops.range_reads == []
-    assert cluster.ops.entry_reads == 12
+    bookies = rh.metadata.ensembles[0][1]
+    cluster.ops.down.update(bookies[3:5])  # Entry 3 is on 3 and 4 only.
+    with pytest.raises(Exception, match="entry 3: too few bookies answered"):
+        await rh.read(0, 9)
+    assert [e.payload for e in await rh.read(0, 2)] == payloads(3)
 
 
-async def test_a_batch_never_crosses_an_ensemble_change() -> None:
+async def test_a_piece_never_crosses_an_ensemble_change() -> None:
     cluster = fake_cluster(4, read_batch_entries=100)
     lh = await cluster.client.create_ledger(3, 3, 2)
     for i in range(5):
-        await lh.append(f"e{i}".encode())
+        await lh.append(payload(i))
     cluster.ops.down.add(lh.metadata.ensembles[0][1][1])  # The next add changes the ensemble.
     for i in range(5, 10):
-        await lh.append(f"e{i}".encode())
+        await lh.append(payload(i))
     cluster.ops.down.clear()
     await lh.close()
     assert len(lh.metadata.ensembles) == 2
@@ -103,16 +155,61 @@ async def test_a_batch_never_crosses_an_ensemble_change() -> None:
     assert starts == [0, second_start]
 
 
-async def test_read_iter_streams_batches_in_order() -> None:
-    cluster = fake_cluster(3, read_batch_entries=7, read_window=10)
+async def test_read_iter_streams_in_order() -> None:
+    cluster = fake_cluster(3, read_batch_entries=7)
     ledger_id = await closed_ledger(cluster, 40)
     rh = await cluster.client.open_ledger(ledger_id)
     seen = [entry.payload async for entry in rh.read_iter(3, 39)]
     assert seen == payloads(37, first=3)
+    batches = [batch async for batch in rh.read_batches(3, 39)]
+    assert [len(b) for b in batches] == [7, 7, 7, 7, 7, 2]
 
 
-def test_batch_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match="read_batch_entries"):
-        ClientConfig(read_batch_entries=0)
-    with pytest.raises(ConfigError, match="read_batch_bytes"):
-        ClientConfig(read_batch_bytes=0)
+@pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
+async def test_read_ahead_stays_within_its_bytes_under_a_slow_consumer(
+    ensemble: int, qw: int
+) -> None:
+    size = 10_000
+    bound = 1_500_000
+    cluster = fake_cluster(
+        5, read_batch_entries=10, read_ahead_bytes=bound, read_ahead_requests=64
+    )  # Requests are no limit here: the whole ledger is 30 or 6 pieces.
+    ledger_id = await closed_ledger(cluster, 300, ensemble, qw, size=size)
+    rh = await cluster.client.open_ledger(ledger_id)
+    consumed = 0
+    most_ahead = 0
+    piece_bytes = 10 * size * (1 if ensemble == qw else ensemble)
+    async for batch in rh.read_batches(0, 299):
+        assert len(batch) * size == piece_bytes
+        await asyncio.sleep(0.005)  # A slow consumer: every piece of the window arrives.
+        # Fetched and not handed out (beyond the batch the consumer holds): within the bound.
+        ahead = sum(cluster.ops.range_bytes) - consumed - piece_bytes
+        assert ahead <= bound
+        most_ahead = max(most_ahead, ahead)
+        consumed += piece_bytes
+    assert consumed == 300 * size
+    assert most_ahead >= piece_bytes  # It did read ahead.
+
+
+async def test_read_ahead_keeps_a_window_of_requests() -> None:
+    cluster = fake_cluster(3, read_batch_entries=10, read_ahead_requests=4)
+    ledger_id = await closed_ledger(cluster, 200)
+    rh = await cluster.client.open_ledger(ledger_id)
+    batches = rh.read_batches(0, 199)
+    first = await anext(batches)
+    assert len(first) == 10
+    await asyncio.sleep(0.01)  # The window fills while the consumer holds its batch.
+    assert len(cluster.ops.range_reads) == 4  # The one handed out and three ahead.
+    await batches.aclose()
+
+
+def test_read_options_are_checked() -> None:
+    for name in (
+        "read_batch_entries",
+        "read_batch_bytes",
+        "read_ahead_requests",
+        "read_ahead_bytes",
+        "read_window",
+    ):
+        with pytest.raises(ConfigError, match=name):
+            ClientConfig(**{name: 0})  # type: ignore[arg-type]

@@ -69,7 +69,9 @@ class FakeBatchOps(FakeBookieOps):
 def _client(bookies: int = 3) -> tuple[BookKeeper, FakeBatchOps]:
     ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(bookies)]
     ops = FakeBatchOps([FakeBookie(bookie_id) for bookie_id in ids])
-    config = ClientConfig(add_timeout=0.5, read_timeout=0.5)
+    # No batching wait: these tests look at what one loop iteration sends (test_batch_wait.py
+    # has the wait).
+    config = ClientConfig(add_timeout=0.5, read_timeout=0.5, add_batch_wait_us=0)
     client = BookKeeper(ledgers=FakeLedgerStore(), ops=ops, config=config, rng=random.Random(1))
     client.set_bookies([ops.info(bookie_id) for bookie_id in ids])
     return client, ops
@@ -209,7 +211,9 @@ class FakeSlowBookieOps(FakeBatchOps):
 def _slow_client() -> tuple[BookKeeper, FakeSlowBookieOps]:
     ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(3)]
     ops = FakeSlowBookieOps([FakeBookie(bookie_id) for bookie_id in ids])
-    config = ClientConfig(add_timeout=0.5, read_timeout=0.5)
+    # No batching wait: these tests look at what one loop iteration sends (test_batch_wait.py
+    # has the wait).
+    config = ClientConfig(add_timeout=0.5, read_timeout=0.5, add_batch_wait_us=0)
     client = BookKeeper(ledgers=FakeLedgerStore(), ops=ops, config=config, rng=random.Random(1))
     client.set_bookies([ops.info(bookie_id) for bookie_id in ids])
     return client, ops

@@ -173,7 +173,7 @@ def test_malformed_requests_name_the_problem(body: Any, match: str) -> None:
         ([1, 1, 0, 1, "b", 0, 1, ["f", 2]], r"field 7 \(features\) item 1 must be str, got int"),
         ([8, 1, 0, 1, 1, 0, 1, 0], r"field 7 \(read_only\) must be bool, got int"),
         ([0, 1, 5, b"m"], r"ERROR response field 3 \(message\) must be str, got bytes"),
-        ([12, 1, 0], r"response field 0 \(op\) is not a known operation, got 12"),
+        ([99, 1, 0], r"response field 0 \(op\) is not a known operation, got 99"),
     ],
 )
 def test_malformed_responses_name_the_problem(body: Any, match: str) -> None:

@@ -1,0 +1,451 @@
+"""Range reads of one ledger, for every ensemble shape (docs/client.md "Reads").
+
+A *piece* is a run of consecutive entries inside one segment, read as a unit and returned in
+entry order. It is read as *streams*, each one range request (READ_ENTRIES) to one bookie at a
+time:
+- ensemble == write quorum (every bookie holds every entry): one stream, the whole piece;
+  consecutive pieces start at different bookies, so a sequential read uses the whole ensemble;
+- ensemble > write quorum (striped: entry e is on ensemble indexes (e + k) % E, k < Qw): E
+  streams, stream j being the piece's entries first + j, first + j + E, ... (a stride-E
+  request), asked of the first bookie of their write set. The streams' answers are merged.
+A stream's bookie answers with the entries it holds; a limit may cut the answer short and the
+stream continues where it stopped. A request that fails or times out goes to the next bookie
+of the write set for the rest of the stream; with `speculative_read_timeout`, a bookie slower
+than that is raced by the next one and the first answer wins. Entries a bookie lacks (Qa < Qw
+lets one miss some) or holds corrupt (digest mismatch) are read one by one through
+`EntryReader.read_entry`, that bookie asked last: absence and failure are then decided by the
+quorum rules, exactly as for a single read.
+Imports no transport code (bookies are reached through `ClientContext.ops`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, TypeVar, cast
+
+import structlog
+
+from bkaio.errors import BKError, NoSuchLedgerError, ProtocolError
+from bkaio.ledger_client.context import ClientContext
+from bkaio.ledger_client.quorum import Segment, write_set
+from bkaio.ledger_client.reads import EntryReader, cancel_all
+from bkaio.ledger_client.types import ClientConfig, EntriesAnswer, Entry, StoredCopy
+from bkaio.protocol.records import record_fields, scan_records
+
+log = structlog.get_logger(__name__)
+
+# `Entry` from a (ledger_id, entry_id, payload) tuple without a Python call: `map` over `zip`.
+_new_entry = cast(
+    Callable[[tuple[int, int, bytes]], Entry], functools.partial(tuple.__new__, Entry)
+)
+# A range request asks for at least this many payload bytes, however small the estimate.
+MIN_REQUEST_BYTES = 64 * 1024
+_T = TypeVar("_T")
+
+
+def _entry_id_of(copy: StoredCopy) -> int:
+    return copy.entry_id
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Entries first..last (inclusive) of one segment, read as one unit."""
+
+    first_entry_id: int
+    last_entry_id: int
+    bookies: tuple[str, ...]  # The segment's ensemble.
+    turn: int  # Ensemble == write quorum: the ensemble index asked first.
+
+    @property
+    def entry_count(self) -> int:
+        return self.last_entry_id - self.first_entry_id + 1
+
+    def streams(self, write_quorum: int) -> int:
+        """Range requests the piece has in flight at once."""
+        size = len(self.bookies)
+        return 1 if size == write_quorum else min(size, self.entry_count)
+
+
+def plan_pieces(
+    ensembles: Sequence[Segment],
+    write_quorum: int,
+    first_entry_id: int,
+    last_entry_id: int,
+    entries_per_request: int,
+) -> Iterator[Piece]:
+    """The pieces of first..last in entry order: each within one segment, of at most
+    `entries_per_request` entries per stream."""
+    turn = 0
+    for index, (segment_start, bookies) in enumerate(ensembles):
+        segment_end = ensembles[index + 1][0] - 1 if index + 1 < len(ensembles) else last_entry_id
+        first = max(first_entry_id, segment_start)
+        last = min(last_entry_id, segment_end)
+        size = len(bookies)
+        per_piece = entries_per_request * (1 if size == write_quorum else size)
+        while first <= last:
+            end = min(last, first + per_piece - 1)
+            yield Piece(first, end, bookies, turn % size)
+            turn += 1
+            first = end + 1
+
+
+class _StreamFailed(Exception):
+    """Internal: every bookie that holds a stream failed its request."""
+
+
+class RangeReader:
+    """Reads pieces of one ledger (see the module docstring)."""
+
+    def __init__(
+        self, context: ClientContext, ledger_id: int, write_quorum: int, entries: EntryReader
+    ) -> None:
+        self._ctx = context
+        self.ledger_id = ledger_id
+        self._write_quorum = write_quorum
+        self._entries = entries
+
+    async def read_piece(self, piece: Piece, max_bytes: int) -> list[Entry]:
+        """The piece's entries in order, asking at most about `max_bytes` of payload at once.
+
+        NoSuchEntryError / BookieUnavailableError as for single reads (the first entry that
+        cannot be read decides).
+        """
+        bookies = piece.bookies
+        size = len(bookies)
+        first = piece.first_entry_id
+        last = piece.last_entry_id
+        if size == self._write_quorum:
+            order = tuple((piece.turn + k) % size for k in range(size))
+            payloads = await self._read_stream(bookies, order, first, 1, last, max_bytes, ())
+        else:
+            streams = piece.streams(self._write_quorum)
+            results = await self._read_strides(piece, range(streams), max_bytes, (), False)
+            merged: list[Any] = [None] * piece.entry_count
+            for j, stream_payloads in enumerate(results):
+                merged[j::size] = stream_payloads
+            payloads = merged
+        return list(map(_new_entry, zip(repeat(self.ledger_id), range(first, last + 1), payloads)))
+
+    async def read_copies(
+        self, piece: Piece, max_bytes: int, held_by: int, avoid: Collection[str]
+    ) -> list[StoredCopy]:
+        """The copies, as stored (digests checked), of the piece's entries that ensemble index
+        `held_by` stores, in order; bookies in `avoid` are asked last. (Re-replication.)"""
+        size = len(piece.bookies)
+        first = piece.first_entry_id
+        if size == self._write_quorum:
+            order = tuple(sorted(range(size), key=lambda i: piece.bookies[i] in avoid))
+            return await self._read_stream(
+                piece.bookies, order, first, 1, piece.last_entry_id, max_bytes, avoid, True
+            )
+        # The strides whose write sets include `held_by`: the entries it stores.
+        strides = [
+            j
+            for j in range(min(size, piece.entry_count))
+            if held_by in write_set(first + j, size, self._write_quorum)
+        ]
+        results = await self._read_strides(piece, strides, max_bytes, avoid, True)
+        return sorted((copy for stream in results for copy in stream), key=_entry_id_of)
+
+    async def _read_strides(
+        self,
+        piece: Piece,
+        strides: Sequence[int],
+        max_bytes: int,
+        avoid: Collection[str],
+        copies: bool,
+    ) -> list[list[Any]]:
+        """Streams j of `strides` at once (entries first + j, first + j + E, ...)."""
+        bookies = piece.bookies
+        size = len(bookies)
+        first = piece.first_entry_id
+        share = max(1, max_bytes // max(1, len(strides)))
+        tasks = []
+        for j in strides:
+            order = sorted(
+                write_set(first + j, size, self._write_quorum), key=lambda i: bookies[i] in avoid
+            )
+            tasks.append(
+                asyncio.ensure_future(
+                    self._read_stream(
+                        bookies, order, first + j, size, piece.last_entry_id, share, avoid, copies
+                    )
+                )
+            )
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            await cancel_all(tasks)
+
+    async def _read_stream(
+        self,
+        bookies: tuple[str, ...],
+        order: Sequence[int],
+        first: int,
+        stride: int,
+        last: int,
+        max_bytes: int,
+        avoid: Collection[str],
+        copies: bool = False,
+    ) -> list[Any]:
+        """Payloads of entries first, first + stride, ... <= last, in order (with `copies`:
+        each one's `StoredCopy`)."""
+        payloads: list[Any] = []
+        holes: list[tuple[int, int, int]] = []  # (index in payloads, entry id, ensemble index)
+        position = 0  # In `order`: the bookie asked next.
+        next_id = first
+        while next_id <= last:
+            remaining = (last - next_id) // stride + 1
+            try:
+                answer, position = await self._ask(
+                    bookies, order, position, next_id, stride, last, remaining, max_bytes
+                )
+            except _StreamFailed:
+                # Nobody served the rest as a range: entry by entry, the quorum rules decide.
+                for entry_id in range(next_id, last + 1, stride):
+                    holes.append((len(payloads), entry_id, -1))
+                    payloads.append(None)
+                break
+            bookie_index = order[position]
+            scan = scan_records(answer.records, self.ledger_id, next_id, stride, last)
+            end = answer.next_entry_id
+            if scan.problem is not None or scan.corrupt:
+                log.warning(
+                    "range_read_bad_records",
+                    ledger_id=self.ledger_id,
+                    bookie_id=bookies[bookie_index],
+                    corrupt=scan.corrupt[:10],
+                    problem=scan.problem,
+                )
+            if scan.problem is not None:
+                # Trust what came before the bad record; the next bookie goes on from there.
+                seen = scan.entry_ids[-1] if scan.entry_ids else next_id - stride
+                if scan.corrupt:
+                    seen = max(seen, scan.corrupt[-1])
+                end = seen + stride
+                position += 1
+            elif end <= next_id:
+                log.warning(
+                    "range_read_no_progress",
+                    ledger_id=self.ledger_id,
+                    bookie_id=bookies[bookie_index],
+                    first_entry_id=next_id,
+                    next_entry_id=end,
+                )
+                position += 1
+                if position >= len(order):
+                    end = next_id  # Read the rest entry by entry.
+                    for entry_id in range(next_id, last + 1, stride):
+                        holes.append((len(payloads), entry_id, -1))
+                        payloads.append(None)
+                    break
+                continue
+            end = min(end, last + 1)
+            covered = (end - next_id + stride - 1) // stride  # Entries looked at.
+            items: list[Any] = scan.payloads
+            if copies:
+                items = [
+                    StoredCopy(*record_fields(answer.records, offset)[1:], payload)
+                    for offset, payload in zip(scan.offsets, scan.payloads, strict=True)
+                ]
+            if len(scan.entry_ids) == covered:
+                payloads += items
+            else:
+                found = dict(zip(scan.entry_ids, items, strict=True))
+                for entry_id in range(next_id, next_id + covered * stride, stride):
+                    payload = found.get(entry_id)
+                    if payload is None:
+                        holes.append((len(payloads), entry_id, bookie_index))
+                    payloads.append(payload)
+            next_id += covered * stride
+            if position >= len(order) and next_id <= last:
+                for entry_id in range(next_id, last + 1, stride):
+                    holes.append((len(payloads), entry_id, -1))
+                    payloads.append(None)
+                break
+        if holes:
+            await self._fill_holes(bookies, payloads, holes, avoid, copies)
+        return payloads
+
+    async def _ask(
+        self,
+        bookies: tuple[str, ...],
+        order: Sequence[int],
+        position: int,
+        first: int,
+        stride: int,
+        last: int,
+        max_count: int,
+        max_bytes: int,
+    ) -> tuple[EntriesAnswer, int]:
+        """One range request, from `order[position]` on: the first answer, and the position of
+        the bookie that gave it. Fails over on errors; races a slow bookie with the next one
+        after `speculative_read_timeout`. _StreamFailed when every bookie left failed."""
+        ops = self._ctx.ops
+        delay = self._ctx.config.speculative_read_timeout
+        running: dict[asyncio.Future[EntriesAnswer], int] = {}
+        failures: list[str] = []
+
+        def launch() -> None:
+            nonlocal position
+            bookie_id = bookies[order[position]]
+            future = asyncio.ensure_future(
+                ops.read_entries(
+                    bookie_id,
+                    self.ledger_id,
+                    first,
+                    last,
+                    stride=stride,
+                    max_count=max_count,
+                    max_bytes=max_bytes,
+                )
+            )
+            running[future] = position
+            position += 1
+
+        try:
+            while True:
+                if not running:
+                    if position >= len(order):
+                        raise _StreamFailed("; ".join(failures))
+                    launch()
+                more = position < len(order)
+                done, _ = await asyncio.wait(
+                    running,
+                    timeout=delay if delay is not None and more else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    launch()  # The slow bookie keeps its chance; the next one races it.
+                    continue
+                for future in sorted(done, key=running.__getitem__):
+                    at = running.pop(future)
+                    error = future.exception()
+                    if error is None:
+                        return future.result(), at
+                    if not isinstance(error, BKError):
+                        raise error
+                    if not isinstance(error, NoSuchLedgerError | ProtocolError):
+                        log.debug(
+                            "range_read_failed",
+                            ledger_id=self.ledger_id,
+                            bookie_id=bookies[order[at]],
+                            first_entry_id=first,
+                            error=str(error),
+                        )
+                    failures.append(f"{bookies[order[at]]}: {type(error).__name__}: {error}")
+        finally:
+            await cancel_all(list(running))
+
+    async def _fill_holes(
+        self,
+        bookies: tuple[str, ...],
+        payloads: list[Any],
+        holes: list[tuple[int, int, int]],
+        avoid: Collection[str],
+        copies: bool,
+    ) -> None:
+        """Read the `holes` entry by entry (at most `read_window` at once), each from its
+        write set with the bookie that lacked it (and those in `avoid`) last, into their places
+        in `payloads`."""
+        size = len(bookies)
+        limit = asyncio.Semaphore(self._ctx.config.read_window)
+
+        async def fill(index: int, entry_id: int, lacking: int) -> None:
+            indexes = write_set(entry_id, size, self._write_quorum)
+            ordered = sorted(
+                (i for i in indexes if i != lacking), key=lambda i: bookies[i] in avoid
+            )
+            if lacking >= 0:
+                ordered.append(lacking)
+            async with limit:
+                copy = await self._entries.read_entry([bookies[i] for i in ordered], entry_id)
+            payloads[index] = copy if copies else copy.payload
+
+        tasks = [asyncio.ensure_future(fill(*hole)) for hole in holes]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await cancel_all(tasks)
+
+
+async def read_ahead(
+    pieces: Iterator[Piece],
+    write_quorum: int,
+    config: ClientConfig,
+    request_bytes: Callable[[int], int],
+    fetch: Callable[[Piece, int], Awaitable[list[_T]]],
+) -> AsyncGenerator[list[_T], None]:
+    """`fetch(piece, max_bytes)` of each piece, in order, with the next pieces in flight while
+    the consumer works: at most `read_ahead_requests` range requests and `read_ahead_bytes`
+    of payload asked for or fetched and not yet handed out (a piece counts what its requests
+    may bring, `request_bytes(entries per request)` each, until it is handed out); always at
+    least one piece. Closing the generator early cancels what is in flight."""
+    window: deque[tuple[asyncio.Future[list[_T]], int, int]] = deque()
+    requests = 0  # Range requests of the pieces in the window.
+    reserved = 0  # Payload bytes they may bring.
+    piece = next(pieces, None)
+    try:
+        while piece is not None or window:
+            while piece is not None:
+                streams = piece.streams(write_quorum)
+                max_bytes = request_bytes(piece.entry_count // streams + 1) * streams
+                if window and (
+                    requests + streams > config.read_ahead_requests
+                    or reserved + max_bytes > config.read_ahead_bytes
+                ):
+                    break
+                window.append((asyncio.ensure_future(fetch(piece, max_bytes)), streams, max_bytes))
+                requests += streams
+                reserved += max_bytes
+                piece = next(pieces, None)
+            head, streams, max_bytes = window[0]
+            batch = await head
+            window.popleft()
+            requests -= streams
+            reserved -= max_bytes
+            yield batch
+    finally:
+        await cancel_all([fetch_ for fetch_, _, _ in window])
+
+
+async def read_copies(
+    context: ClientContext,
+    ledger_id: int,
+    write_quorum: int,
+    ack_quorum: int,
+    ensemble: tuple[str, ...],
+    first_entry_id: int,
+    last_entry_id: int,
+    held_by: int,
+    avoid: Collection[str],
+) -> AsyncGenerator[list[StoredCopy], None]:
+    """The stored copies (digests checked) of the entries first..last of a segment that
+    ensemble index `held_by` stores, in order, in batches, read ahead like a sequential read;
+    bookies in `avoid` are asked last (re-replication moves a fragment off them)."""
+    config = context.config
+    reader = RangeReader(
+        context, ledger_id, write_quorum, EntryReader(context, ledger_id, write_quorum, ack_quorum)
+    )
+    pieces = plan_pieces(
+        ((first_entry_id, ensemble),), write_quorum, first_entry_id, last_entry_id,
+        config.read_batch_entries,
+    )  # fmt: skip
+
+    def request_bytes(entries: int) -> int:
+        return max(MIN_REQUEST_BYTES, min(config.read_batch_bytes, entries * 4096))
+
+    async def fetch(piece: Piece, max_bytes: int) -> list[StoredCopy]:
+        return await reader.read_copies(piece, max_bytes, held_by, avoid)
+
+    batches = read_ahead(pieces, write_quorum, config, request_bytes, fetch)
+    try:
+        async for batch in batches:
+            yield batch
+    finally:
+        await batches.aclose()
