@@ -20,13 +20,16 @@ Opener = Callable[[], Awaitable[MetadataStore]]
 
 
 @pytest.fixture(params=["etcd", "sqlite", "memory"])
-async def open_connection(request: pytest.FixtureRequest) -> Opener:
-    """Opens a new connection to one store (the same store each time) of each driver."""
+def open_connection(request: pytest.FixtureRequest) -> Opener:
+    """Opens a new connection to one store (the same store each time) of each driver. Not a
+    coroutine: it asks for the etcd and SQLite fixtures, which start their own loops."""
     if request.param == "memory":
-        server = MemoryMetadataServer()
+        servers: list[MemoryMetadataServer] = []  # Made on the test's loop, at first use.
 
         async def connect() -> MetadataStore:
-            return server.connect()
+            if not servers:
+                servers.append(MemoryMetadataServer())
+            return servers[0].connect()
 
         return connect
     fixture = "etcd_server" if request.param == "etcd" else "sqlite_metadata_uri"
