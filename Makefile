@@ -142,9 +142,11 @@ bench-idle: venv
 	$(PY) benchmarks/idle_cpu_bench.py --etcd
 
 # Every fault scenario, with longer schedules and many seeds; prints the lost/violations table.
+# Then the 30-minute autorecovery soak (tests/soak; BKAIO_SOAK_MINUTES changes its length).
 SOAK_ARGS ?=
 soak: venv system-deps
 	BKAIO_SOAK=1 $(PY) scripts/soak.py $(SOAK_ARGS)
+	BKAIO_SOAK=1 $(PY) -m pytest tests/soak -q -s -p no:cacheprovider
 
 # Coverage-guided fuzzing of the frame decoder (atheris); `make test` runs a 10 s pass.
 FUZZ_SECONDS ?= 300

@@ -231,17 +231,23 @@ class AutorecoveryConfig:
     auditor_enabled: bool = True  # Stand for auditor election.
     lost_bookie_delay_seconds: float = 30.0  # A bookie gone this long has its ledgers marked.
     audit_interval_seconds: float = 3600.0  # Periodic check of every ledger against the registry.
+    ledger_check_interval_seconds: float = 86400.0  # Live bookies hold their entries? 0: never.
     auditor_lease_ttl_seconds: float = 10.0  # A dead auditor is replaced about this fast.
     worker_lease_ttl_seconds: float = 10.0  # Locks of a dead worker vanish after this.
     open_ledger_grace_seconds: float = 30.0  # An open ledger's writer gets this long to move off.
-    retry_backoff_seconds: float = 5.0  # After a failed attempt, before the next claim.
+    retry_backoff_seconds: float = 5.0  # A ledger whose copy failed is retried after this...
+    retry_backoff_max_seconds: float = 300.0  # ...growing (jittered) up to this.
     poll_interval_seconds: float = 5.0  # Idle worker re-checks the queue at least this often.
     worker_concurrency: int = 2  # Ledgers one worker re-replicates at the same time.
     entries_in_flight: int = 256  # Entries being copied at once per fragment.
     admin_token: str = ""  # Token for other bookies' admin HTTP; empty: this bookie's admin.token.
 
     def __post_init__(self) -> None:
-        non_negative = ("lost_bookie_delay_seconds", "open_ledger_grace_seconds")
+        non_negative = (
+            "lost_bookie_delay_seconds",
+            "open_ledger_grace_seconds",
+            "ledger_check_interval_seconds",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be >= 0")
@@ -250,6 +256,7 @@ class AutorecoveryConfig:
             "auditor_lease_ttl_seconds",
             "worker_lease_ttl_seconds",
             "retry_backoff_seconds",
+            "retry_backoff_max_seconds",
             "poll_interval_seconds",
         )
         for name in positive:

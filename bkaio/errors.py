@@ -147,6 +147,14 @@ class BadDigestError(BKError):
     status = Status.BAD_DIGEST
 
 
+class DataUnknownError(BKError):
+    """The bookie cannot say whether it holds the entry: it lost data (a reformat) and the
+    ledger is in limbo until it copied its fragments back. Never evidence of absence."""
+
+    retriable = True
+    status = Status.DATA_UNKNOWN
+
+
 class CookieMismatchError(BKError):
     """A storage directory's cookie does not match the bookie's identity or directory set."""
 
@@ -187,6 +195,7 @@ STATUS_ERRORS: dict[Status, type[BKError]] = {
     Status.ENTRY_CONFLICT: EntryConflictError,
     Status.BAD_DIGEST: BadDigestError,
     Status.INTERNAL_ERROR: BookieInternalError,
+    Status.DATA_UNKNOWN: DataUnknownError,
 }
 
 

@@ -27,3 +27,6 @@ class Status(IntEnum):
     ENTRY_CONFLICT = 12  # Entry id already stored with a different payload.
     BAD_DIGEST = 13  # The add's digest does not match its bytes.
     INTERNAL_ERROR = 14
+    # The bookie may have lost this entry (its disks were reformatted; the ledger is in limbo
+    # until it copied its fragments back): neither "absent" nor "present" (docs/autorecovery.md).
+    DATA_UNKNOWN = 15

@@ -7,17 +7,35 @@ never `journal` or `entrylog`. See docs/autorecovery.md.
 from __future__ import annotations
 
 from .admin import (
-    RecoveryProgress,
-    RecoveryReport,
-    decommission_bookie,
+    AutorecoveryStatus,
+    LostBookieDelay,
+    UnknownBookieError,
+    autorecovery_status,
+    get_lost_bookie_delay,
     is_autorecovery_enabled,
+    list_decommissioned,
     list_under_replicated,
-    recover_bookie,
+    mark_age_seconds,
+    recommission_bookie,
     set_autorecovery_enabled,
+    set_lost_bookie_delay,
+    trigger_audit,
     who_is_auditor,
 )
 from .auditor import Auditor, AuditReport
-from .fragments import Fragment, ReplicationError
+from .drain import (
+    BookieAliveError,
+    LedgerFailure,
+    PlannedFragment,
+    PlannedLedger,
+    RecoveryPlan,
+    RecoveryProgress,
+    RecoveryReport,
+    decommission_bookie,
+    plan_recovery,
+    recover_bookie,
+)
+from .fragments import EntryUnreadableError, Fragment, ReplicationError
 from .metrics import AutorecoveryMetrics
 from .replicator import LedgerReplication, Outcome, Replicator
 from .service import AutorecoveryService, run_autorecovery
@@ -28,19 +46,36 @@ __all__ = [
     "Auditor",
     "AutorecoveryMetrics",
     "AutorecoveryService",
+    "AutorecoveryStatus",
+    "BookieAliveError",
+    "EntryUnreadableError",
     "Fragment",
+    "LedgerFailure",
     "LedgerReplication",
+    "LostBookieDelay",
     "Outcome",
+    "PlannedFragment",
+    "PlannedLedger",
+    "RecoveryPlan",
     "RecoveryProgress",
     "RecoveryReport",
     "ReplicationError",
     "ReplicationWorker",
     "Replicator",
+    "UnknownBookieError",
+    "autorecovery_status",
     "decommission_bookie",
+    "get_lost_bookie_delay",
     "is_autorecovery_enabled",
+    "list_decommissioned",
     "list_under_replicated",
+    "mark_age_seconds",
+    "plan_recovery",
+    "recommission_bookie",
     "recover_bookie",
     "run_autorecovery",
     "set_autorecovery_enabled",
+    "set_lost_bookie_delay",
+    "trigger_audit",
     "who_is_auditor",
 ]

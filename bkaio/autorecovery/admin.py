@@ -1,93 +1,70 @@
-"""Operator actions on autorecovery: what `bkaio shell recover|decommission|whoisauditor|
-listunderreplicated` and the bookie's /api/v1/autorecovery/... endpoints call.
+"""Operator controls of autorecovery, as plain functions: what `bkaio shell autorecovery |
+lostbookierecoverydelay | triggeraudit | listunderreplicated | whoisauditor | recommission` and
+the bookies' /api/v1/autorecovery/... endpoints call.
 
-    report = await recover_bookie(uri, "10.0.0.7:3181", admin_token=token, progress=print)
-    report = await decommission_bookie(uri, "10.0.0.7:3181", admin_token=token)
-    await who_is_auditor(uri) -> str | None
-    await list_under_replicated(uri) -> list[UnderreplicatedLedger]
+    await autorecovery_status(uri) -> AutorecoveryStatus
     await set_autorecovery_enabled(uri, False); await is_autorecovery_enabled(uri)
+    await get_lost_bookie_delay(uri, default) -> LostBookieDelay
+    await set_lost_bookie_delay(uri, 600.0)           # None: back to each auditor's config
+    await trigger_audit(uri)                          # the elected auditor audits now
+    await list_under_replicated(uri) -> list[UnderreplicatedLedger]
+    await who_is_auditor(uri) -> str | None
+    await list_decommissioned(uri); await recommission_bookie(uri, "10.0.0.7:3181")
 
-Every function takes a metadata URI or an open `bkaio.meta.Metadata`. recover and decommission
-do the work in the calling process (they do not wait for the replication workers), under the
-same under-replication marks and locks the workers use, so the two never copy one ledger at
-the same time and a worker finishes whatever an interrupted command left marked.
+Every function takes a metadata URI or an open `bkaio.meta.Metadata`. The long operations
+(`recover_bookie`, `decommission_bookie`) are in drain.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import structlog
 
-from bkaio.errors import BKError, BKTimeoutError
-from bkaio.meta import Lease, Metadata, UnderreplicatedLedger, open_metadata
-
-from .auditor import ledgers_by_bookie
-from .cluster import ClusterView, MasterKeys
-from .metrics import AutorecoveryMetrics
-from .replicator import Outcome, Replicator
+from bkaio.errors import BKError
+from bkaio.meta import Decommissioned, Metadata, UnderreplicatedLedger, open_metadata
+from bkaio.meta.ledger_metadata import now_ms
 
 log = structlog.get_logger(__name__)
 
-_ROUND_BACKOFF_SECONDS = 0.5
-_ADMIN_LEASE_TTL_SECONDS = 10.0
-_READ_ONLY_WAIT_SECONDS = 30.0
+
+class UnknownBookieError(BKError):
+    """The bookie id is not registered, has no cookie, and no ledger names it."""
 
 
 @dataclass(frozen=True, slots=True)
-class RecoveryProgress:
-    """Passed to the `progress` callback after each ledger."""
-
-    bookie_id: str
-    ledgers_total: int  # Ledgers naming the bookie when the current round started.
-    ledgers_done: int
-    entries: int
-    bytes: int
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    bookie_id: str
-    ledgers_replicated: int
-    open_ledgers_recovered: int  # Fenced and closed because the bookie was in their open tail.
-    fragments: int
-    entries: int
-    bytes: int
-    seconds: float
-    failed: dict[int, str] = field(default_factory=dict)  # Ledger -> last error (still marked).
-
-    @property
-    def complete(self) -> bool:
-        return not self.failed
-
-    @property
-    def entries_per_second(self) -> float:
-        return self.entries / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def megabytes_per_second(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+class LostBookieDelay:
+    seconds: float  # What auditors apply now.
+    from_metadata: bool  # An operator set it cluster-wide; else it is `default` (the config's).
 
     def to_dict(self) -> dict[str, Any]:
-        plain = asdict(self)
-        plain["failed"] = {str(k): v for k, v in self.failed.items()}
-        plain["entries_per_second"] = round(self.entries_per_second, 1)
-        plain["megabytes_per_second"] = round(self.megabytes_per_second, 3)
-        return plain
+        return {"seconds": self.seconds, "source": "metadata" if self.from_metadata else "config"}
 
 
-ProgressCallback = Callable[[RecoveryProgress], None]
+@dataclass(frozen=True, slots=True)
+class AutorecoveryStatus:
+    enabled: bool
+    auditor: str | None
+    lost_bookie_delay_seconds: float | None  # None: not set in metadata (each config's).
+    under_replicated_ledgers: int
+    decommissioned_bookies: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "auditor": self.auditor,
+            "lost_bookie_delay_seconds": self.lost_bookie_delay_seconds,
+            "under_replicated_ledgers": self.under_replicated_ledgers,
+            "decommissioned_bookies": list(self.decommissioned_bookies),
+        }
 
 
 @contextlib.asynccontextmanager
-async def _metadata_of(target: str | Metadata) -> AsyncIterator[Metadata]:
+async def metadata_of(target: str | Metadata) -> AsyncIterator[Metadata]:
+    """`target` itself when it is open metadata; else a connection for the block."""
     if isinstance(target, Metadata):
         yield target
         return
@@ -100,228 +77,104 @@ async def _metadata_of(target: str | Metadata) -> AsyncIterator[Metadata]:
 
 async def who_is_auditor(metadata: str | Metadata) -> str | None:
     """The owner id of the elected auditor, None when there is none."""
-    async with _metadata_of(metadata) as meta:
+    async with metadata_of(metadata) as meta:
         return await meta.auditor.who_is_auditor()
 
 
 async def list_under_replicated(metadata: str | Metadata) -> list[UnderreplicatedLedger]:
     """Every ledger marked under-replicated, with the bookies it misses, by ledger id."""
-    async with _metadata_of(metadata) as meta:
+    async with metadata_of(metadata) as meta:
         return [record async for record in meta.underreplication.list()]
+
+
+def mark_age_seconds(record: UnderreplicatedLedger, at_ms: int | None = None) -> float:
+    """How long ago the ledger was first marked."""
+    return max(0, (now_ms() if at_ms is None else at_ms) - record.ctime_ms) / 1000
 
 
 async def set_autorecovery_enabled(metadata: str | Metadata, enabled: bool) -> None:
     """The cluster-wide switch: auditor and workers idle while it is off."""
-    async with _metadata_of(metadata) as meta:
+    async with metadata_of(metadata) as meta:
         await meta.underreplication.set_enabled(enabled)
         log.info("autorecovery_switched", enabled=enabled)
 
 
 async def is_autorecovery_enabled(metadata: str | Metadata) -> bool:
-    async with _metadata_of(metadata) as meta:
+    async with metadata_of(metadata) as meta:
         return await meta.underreplication.is_enabled()
 
 
-async def recover_bookie(
-    metadata: str | Metadata,
-    bookie_id: str,
-    progress: ProgressCallback | None = None,
-    *,
-    admin_token: str = "",
-    concurrency: int = 4,
-    timeout_seconds: float = 600.0,
-) -> RecoveryReport:
-    """Re-replicate now every fragment `bookie_id` holds (it is dead, or about to be wiped).
-
-    Open ledgers whose last segment names it are fenced and closed first. Returns when no
-    ledger names the bookie, or at `timeout_seconds` with the ledgers still failing in
-    `report.failed` (they stay marked for the replication workers).
-    """
-    async with _metadata_of(metadata) as meta:
-        drain = _Drain(meta, bookie_id, admin_token, progress, concurrency, open_grace_seconds=0.0)
-        return await drain.run(timeout_seconds)
-
-
-async def decommission_bookie(
-    metadata: str | Metadata,
-    bookie_id: str,
-    progress: ProgressCallback | None = None,
-    *,
-    admin_token: str = "",
-    open_ledger_grace_seconds: float = 30.0,
-    concurrency: int = 4,
-    timeout_seconds: float = 900.0,
-) -> RecoveryReport:
-    """Drain a live bookie: turn it read-only (its admin HTTP, `admin_token`), so writers move
-    their open ledgers off it by ensemble change, then re-replicate every fragment it holds.
-    An open ledger still on it after `open_ledger_grace_seconds` is fenced and closed. When
-    this returns complete, no ledger names the bookie and it can be stopped."""
-    async with _metadata_of(metadata) as meta:
-        registered = {info.bookie_id: info for info in await meta.bookies.list()}
-        info = registered.get(bookie_id)
-        if info is None:
-            log.info("decommission_bookie_not_running", bookie_id=bookie_id)
-        elif not info.read_only:
-            await _force_read_only(meta, info.admin_url, bookie_id, admin_token)
-        drain = _Drain(
-            meta,
-            bookie_id,
-            admin_token,
-            progress,
-            concurrency,
-            open_grace_seconds=open_ledger_grace_seconds,
+async def autorecovery_status(metadata: str | Metadata) -> AutorecoveryStatus:
+    """The switch, the auditor, the delay set in metadata, and how much work is queued."""
+    async with metadata_of(metadata) as meta:
+        ur = meta.underreplication
+        marked = sum([1 async for _ in ur.list()])
+        decommissioned = tuple(sorted(item.bookie_id for item in await meta.decommissioned.list()))
+        return AutorecoveryStatus(
+            await ur.is_enabled(),
+            await meta.auditor.who_is_auditor(),
+            await ur.lost_bookie_delay(),
+            marked,
+            decommissioned,
         )
-        return await drain.run(timeout_seconds)
 
 
-async def _force_read_only(
-    meta: Metadata, admin_url: str, bookie_id: str, admin_token: str
-) -> None:
-    if not admin_url:
-        raise BKError(f"bookie {bookie_id} registered no admin URL: cannot make it read-only")
-    url = f"{admin_url}/api/v1/bookie/state"
-    headers = {"Authorization": f"Bearer {admin_token}"}
+async def get_lost_bookie_delay(metadata: str | Metadata, default: float) -> LostBookieDelay:
+    """The lost-bookie delay auditors apply: the metadata's when set, else `default`."""
+    async with metadata_of(metadata) as meta:
+        stored = await meta.underreplication.lost_bookie_delay()
+    return LostBookieDelay(default if stored is None else stored, stored is not None)
+
+
+async def set_lost_bookie_delay(metadata: str | Metadata, seconds: float | None) -> None:
+    """Set the delay for every auditor (None: each applies its config again). The elected
+    auditor re-plans at once. InvalidArgumentError outside [0, a week]."""
+    async with metadata_of(metadata) as meta:
+        await meta.underreplication.set_lost_bookie_delay(seconds)
+    log.info("lost_bookie_delay_set", seconds=seconds)
+
+
+async def trigger_audit(metadata: str | Metadata) -> str | None:
+    """Ask the elected auditor to audit now, marking the ledgers of every lost bookie without
+    waiting out the delay. Returns the auditor asked (None: none is elected now; the next
+    one audits when elected anyway)."""
+    async with metadata_of(metadata) as meta:
+        await meta.underreplication.request_audit()
+        return await meta.auditor.who_is_auditor()
+
+
+async def list_decommissioned(metadata: str | Metadata) -> list[Decommissioned]:
+    async with metadata_of(metadata) as meta:
+        return await meta.decommissioned.list()
+
+
+async def recommission_bookie(metadata: str | Metadata, bookie_id: str) -> bool:
+    """Let a decommissioned bookie be writable again (it follows the record and turns
+    writable when nothing else keeps it read-only). False if it was not decommissioned."""
+    async with metadata_of(metadata) as meta:
+        removed = await meta.decommissioned.remove(bookie_id)
+    log.info("bookie_recommissioned", bookie_id=bookie_id, was_decommissioned=removed)
+    return removed
+
+
+async def check_known_bookie(meta: Metadata, bookie_id: str, named: bool) -> bool:
+    """Whether `bookie_id` is registered now; UnknownBookieError when nothing knows it
+    (`named`: some ledger's metadata names it)."""
+    registered = {info.bookie_id for info in await meta.bookies.list()}
+    if bookie_id in registered:
+        return True
+    if named:
+        return False
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as session,
-            session.put(url, json={"read_only": True}, headers=headers) as response,
-        ):
-            if response.status != 200:
-                raise BKError(
-                    f"bookie {bookie_id}: PUT {url} answered {response.status}:"
-                    f" {(await response.text()).strip()} (is the admin token right?)"
-                )
-    except (aiohttp.ClientError, TimeoutError) as error:
-        raise BKError(f"bookie {bookie_id}: cannot reach its admin HTTP {url}: {error!r}") from None
-    deadline = time.monotonic() + _READ_ONLY_WAIT_SECONDS
-    while True:  # Writers pick bookies from the registry: wait until it shows read-only.
-        infos = {info.bookie_id: info for info in await meta.bookies.list()}
-        current = infos.get(bookie_id)
-        if current is None or current.read_only:
-            break
-        if time.monotonic() > deadline:
-            raise BKTimeoutError(f"bookie {bookie_id} did not register as read-only")
-        await asyncio.sleep(0.1)
-    log.info("decommission_read_only", bookie_id=bookie_id)
-
-
-class _Drain:
-    """Rounds of: list the ledgers naming the bookie, mark, claim and re-replicate each."""
-
-    def __init__(
-        self,
-        meta: Metadata,
-        bookie_id: str,
-        admin_token: str,
-        progress: ProgressCallback | None,
-        concurrency: int,
-        *,
-        open_grace_seconds: float,
-    ) -> None:
-        assert concurrency >= 1, concurrency
-        self._meta = meta
-        self._bookie_id = bookie_id
-        self._token = admin_token
-        self._progress = progress
-        self._concurrency = concurrency
-        self._open_grace = open_grace_seconds
-        self._started = time.monotonic()
-        self._owner = f"admin-drain-{bookie_id}"
-        self._done = 0
-        self._total = 0
-        self._replicated = self._recovered = self._fragments = self._entries = self._bytes = 0
-        self._failed: dict[int, str] = {}
-
-    async def run(self, timeout_seconds: float) -> RecoveryReport:
-        view = ClusterView(self._meta)
-        await view.start()
-        keys = MasterKeys(view, self._token)
-        replicator = Replicator(view, keys, AutorecoveryMetrics())
-        lease = await self._meta.store.grant_lease(_ADMIN_LEASE_TTL_SECONDS)
-        lease.start_keep_alive()
-        deadline = self._started + timeout_seconds
-        try:
-            while True:
-                index, _ = await ledgers_by_bookie(self._meta)
-                pending = sorted(index.get(self._bookie_id, ()))
-                if not pending:
-                    self._failed.clear()
-                    break
-                if time.monotonic() > deadline:
-                    for ledger_id in pending:
-                        self._failed.setdefault(ledger_id, "still names the bookie at timeout")
-                    break
-                self._total = self._done + len(pending)
-                before = self._done
-                await self._round(pending, replicator, lease)
-                if self._done == before:
-                    await asyncio.sleep(_ROUND_BACKOFF_SECONDS)
-        finally:
-            with contextlib.suppress(BKError):
-                await lease.revoke()
-            await keys.close()
-            await view.close()
-        report = RecoveryReport(
-            self._bookie_id,
-            self._replicated,
-            self._recovered,
-            self._fragments,
-            self._entries,
-            self._bytes,
-            time.monotonic() - self._started,
-            dict(self._failed),
+        known = (
+            await meta.cookies.get(bookie_id) is not None
+            or await meta.decommissioned.get(bookie_id) is not None
         )
-        log.info("bookie_drained", **report.to_dict())
-        return report
-
-    async def _round(self, pending: list[int], replicator: Replicator, lease: Lease) -> None:
-        for ledger_id in pending:  # Mark first: if this process dies, the workers finish.
-            await self._meta.underreplication.mark(ledger_id, [self._bookie_id])
-        queue = iter(pending)
-
-        async def drain_some() -> None:
-            for ledger_id in queue:
-                await self._one(ledger_id, replicator, lease)
-
-        async with asyncio.TaskGroup() as group:
-            for _ in range(min(self._concurrency, len(pending))):
-                group.create_task(drain_some())
-
-    async def _one(self, ledger_id: int, replicator: Replicator, lease: Lease) -> None:
-        underreplication = self._meta.underreplication
-        claimed = await underreplication.claim(ledger_id, lease, owner=self._owner)
-        if claimed is None:
-            return  # A replication worker holds it (or it is done): see the next round.
-        completed = False
-        try:
-            recover_now = time.monotonic() - self._started >= self._open_grace
-            result = await replicator.replicate_ledger(
-                ledger_id, claimed.missing_bookies, recover_open_tail=recover_now
-            )
-            self._fragments += result.fragments
-            self._entries += result.entries
-            self._bytes += result.bytes
-            self._recovered += int(result.recovered)
-            if result.outcome is not Outcome.DEFERRED:
-                completed = await underreplication.complete(claimed)
-                self._replicated += int(result.outcome is Outcome.DONE)
-                self._done += 1
-                self._failed.pop(ledger_id, None)
-        except BKError as error:
-            self._failed[ledger_id] = f"{type(error).__name__}: {error}"
-            log.warning("drain_ledger_failed", ledger_id=ledger_id, error=str(error))
-        finally:
-            if not completed:
-                with contextlib.suppress(BKError):
-                    await underreplication.release(ledger_id)
-        if self._progress is not None:
-            self._progress(
-                RecoveryProgress(
-                    self._bookie_id,
-                    self._total,
-                    self._done,
-                    self._entries,
-                    self._bytes,
-                    time.monotonic() - self._started,
-                )
-            )
+    except BKError:  # Not even a well-formed id.
+        known = False
+    if not known:
+        raise UnknownBookieError(
+            f"bookie {bookie_id!r} is unknown: not registered, no cookie in metadata and no "
+            "ledger names it (is the id host:port as `bkaio shell listbookies` shows it?)"
+        )
+    return False

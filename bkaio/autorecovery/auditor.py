@@ -1,13 +1,24 @@
-"""The auditor: finds ledgers with fragments on lost bookies and marks them under-replicated.
+"""The auditor: finds ledgers with fragments on lost bookies, marks them under-replicated, and
+keeps the marks true.
 
 One auditor runs in the cluster at a time (leader election on the leased key /auditor, in
-`AuditorService`). While elected it scans every ledger's metadata when the set of registered
-bookies changes and every `audit_interval_seconds`: a bookie named by some segment but not
-registered (writable or read-only) is *lost*; once it has stayed lost for
-`lost_bookie_delay_seconds`, every ledger naming it is marked under-replicated with that bookie
-as missing (BookKeeper's Auditor bookie check and periodic check, reference 7.2). Marks are
-idempotent, so repeated scans never pile up work. Nothing happens while autorecovery is
-disabled (the metadata switch).
+`AutorecoveryService`). While elected it audits:
+- when the set of registered bookies changes (join, leave, read-only flip);
+- when an operator asks (`bkaio shell triggeraudit`, the key /underreplication/control/
+  audit_request) or changes the lost-bookie delay (`lostbookierecoverydelay --set`);
+- once when a lost bookie's delay runs out;
+- every `audit_interval_seconds` otherwise (BookKeeper's periodic bookie check);
+and never more often than once per `_MIN_AUDIT_GAP_SECONDS`, however many changes arrive.
+
+An audit scans every ledger's metadata once. A bookie named by some segment but registered
+neither writable nor read-only is *lost*; once it has stayed lost for the lost-bookie delay
+(the metadata's value when an operator set one, else the config's), every ledger naming it is
+marked with it as missing. A decommissioned bookie is lost at once. An operator's audit
+request marks the ledgers of every lost bookie without waiting out the delay (BookKeeper's
+triggerAudit). Then every existing mark nobody holds the lock of is re-evaluated: bookies that
+came back, or that the ledger no longer names, leave it, and a mark left with no missing
+bookie (or whose ledger was deleted) is dropped. Counters count ledgers: a ledger already
+marked is not counted again. Nothing happens while autorecovery is disabled.
 """
 
 from __future__ import annotations
@@ -15,49 +26,71 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError
-from bkaio.meta import Metadata
+from bkaio.meta import EventKind, LedgerMetadata, Metadata, UnderreplicatedLedger, WatchEvent
+from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICATED_PREFIX
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 
+from .checker import LedgerChecker
+from .concurrency import first_failure
 from .metrics import AutorecoveryMetrics
 
 log = structlog.get_logger(__name__)
 
-_DISABLED_RECHECK_SECONDS = 1.0
-_ERROR_BACKOFF_SECONDS = 1.0
+_LEDGER_CHECKERS = 8  # Ledgers the ledger check looks at concurrently.
+_MIN_AUDIT_GAP_SECONDS = 0.2  # A storm of registry changes still audits a few times a second.
+_DISABLED_RECHECK_SECONDS = 30.0  # The switch is watched; this only bounds a missed event.
+_WATCH_RETRY = (0.5, 10.0)  # Backoff of a failed watch: initial and maximum seconds.
 
 
 @dataclass(frozen=True, slots=True)
 class AuditReport:
     ledgers_scanned: int
     lost_bookies: tuple[str, ...]
-    ledgers_marked: int
-    waiting_bookies: tuple[str, ...]  # Lost, but still inside lost_bookie_delay_seconds.
+    ledgers_marked: int  # Ledgers marked that were not marked before.
+    waiting_bookies: tuple[str, ...]  # Lost, but still inside the lost-bookie delay.
+    marks_narrowed: int = 0  # Marks that lost a bookie (it came back, or was moved off).
+    marks_dropped: int = 0  # Marks deleted: nothing missing any more, or the ledger is gone.
+    under_replicated: int = 0  # Marks left after this audit.
+    lost_bookie_delay_seconds: float = 0.0  # The delay this audit applied.
+
+
+async def all_ledgers(metadata: Metadata) -> AsyncGenerator[LedgerMetadata, None]:
+    """Every ledger's metadata, one page of the store at a time (unreadable ones logged)."""
+    async for kv in metadata.store.iterate_prefix(LEDGERS_PREFIX):
+        ledger_id = ledger_id_of(kv.key)
+        try:
+            yield deserialize(kv.value, ledger_id=ledger_id, version=kv.version)
+        except BKError as error:
+            log.warning("audit_bad_ledger_metadata", ledger_id=ledger_id, error=str(error))
 
 
 async def ledgers_by_bookie(metadata: Metadata) -> tuple[dict[str, set[int]], int]:
     """bookie id -> ids of the ledgers whose segments name it; and how many ledgers exist."""
     index: dict[str, set[int]] = {}
     count = 0
-    async for kv in metadata.store.iterate_prefix(LEDGERS_PREFIX):
-        ledger_id = ledger_id_of(kv.key)
-        try:
-            record = deserialize(kv.value, ledger_id=ledger_id, version=kv.version)
-        except BKError as error:
-            log.warning("audit_bad_ledger_metadata", ledger_id=ledger_id, error=str(error))
-            continue
+    async for record in all_ledgers(metadata):
         count += 1
         for _, ensemble in record.ensembles:
             for bookie_id in ensemble:
-                index.setdefault(bookie_id, set()).add(ledger_id)
+                index.setdefault(bookie_id, set()).add(record.ledger_id)
     return index, count
+
+
+async def ledgers_naming(metadata: Metadata, bookie_id: str) -> list[LedgerMetadata]:
+    """The metadata of every ledger with a segment naming `bookie_id`, by ledger id."""
+    return [
+        record
+        async for record in all_ledgers(metadata)
+        if any(bookie_id in ensemble for _, ensemble in record.ensembles)
+    ]
 
 
 class Auditor:
@@ -70,88 +103,343 @@ class Auditor:
         *,
         lost_bookie_delay_seconds: float,
         audit_interval_seconds: float,
+        checker: LedgerChecker | None = None,
+        ledger_check_interval_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`checker` and `ledger_check_interval_seconds` (> 0): also check, that often, that
+        live bookies hold every entry of their fragments (the first check one interval after
+        election)."""
         self._metadata = metadata
+        self._checker = checker if ledger_check_interval_seconds > 0 else None
+        self._check_interval = ledger_check_interval_seconds
         self._metrics = metrics
+        self._configured_delay = lost_bookie_delay_seconds
         self._delay = lost_bookie_delay_seconds
         self._interval = audit_interval_seconds
         self._clock = clock
         self._lost_since: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._reasons: set[str] = {"elected"}
+        self._next_periodic = clock()
+        self._next_ledger_check = clock() + ledger_check_interval_seconds
 
-    def trigger(self) -> None:
-        """Audit now (the bookie set changed, or an operator asked)."""
+    def trigger(self, reason: str = "requested") -> None:
+        """Audit soon (the bookie set changed, or an operator asked: then without the delay)."""
+        self._reasons.add(reason)
         self._wake.set()
 
-    async def audit_once(self) -> AuditReport:
-        """One scan: mark the ledgers of bookies lost for at least the delay."""
+    async def audit_once(self, *, skip_delay: bool = False) -> AuditReport:
+        """One audit: mark the ledgers of bookies lost past the delay (all lost bookies with
+        `skip_delay`), then re-evaluate the existing marks."""
         started = time.monotonic()
+        underreplication = self._metadata.underreplication
+        # Marks first: a mark read before the ledger scan names a ledger that existed then,
+        # so a ledger missing from the scan was deleted (not created behind the scan's back).
+        marks = [record async for record in underreplication.list()]
+        locked = await underreplication.locked()
         registered = {info.bookie_id for info in await self._metadata.bookies.list()}
+        decommissioned = await self._metadata.decommissioned.ids()
+        override = await underreplication.lost_bookie_delay()
+        self._delay = self._configured_delay if override is None else override
         index, scanned = await ledgers_by_bookie(self._metadata)
         now = self._clock()
-        lost = {bookie_id for bookie_id in index if bookie_id not in registered}
+        lost = {b for b in index if b not in registered} | (decommissioned & index.keys())
         for bookie_id in list(self._lost_since):
             if bookie_id not in lost:
                 del self._lost_since[bookie_id]  # Back, or nothing names it any more.
-        marked = 0
+        ready: list[str] = []
         waiting: list[str] = []
         for bookie_id in sorted(lost):
             since = self._lost_since.setdefault(bookie_id, now)
-            if now - since < self._delay:
+            if skip_delay or bookie_id in decommissioned or now - since >= self._delay:
+                ready.append(bookie_id)
+            else:
                 waiting.append(bookie_id)
-                continue
-            for ledger_id in sorted(index[bookie_id]):
-                await self._metadata.underreplication.mark(ledger_id, [bookie_id])
-                marked += 1
-        if marked:
-            self._metrics.ledgers_marked.inc(marked)
-            log.info("audit_marked", lost_bookies=sorted(lost), ledgers_marked=marked)
+        missing_by_ledger: dict[int, list[str]] = {}
+        for bookie_id in ready:
+            for ledger_id in index[bookie_id]:
+                missing_by_ledger.setdefault(ledger_id, []).append(bookie_id)
+        created = 0
+        for ledger_id in sorted(missing_by_ledger):
+            result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
+            created += int(result.created)
+        narrowed, dropped = await self._reevaluate(marks, locked, index, lost, registered)
+        under_replicated = len(marks) + created - dropped
+        if created:
+            self._metrics.ledgers_marked.inc(created)
+            log.info("audit_marked", lost_bookies=ready, ledgers_marked=created)
         self._metrics.lost_bookies.set(len(lost))
-        self._metrics.under_replicated_ledgers.set(
-            len({ledger_id for bookie_id in lost for ledger_id in index[bookie_id]})
-        )
+        self._metrics.under_replicated_ledgers.set(under_replicated)
         self._metrics.audit_seconds.observe(time.monotonic() - started)
-        return AuditReport(scanned, tuple(sorted(lost)), marked, tuple(waiting))
+        self._next_periodic = self._clock() + self._interval
+        return AuditReport(
+            scanned,
+            tuple(sorted(lost)),
+            created,
+            tuple(waiting),
+            narrowed,
+            dropped,
+            under_replicated,
+            self._delay,
+        )
 
-    def _next_wait(self) -> float:
-        """Seconds until the next scan is due: the interval, or sooner when a delay ends."""
-        wait = self._interval
+    async def _reevaluate(
+        self,
+        marks: list[UnderreplicatedLedger],
+        locked: set[int],
+        index: dict[str, set[int]],
+        lost: set[str],
+        registered: set[str],
+    ) -> tuple[int, int]:
+        """Narrow or drop marks whose bookies came back or were moved off; (narrowed, dropped).
+        Incomplete bookies stay while they are registered and named (a lost one is marked
+        missing instead). A locked mark is left to its holder, which re-checks before copying."""
+        narrowed = dropped = 0
+        for record in marks:
+            if record.ledger_id in locked:
+                continue
+            ledger_id = record.ledger_id
+            still = {
+                bookie_id
+                for bookie_id in record.missing_bookies
+                if ledger_id in index.get(bookie_id, ())
+                and (bookie_id in lost or bookie_id in record.forced_bookies)
+            }
+            still_incomplete = {
+                bookie_id
+                for bookie_id in record.incomplete_bookies
+                if ledger_id in index.get(bookie_id, ()) and bookie_id in registered
+            }
+            if still == set(record.missing_bookies) and still_incomplete == set(
+                record.incomplete_bookies
+            ):
+                continue
+            underreplication = self._metadata.underreplication
+            if not await underreplication.narrow(record, still, still_incomplete):
+                continue  # Changed meanwhile (a worker, a new mark): the next audit sees it.
+            if still or still_incomplete:
+                narrowed += 1
+            else:
+                dropped += 1
+            log.info(
+                "audit_mark_updated",
+                ledger_id=ledger_id,
+                missing_before=list(record.missing_bookies),
+                missing_now=sorted(still),
+                incomplete_before=list(record.incomplete_bookies),
+                incomplete_now=sorted(still_incomplete),
+            )
+        return narrowed, dropped
+
+    async def check_ledgers(self) -> int:
+        """The ledger check: mark every closed ledger whose live bookies lack entries of
+        their fragments, those bookies as incomplete (the workers copy the entries they lack
+        back to them). Ledgers newly marked."""
+        assert self._checker is not None
+        checker = self._checker
+        started = time.monotonic()
+        ledgers = all_ledgers(self._metadata)
+        created = checked = 0
+        lock = asyncio.Lock()  # One reader of the shared ledger iterator at a time.
+
+        async def next_closed() -> LedgerMetadata | None:
+            async with lock:
+                async for md in ledgers:
+                    if md.is_closed:
+                        return md
+            return None
+
+        async def check_some() -> None:
+            nonlocal created, checked
+            while (md := await next_closed()) is not None:
+                checked += 1
+                incomplete = await checker.incomplete_bookies(md)
+                if not incomplete:
+                    continue
+                result = await self._metadata.underreplication.mark(
+                    md.ledger_id, incomplete, incomplete=True
+                )
+                created += int(result.created)
+                log.warning(
+                    "ledger_check_incomplete",
+                    ledger_id=md.ledger_id,
+                    missing={bookie: len(ids) for bookie, ids in incomplete.items()},
+                    first_missing={bookie: ids[0] for bookie, ids in incomplete.items()},
+                )
+
+        try:
+            await first_failure([check_some() for _ in range(_LEDGER_CHECKERS)])
+        finally:
+            await ledgers.aclose()
+        if created:
+            self._metrics.ledgers_marked.inc(created)
+        self._metrics.audit_seconds.observe(time.monotonic() - started)
+        self._next_ledger_check = self._clock() + self._check_interval
+        log.info("ledger_check_done", ledgers_checked=checked, ledgers_marked=created)
+        return created
+
+    def next_wait(self) -> float:
+        """Seconds until an audit is due without any event: the periodic one, or sooner when a
+        lost bookie's delay runs out. Bookies already past their delay add no wake-up."""
         now = self._clock()
+        wait = max(0.0, self._next_periodic - now)
+        if self._checker is not None:
+            wait = min(wait, max(0.0, self._next_ledger_check - now))
         for since in self._lost_since.values():
-            wait = min(wait, max(0.0, since + self._delay - now) + 0.01)
+            due = since + self._delay
+            if due > now:
+                wait = min(wait, due - now)
         return wait
 
     async def run(self) -> None:
-        """Audit on every bookie change and periodically, until cancelled."""
-        watcher = asyncio.get_running_loop().create_task(self._watch_bookies())
+        """Audit on events and on schedule until cancelled; an unexpected error in the loop
+        or a watch ends the run (the service's supervisor restarts the election)."""
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(self._audit_loop(), name="auditor-loop"),
+            loop.create_task(self._follow(self._bookie_changes, "bookies")),
+            loop.create_task(self._follow(self._control_changes, "controls")),
+            loop.create_task(self._follow(self._mark_count, "marks")),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _audit_loop(self) -> None:
+        errors = Backoff(1.0, 60.0)
+        while True:
+            reasons, self._reasons = self._reasons, set()
+            self._wake.clear()
+            started = self._clock()
+            try:
+                if await self._metadata.underreplication.is_enabled():
+                    if self.next_wait() <= 0:
+                        reasons.add("scheduled")
+                    self._metrics.audits.labels(reason=_main_reason(reasons)).inc()
+                    report = await self.audit_once(skip_delay="requested" in reasons)
+                    log.debug("audited", reasons=sorted(reasons), **_report_fields(report))
+                    if self._checker is not None and self._clock() >= self._next_ledger_check:
+                        self._metrics.audits.labels(reason="ledger_check").inc()
+                        await self.check_ledgers()
+                    wait = self.next_wait()
+                else:
+                    wait = _DISABLED_RECHECK_SECONDS
+                errors.reset()
+            except BKError as error:
+                wait = errors.next_delay()
+                log.warning("audit_failed", error=str(error), retry_seconds=round(wait, 2))
+                self._reasons |= reasons  # Not done: keep what was asked for.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            gap = _MIN_AUDIT_GAP_SECONDS - (self._clock() - started)
+            if gap > 0:
+                await asyncio.sleep(gap)
+
+    async def _follow(self, watch: Callable[[], AsyncIterator[str]], what: str) -> None:
+        """Trigger an audit for each event; a watch that fails (or ends) is started again
+        after a backoff, with an audit for whatever it may have missed."""
+        retry = Backoff(*_WATCH_RETRY)
+        while True:
+            events = watch()
+            try:
+                async with contextlib.aclosing(events):  # type: ignore[type-var]
+                    async for reason in events:
+                        retry.reset()
+                        self.trigger(reason)
+            except BKError as error:
+                log.warning("auditor_watch_failed", watch=what, error=str(error))
+            await asyncio.sleep(retry.next_delay())
+            self.trigger("watch_restarted")
+
+    async def _mark_count(self) -> AsyncIterator[str]:
+        """Keeps bkaio_autorecovery_under_replicated_ledgers current as workers complete
+        marks (between audits); yields nothing: no audit is needed for that."""
+        store = self._metadata.store
+        snapshot = await store.snapshot_prefix(UNDERREPLICATED_PREFIX)
+        marked = {kv.key for kv in snapshot.kvs}
+        gauge = self._metrics.under_replicated_ledgers
+        gauge.set(len(marked))
+        events = store.watch_prefix(UNDERREPLICATED_PREFIX, start_revision=snapshot.revision + 1)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.kind is EventKind.DELETE:
+                    marked.discard(event.key)
+                else:
+                    marked.add(event.key)
+                gauge.set(len(marked))
+        for _ in ():  # An async generator that never yields.
+            yield ""
+
+    async def _bookie_changes(self) -> AsyncIterator[str]:
+        first = True
+        async for _ in self._metadata.bookies.watch():
+            if not first:
+                yield "bookies_changed"
+            first = False
+
+    async def _control_changes(self) -> AsyncIterator[str]:
+        """Audit requests, delay changes and the enable switch (one watch each)."""
+        store = self._metadata.store
+        start = await store.current_revision() + 1
+        controls = self._metadata.underreplication.watch_controls(start)
+        switch = store.watch_prefix(DISABLE_KEY, start_revision=start)
+        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=16)
+
+        async def pump(
+            events: AsyncIterator[WatchEvent], reason: Callable[[WatchEvent], str]
+        ) -> None:
+            async for event in events:
+                with contextlib.suppress(asyncio.QueueFull):  # A full queue wakes anyway.
+                    queue.put_nowait(reason(event))
+
+        def control_reason(event: WatchEvent) -> str:
+            return "requested" if event.key == AUDIT_REQUEST_KEY else "delay_changed"
+
+        loop = asyncio.get_running_loop()
+        pumps = [
+            loop.create_task(pump(controls, control_reason)),
+            loop.create_task(pump(switch, lambda _: "switched")),
+        ]
         try:
             while True:
-                self._wake.clear()
-                try:
-                    if await self._metadata.underreplication.is_enabled():
-                        await self.audit_once()
-                        wait = self._next_wait()
-                    else:
-                        wait = _DISABLED_RECHECK_SECONDS
-                except BKError as error:
-                    log.warning("audit_failed", error=str(error))
-                    wait = _ERROR_BACKOFF_SECONDS
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await self._wake.wait()
+                getter = loop.create_task(queue.get())
+                done, _ = await asyncio.wait([getter, *pumps], return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                for task in pumps:
+                    if task.done():
+                        task.result()  # A watch ended by raising: retried by `_follow`.
+                raise BKError("auditor control watch ended")  # pragma: no cover
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def _watch_bookies(self) -> None:
-        backoff = Backoff(0.2, 5.0)
-        while True:
-            try:
-                async for _ in self._metadata.bookies.watch():
-                    self.trigger()
-                    backoff.reset()
-            except BKError as error:
-                log.warning("auditor_bookie_watch_failed", error=str(error))
-            await asyncio.sleep(backoff.next_delay())
+
+def _main_reason(reasons: set[str]) -> str:
+    for reason in ("requested", "elected", "bookies_changed", "delay_changed", "switched"):
+        # The first that applies names the audit in bkaio_autorecovery_audits_total{reason}.
+        if reason in reasons:
+            return reason
+    return "scheduled"
+
+
+def _report_fields(report: AuditReport) -> dict[str, object]:
+    return {
+        "ledgers_scanned": report.ledgers_scanned,
+        "lost_bookies": list(report.lost_bookies),
+        "ledgers_marked": report.ledgers_marked,
+        "waiting_bookies": list(report.waiting_bookies),
+        "marks_narrowed": report.marks_narrowed,
+        "marks_dropped": report.marks_dropped,
+        "under_replicated": report.under_replicated,
+    }

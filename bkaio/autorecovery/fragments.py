@@ -17,9 +17,29 @@ from bkaio.meta.ledger_metadata import LedgerMetadata
 
 
 class ReplicationError(BKError):
-    """A fragment could not be re-replicated now (no copy readable, no replacement, ...)."""
+    """A ledger could not be re-replicated now (no copy readable, no replacement, ...).
+
+    The one error `Replicator.replicate_ledger` raises: whatever failed underneath (a read, a
+    replacement bookie, the metadata, the recovery of an open ledger) is named in the message
+    and chained as the cause; `ledger_id` says which ledger.
+    """
 
     retriable = True
+
+    def __init__(self, message: str, *, ledger_id: int | None = None) -> None:
+        super().__init__(message)
+        self.ledger_id = ledger_id
+
+
+class EntryUnreadableError(ReplicationError):
+    """No surviving bookie of the entry's write set returned a digest-valid copy of it.
+
+    Retrying soon rarely helps (it helps when a bookie holding a copy comes back), so an
+    admin `recover` reports the ledger at once and goes on with the others."""
+
+    def __init__(self, message: str, *, ledger_id: int, entry_id: int) -> None:
+        super().__init__(message, ledger_id=ledger_id)
+        self.entry_id = entry_id
 
 
 @dataclass(frozen=True, slots=True)

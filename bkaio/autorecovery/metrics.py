@@ -52,7 +52,13 @@ class AutorecoveryMetrics:
         )
         self.ledgers_marked = Counter(
             "bkaio_autorecovery_ledgers_marked",
-            "Under-replication marks written by the auditor",
+            "Ledgers the auditor marked under-replicated that were not marked already",
+            registry=r,
+        )
+        self.audits = Counter(
+            "bkaio_autorecovery_audits",
+            "Audits run by this process while auditor, by what started them",
+            ["reason"],
             registry=r,
         )
         self.is_auditor = Gauge(
@@ -67,7 +73,7 @@ class AutorecoveryMetrics:
         )
         self.under_replicated_ledgers = Gauge(
             "bkaio_autorecovery_under_replicated_ledgers",
-            "Ledgers with a fragment on a lost bookie (auditor's last scan)",
+            "Ledgers marked under-replicated after the auditor's last audit",
             registry=r,
         )
         self.audit_seconds = Histogram(

@@ -11,15 +11,17 @@ The open tail (last segment of a ledger not CLOSED) is never rewritten under a l
 the caller decides when to fence and close the ledger first (`recover_open_tail`), after a
 grace period in which the writer can move off the bookie by itself (an ensemble change).
 The caller holds the ledger's under-replication lock while this runs.
+
+`fill_in_place` is the other repair: a live bookie whose fragments lack entries (found by the
+ledger check, or a bookie leaving limbo) gets them copied back from the other bookies of each
+entry's write set; the metadata does not change.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import os
 import time
-from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -31,13 +33,12 @@ from bkaio.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
 )
-from bkaio.ledger_client.range_reads import read_copies
 from bkaio.ledger_client.recovery import LedgerRecovery
-from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 
 from .cluster import ClusterView, MasterKeys
+from .copier import CopyJob, CopyRefusedError, FragmentCopier
 from .fragments import (
     Fragment,
     ReplicationError,
@@ -50,6 +51,7 @@ from .metrics import AutorecoveryMetrics
 log = structlog.get_logger(__name__)
 
 _REPLACEMENT_ATTEMPTS = 3  # Replacements tried per fragment before giving up for now.
+_READERS = 32  # Entry-by-entry reads in flight per fragment (E > Qw).
 
 
 class Outcome(enum.Enum):
@@ -71,10 +73,6 @@ class LedgerReplication:
     seconds: float
 
 
-class _ReplacementFailed(BKError):
-    """The replacement bookie refused or lost an add: try another one."""
-
-
 class Replicator:
     def __init__(
         self,
@@ -84,18 +82,35 @@ class Replicator:
         *,
         entries_in_flight: int = 256,
     ) -> None:
-        assert entries_in_flight > 0, entries_in_flight
         self._view = view
         self._keys = keys
         self._metrics = metrics
-        self._entries_in_flight = entries_in_flight
+        self._copier = FragmentCopier(view, metrics, entries_in_flight=entries_in_flight)
+
+    def registered(self) -> set[str]:
+        """Ids of the bookies registered now (writable or read-only)."""
+        return self._view.registered()
 
     async def replicate_ledger(
         self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
     ) -> LedgerReplication:
         """Move every fragment of `ledger_id` off `bookie_ids` (the open tail only after a
-        fence-and-close, and only when `recover_open_tail`). Raises BKError when a fragment
-        cannot be moved now (the caller retries later)."""
+        fence-and-close, and only when `recover_open_tail`). Raises one ReplicationError (its
+        `ledger_id` set; EntryUnreadableError when no copy of an entry is readable) when the
+        ledger cannot be moved now: the caller retries later."""
+        try:
+            return await self._replicate(ledger_id, bookie_ids, recover_open_tail)
+        except ReplicationError as error:
+            error.ledger_id = ledger_id
+            raise
+        except BKError as error:
+            raise ReplicationError(
+                f"ledger {ledger_id}: {type(error).__name__}: {error}", ledger_id=ledger_id
+            ) from error
+
+    async def _replicate(
+        self, ledger_id: int, bookie_ids: Collection[str], recover_open_tail: bool
+    ) -> LedgerReplication:
         started = time.monotonic()
         targets = frozenset(bookie_ids)
         fragments = entries = moved_bytes = 0
@@ -112,7 +127,7 @@ class Replicator:
                 outcome = Outcome.DONE
                 break
             if any(f.open_tail for f in held) and recover_open_tail and not recovered:
-                await self._recover(metadata)
+                await self.recover_open_ledger(metadata)
                 recovered = True
                 continue
             closed = [f for f in held if not f.open_tail]
@@ -141,16 +156,80 @@ class Replicator:
         )
         return result
 
-    async def _recover(self, metadata: LedgerMetadata) -> None:
-        """Fence and close an open ledger whose writer did not move off the lost bookie."""
+    async def fill_ledger_in_place(
+        self, ledger_id: int, bookie_ids: Collection[str]
+    ) -> tuple[int, int]:
+        """`fill_in_place` on the ledger's current metadata (nothing when it was deleted); one
+        ReplicationError when it fails."""
+        try:
+            metadata = await self._view.metadata.ledgers.get(ledger_id)
+        except NoSuchLedgerError:
+            return 0, 0
+        try:
+            return await self.fill_in_place(metadata, bookie_ids)
+        except ReplicationError:
+            raise
+        except BKError as error:
+            raise ReplicationError(
+                f"ledger {ledger_id}: {type(error).__name__}: {error}", ledger_id=ledger_id
+            ) from error
+
+    async def fill_in_place(
+        self, metadata: LedgerMetadata, bookie_ids: Collection[str]
+    ) -> tuple[int, int]:
+        """Copy to each of `bookie_ids` the entries of its closed fragments of the ledger, from
+        the other bookies of each entry's write set (never from itself); entries it holds are
+        taken again as duplicates. (entries, payload bytes) copied; a ReplicationError when an
+        entry has no readable copy or the bookie refuses."""
+        entries = payload_bytes = 0
+        key: bytes | None = None
+        for fragment in fragments_on(metadata, bookie_ids):
+            if fragment.open_tail:
+                continue  # Its writer's: never written behind a live writer's back.
+            if not any(fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum)):
+                continue
+            if key is None:
+                key = await self._keys.master_key(metadata)
+                if key is None:
+                    raise ReplicationError(
+                        f"ledger {metadata.ledger_id}: no live bookie knows its master key, so "
+                        f"no entry can be copied back to {fragment.bookie_id}",
+                        ledger_id=metadata.ledger_id,
+                    )
+            job = CopyJob(
+                metadata,
+                fragment,
+                fragment.bookie_id,
+                key,
+                avoid=frozenset({fragment.bookie_id}),
+                origin_readable=False,  # It lacks entries (or is in limbo): read the others.
+            )
+            try:
+                copied, copied_bytes = await self._copier.copy(job)
+            except CopyRefusedError as error:
+                raise ReplicationError(str(error), ledger_id=metadata.ledger_id) from error
+            entries += copied
+            payload_bytes += copied_bytes
+        log.info(
+            "ledger_filled_in_place",
+            ledger_id=metadata.ledger_id,
+            bookies=sorted(bookie_ids),
+            entries=entries,
+        )
+        return entries, payload_bytes
+
+    async def recover_open_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        """Fence and close an open ledger (its writer did not move off a lost bookie, or a
+        bookie in limbo holds part of its open tail); the CLOSED metadata."""
         key = await self._keys.master_key(metadata)
         if key is None:
             # No live bookie ever recorded a key, so none holds an entry: fencing with a
             # throwaway key still stops the writer (its adds become UNAUTHORIZED there).
             key = os.urandom(32)
         log.info("open_ledger_recovery", ledger_id=metadata.ledger_id)
-        await LedgerRecovery(self._view.context, metadata, key).run()
+        closed = await LedgerRecovery(self._view.context, metadata, key).run()
         self._metrics.ledgers_recovered.inc()
+        return closed
 
     async def _move_fragment(
         self, metadata: LedgerMetadata, fragment: Fragment, targets: frozenset[str]
@@ -178,11 +257,10 @@ class Replicator:
                     f"ledger {metadata.ledger_id}: no replacement for {fragment.bookie_id} in "
                     f"the segment at entry {fragment.first_entry_id}: {error}"
                 ) from None
+            job = CopyJob(metadata, fragment, replacement, key or b"", targets)
             try:
-                copied_bytes = await self._copy_entries(
-                    metadata, fragment, entry_ids, replacement, key or b"", targets
-                )
-            except _ReplacementFailed as error:
+                _, copied_bytes = await self._copier.copy(job)
+            except CopyRefusedError as error:
                 log.warning(
                     "replacement_bookie_failed",
                     ledger_id=metadata.ledger_id,
@@ -207,77 +285,6 @@ class Replicator:
             f"ledger {metadata.ledger_id}: replacements {sorted(refused)} for "
             f"{fragment.bookie_id} all failed"
         )
-
-    async def _copy_entries(
-        self,
-        metadata: LedgerMetadata,
-        fragment: Fragment,
-        entry_ids: list[int],
-        replacement: str,
-        key: bytes,
-        targets: frozenset[str],
-    ) -> int:
-        """Copy `entry_ids` with a window of entries in flight; the payload bytes copied.
-
-        The copies come from the client's range reads (`read_copies`: read ahead, digests
-        checked, each entry from a surviving bookie of its write set, `targets` last)."""
-        source = read_copies(
-            self._view.context, metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum,
-            fragment.ensemble, fragment.first_entry_id, fragment.last_entry_id,
-            fragment.bookie_index, {*targets, fragment.bookie_id},
-        )  # fmt: skip
-        read: deque[StoredCopy] = deque()
-        reading = asyncio.Lock()
-        copied = [0]
-
-        async def next_copy() -> StoredCopy | None:
-            async with reading:  # One reader of `source` at a time.
-                if not read:
-                    read.extend(await anext(source, []))
-                return read.popleft() if read else None
-
-        async def copy_some() -> None:
-            while (copy := await next_copy()) is not None:  # Each entry to one copier.
-                await self._write_copy(metadata.ledger_id, replacement, key, copy)
-                copied[0] += len(copy.payload)
-                self._metrics.entries_replicated.inc()
-                self._metrics.bytes_replicated.inc(len(copy.payload))
-
-        copiers = min(self._entries_in_flight, max(1, len(entry_ids)))
-        try:
-            async with asyncio.TaskGroup() as group:
-                for _ in range(copiers):
-                    group.create_task(copy_some())
-        finally:
-            await source.aclose()
-        return copied[0]
-
-    async def _write_copy(
-        self, ledger_id: int, replacement: str, key: bytes, copy: StoredCopy
-    ) -> None:
-        done: asyncio.Future[BKError | None] = asyncio.get_running_loop().create_future()
-
-        def answered(error: BKError | None) -> None:
-            if not done.done():
-                done.set_result(error)
-
-        self._view.pool.add_entry(
-            replacement,
-            ledger_id,
-            copy.entry_id,
-            recovery=True,
-            master_key=key,
-            lac=copy.lac,
-            length=copy.length,
-            digest=copy.digest,
-            payload=copy.payload,
-            callback=answered,
-        )
-        error = await done
-        if error is not None:
-            raise _ReplacementFailed(
-                f"{replacement} refused entry {copy.entry_id} of ledger {ledger_id}: {error}"
-            )
 
     async def _swap(self, ledger_id: int, fragment: Fragment, replacement: str) -> None:
         """CAS `replacement` into the fragment's slot (re-read and retry on a race)."""

@@ -4,6 +4,14 @@ A bookie runs one (unless `[autorecovery] enabled = false`); `run_autorecovery` 
 own (`bkaio autorecovery`, `python -m bkaio.autorecovery`). Every service stands for auditor
 (unless `auditor_enabled = false`); the elected one audits until its lease is lost or the
 service stops, when it resigns so that another takes over at once.
+
+Both long-lived tasks run under a `Supervisor` (bkaio/supervision.py, policy `Restart`): an
+unexpected exception is logged at ERROR with the task's name, counted in
+`bkaio_task_failures_total{task="replication_worker"|"auditor_election"}`, and the task is
+restarted after a jittered backoff. They run in the supervisor of the process that hosts the
+service (a bookie's parent, or `run_autorecovery`'s own), so that process's /metrics counts
+them. Expected failures (a ledger that cannot be copied now, the metadata store unreachable)
+are handled inside the tasks and never end them.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from bkaio.supervision import (
 )
 
 from .auditor import Auditor
+from .checker import LedgerChecker
 from .cluster import ClusterView, MasterKeys
 from .metrics import AutorecoveryMetrics
 from .replicator import Replicator
@@ -40,8 +49,7 @@ from .worker import ReplicationWorker
 
 log = structlog.get_logger(__name__)
 
-_ELECTION_RETRY_MIN_SECONDS = 0.2
-_ELECTION_RETRY_MAX_SECONDS = 5.0
+_ELECTION_RETRY = (1.0, 30.0)  # Backoff of a failing election: initial, maximum seconds.
 
 
 class AutorecoveryService:
@@ -73,6 +81,7 @@ class AutorecoveryService:
             self.view, self.keys, self.metrics, entries_in_flight=self.config.entries_in_flight
         )
         self.auditor: Auditor | None = None  # Set while this service is the elected auditor.
+        self.worker: ReplicationWorker | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -94,33 +103,38 @@ class AutorecoveryService:
             concurrency=self.config.worker_concurrency,
             open_ledger_grace_seconds=self.config.open_ledger_grace_seconds,
             retry_backoff_seconds=self.config.retry_backoff_seconds,
+            retry_backoff_max_seconds=self.config.retry_backoff_max_seconds,
             poll_interval_seconds=self.config.poll_interval_seconds,
         )
+        self.worker = worker
         self._tasks.append(
             supervisor.spawn("replication_worker", worker.run, Restart(), instance=instance)
         )
         log.info("autorecovery_started", owner=self.owner, auditor=self.config.auditor_enabled)
 
     async def _elect(self) -> None:
+        """Stand for auditor; audit while elected; stand again when the lease is lost."""
         config = self.config
-        backoff = Backoff(_ELECTION_RETRY_MIN_SECONDS, _ELECTION_RETRY_MAX_SECONDS)
+        retry = Backoff(*_ELECTION_RETRY)
         while True:
             try:
                 leadership = await self.metadata.auditor.run_for_auditor(
                     self.owner, config.auditor_lease_ttl_seconds
                 )
             except BKError as error:
-                delay = backoff.next_delay()
+                delay = retry.next_delay()
                 log.warning("auditor_election_failed", error=str(error), retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
                 continue
-            backoff.reset()
+            retry.reset()
             self.metrics.is_auditor.set(1)
             auditor = Auditor(
                 self.metadata,
                 self.metrics,
                 lost_bookie_delay_seconds=config.lost_bookie_delay_seconds,
                 audit_interval_seconds=config.audit_interval_seconds,
+                checker=LedgerChecker(self.view),
+                ledger_check_interval_seconds=config.ledger_check_interval_seconds,
             )
             self.auditor = auditor
             loop = asyncio.get_running_loop()
@@ -136,6 +150,8 @@ class AutorecoveryService:
                 await asyncio.gather(audit, lost, return_exceptions=True)
                 with contextlib.suppress(BKError):
                     await leadership.resign()  # Let the next candidate in at once.
+            if audit.done() and not audit.cancelled() and audit.exception() is not None:
+                raise audit.exception()  # type: ignore[misc]  # A bug: for the supervisor.
             log.warning("auditor_leadership_ended", owner=self.owner)
 
     async def close(self) -> None:

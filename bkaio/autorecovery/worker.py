@@ -1,19 +1,34 @@
 """The replication worker: claims under-replicated ledgers and re-replicates them.
 
-Runs in every bookie (by default) and in `bkaio autorecovery` processes. Each of its
-`worker_concurrency` loops claims one marked ledger at a time with a lock bound to the worker's
-lease (so the locks of a dead worker vanish with its lease), moves the ledger's fragments off
-the missing bookies (`Replicator`), and drops the mark when nothing is left on them. An open
-ledger whose last segment names a missing bookie is left to its writer for
-`open_ledger_grace_seconds` after it was marked (the writer's own ensemble change moves it);
-after that the worker fences and closes it and moves the rest (reference 7.3, step 3).
-A failed attempt releases the lock after `retry_backoff_seconds` so any worker may retry.
+Runs in every bookie (by default) and in `bkaio autorecovery` processes, under the service's
+supervisor. Each of its `worker_concurrency` loops claims one marked ledger at a time with a
+lock bound to the worker's lease (so the locks of a dead worker vanish with its lease), moves
+the ledger's fragments off the bookies still missing (`Replicator`), copies to its incomplete
+bookies (live ones whose fragments lack entries: the ledger check) the entries they lack, and
+drops the mark when that is done.
+
+Before copying, the mark is checked against the cluster as it is now: a bookie that is
+registered again (and was neither decommissioned nor forced out by an operator) is not
+missing any more, and a mark left with none is dropped without copying anything.
+
+An open ledger whose last segment names a missing bookie is left to its writer for
+`open_ledger_grace_seconds` after it was marked (the writer's own ensemble change moves it):
+the worker gives the lock back and skips it until then; after that it fences and closes the
+ledger and moves the rest (reference 7.3, step 3).
+
+A failed attempt (one `ReplicationError` per ledger) is counted and logged with the ledger,
+the lock is released at once, and that ledger is skipped by this worker for a jittered,
+growing backoff (`retry_backoff_seconds` up to `retry_backoff_max_seconds`) while the loop
+goes on with other ledgers; any other worker may take it meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 
@@ -30,6 +45,15 @@ log = structlog.get_logger(__name__)
 # Watching this prefix sees both new marks (/underreplicated/...) and released locks
 # (/underreplication/locks/...): either can make work available to an idle worker.
 _QUEUE_WATCH_PREFIX = "/underreplicat"
+_METADATA_RETRY = (0.5, 30.0)  # Backoff of failing metadata calls: initial, maximum seconds.
+
+
+@dataclass(slots=True)
+class _Skip:
+    """A ledger this worker leaves alone until `until` (monotonic seconds)."""
+
+    until: float
+    backoff: Backoff | None  # None: waiting for an open ledger's grace, not after a failure.
 
 
 class ReplicationWorker:
@@ -44,7 +68,9 @@ class ReplicationWorker:
         concurrency: int = 2,
         open_ledger_grace_seconds: float = 30.0,
         retry_backoff_seconds: float = 5.0,
+        retry_backoff_max_seconds: float = 300.0,
         poll_interval_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         assert concurrency >= 1, concurrency
         self._metadata = metadata
@@ -54,29 +80,29 @@ class ReplicationWorker:
         self._lease_ttl = lease_ttl_seconds
         self._concurrency = concurrency
         self._grace_ms = int(open_ledger_grace_seconds * 1000)
-        self._backoff = retry_backoff_seconds
+        self._retry_initial = retry_backoff_seconds
+        self._retry_max = max(retry_backoff_max_seconds, retry_backoff_seconds)
         self._poll = poll_interval_seconds
+        self._clock = clock
         self._work = asyncio.Event()
+        self._skips: dict[int, _Skip] = {}
 
     async def run(self) -> None:
-        """Work until cancelled; a lost lease (its locks are gone) starts over with a new one."""
+        """Work until cancelled; a lost lease (its locks are gone) starts over with a new one.
+        An unexpected error ends the run: the service's supervisor logs and restarts it."""
         loop = asyncio.get_running_loop()
         watcher = loop.create_task(self._watch_queue(), name="autorecovery-queue-watch")
-        backoff = Backoff(min(0.2, self._backoff), self._backoff)
+        leases = Backoff(*_METADATA_RETRY)
         try:
             while True:
                 try:
                     lease = await self._metadata.store.grant_lease(self._lease_ttl)
                 except BKError as error:
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "replication_worker_lease_failed",
-                        error=str(error),
-                        retry_in=round(delay, 2),
-                    )
+                    delay = leases.next_delay()
+                    log.warning("replication_worker_lease_failed", error=str(error))
                     await asyncio.sleep(delay)
                     continue
-                backoff.reset()
+                leases.reset()
                 lease.start_keep_alive()
                 loops = [
                     loop.create_task(self._claim_loop(lease), name=f"replication-{i}")
@@ -84,14 +110,14 @@ class ReplicationWorker:
                 ]
                 lost = loop.create_task(lease.wait_lost())
                 try:
-                    await asyncio.wait([lost, *loops], return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait([lost, watcher, *loops], return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in (lost, *loops):
                         task.cancel()
                     await asyncio.gather(lost, *loops, return_exceptions=True)
                     with contextlib.suppress(BKError):
                         await lease.revoke()
-                for task in loops:
+                for task in (watcher, *loops):
                     if task.done() and not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
                 log.warning("replication_worker_lease_lost", owner=self.owner)
@@ -101,77 +127,132 @@ class ReplicationWorker:
                 await watcher
 
     async def _watch_queue(self) -> None:
-        backoff = Backoff(min(0.2, self._poll), self._poll)
+        retry = Backoff(*_METADATA_RETRY)
         while True:
             try:
                 events = self._metadata.store.watch_prefix(_QUEUE_WATCH_PREFIX)
                 async with contextlib.aclosing(events):
                     async for _ in events:
+                        retry.reset()
                         self._work.set()
-                        backoff.reset()
             except BKError as error:
                 log.warning("replication_queue_watch_failed", error=str(error))
-            await asyncio.sleep(backoff.next_delay())
+            await asyncio.sleep(retry.next_delay())
+            self._work.set()  # Marks may have come while the watch was down.
 
     async def _wait_for_work(self) -> None:
+        wait = self._poll
+        now = self._clock()
+        for skip in self._skips.values():
+            if skip.until > now:
+                wait = min(wait, skip.until - now)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._poll):
+            async with asyncio.timeout(wait):
                 await self._work.wait()
         self._work.clear()
 
+    def _skipped(self) -> set[int]:
+        """Ledgers to leave alone now; forgets skips long past (their marks may be gone)."""
+        now = self._clock()
+        for ledger_id, skip in list(self._skips.items()):
+            if skip.until + self._retry_max < now:
+                del self._skips[ledger_id]
+        return {ledger_id for ledger_id, skip in self._skips.items() if skip.until > now}
+
     async def _claim_loop(self, lease: Lease) -> None:
         underreplication = self._metadata.underreplication
-        backoff = Backoff(min(0.2, self._backoff), self._backoff)  # `retry_backoff_seconds` caps.
+        errors = Backoff(*_METADATA_RETRY)
         while not lease.lost:
             try:
                 if not await underreplication.is_enabled():
                     await self._wait_for_work()
                     continue
-                claimed = await underreplication.claim_next(lease, owner=self.owner)
-                if claimed is None:
-                    await self._wait_for_work()
-                    continue
-                await self._process(claimed)
-                backoff.reset()
+                claimed = await underreplication.claim_next(
+                    lease, owner=self.owner, skip=self._skipped()
+                )
             except BKError as error:
-                delay = backoff.next_delay()
-                log.warning("replication_worker_error", error=str(error), retry_in=round(delay, 2))
+                delay = errors.next_delay()
+                log.warning("replication_worker_error", error=str(error))
                 await asyncio.sleep(delay)
+                continue
+            errors.reset()
+            if claimed is None:
+                await self._wait_for_work()
+                continue
+            await self._process(claimed)
+
+    async def _still_missing(self, claimed: UnderreplicatedLedger) -> list[str]:
+        """The mark's bookies that are missing now: not registered, decommissioned, or forced
+        out by an operator."""
+        registered = self._replicator.registered()
+        decommissioned = await self._metadata.decommissioned.ids()
+        return [
+            bookie_id
+            for bookie_id in claimed.missing_bookies
+            if bookie_id not in registered
+            or bookie_id in decommissioned
+            or bookie_id in claimed.forced_bookies
+        ]
 
     async def _process(self, claimed: UnderreplicatedLedger) -> None:
-        """Re-replicate one claimed ledger; always gives the lock back."""
+        """Re-replicate one claimed ledger; always gives the lock back, never raises BKError."""
         underreplication = self._metadata.underreplication
         ledger_id = claimed.ledger_id
         completed = False
         try:
-            while True:
-                waited_ms = now_ms() - claimed.ctime_ms
-                try:
-                    result = await self._replicator.replicate_ledger(
-                        ledger_id,
-                        claimed.missing_bookies,
-                        recover_open_tail=waited_ms >= self._grace_ms,
-                    )
-                except BKError as error:
-                    self._metrics.replication_failures.inc()
-                    log.warning(
-                        "ledger_replication_failed",
-                        ledger_id=ledger_id,
-                        missing_bookies=list(claimed.missing_bookies),
-                        error=str(error),
-                        error_type=type(error).__name__,
-                    )
-                    await asyncio.sleep(self._backoff)  # Keep the lock meanwhile: back off.
-                    return
-                if result.outcome is not Outcome.DEFERRED:
-                    break
-                # Only the open tail is left: give its writer the rest of the grace period.
-                remaining_s = max(0.0, (self._grace_ms - waited_ms) / 1000) + 0.05
-                await asyncio.sleep(min(remaining_s, self._poll))
+            missing = await self._still_missing(claimed)
+            registered = self._replicator.registered()
+            incomplete = [b for b in claimed.incomplete_bookies if b in registered]
+            if not missing and not incomplete:
+                completed = await underreplication.complete(claimed)
+                log.info(
+                    "mark_dropped_bookies_back",
+                    ledger_id=ledger_id,
+                    missing_bookies=list(claimed.missing_bookies),
+                )
+                return
+            if incomplete:
+                await self._replicator.fill_ledger_in_place(ledger_id, incomplete)
+            if not missing:
+                completed = await underreplication.complete(claimed)
+                self._skips.pop(ledger_id, None)
+                self._metrics.ledgers_replicated.inc()
+                return
+            waited_ms = now_ms() - claimed.ctime_ms
+            result = await self._replicator.replicate_ledger(
+                ledger_id, missing, recover_open_tail=waited_ms >= self._grace_ms
+            )
+            if result.outcome is Outcome.DEFERRED:
+                # Only the open tail is left: its writer has the rest of the grace period.
+                remaining = max(0.0, (self._grace_ms - waited_ms) / 1000) + 0.05
+                self._skips[ledger_id] = _Skip(self._clock() + remaining, None)
+                return
             completed = await underreplication.complete(claimed)
+            self._skips.pop(ledger_id, None)
             if result.outcome is Outcome.DONE:
                 self._metrics.ledgers_replicated.inc()
+        except BKError as error:
+            self._metrics.replication_failures.inc()
+            delay = self._back_off(ledger_id)
+            log.warning(
+                "ledger_replication_failed",
+                ledger_id=ledger_id,
+                missing_bookies=list(claimed.missing_bookies),
+                error=str(error),
+                error_type=type(error).__name__,
+                retry_seconds=round(delay, 2),
+            )
         finally:
             if not completed:
                 with contextlib.suppress(BKError):
                     await underreplication.release(ledger_id)
+
+    def _back_off(self, ledger_id: int) -> float:
+        skip = self._skips.get(ledger_id)
+        if skip is None or skip.backoff is None:
+            skip = _Skip(0.0, Backoff(self._retry_initial, self._retry_max))
+            self._skips[ledger_id] = skip
+        assert skip.backoff is not None
+        delay = skip.backoff.next_delay()
+        skip.until = self._clock() + delay
+        return delay

@@ -56,6 +56,7 @@ class AddPath:
     key_verifier: LedgerKeyVerifier | None
     forced_read_only: bool
     disk_full: bool
+    limbo_ids: set[int]  # Ledgers in limbo on this shard (bkaio/bookie/limbo.py): fenced.
     storage_failed: bool
     inflight_requests: int
     inflight_bytes: int
@@ -78,6 +79,11 @@ class AddPath:
         if ledger_id % self.shard_count != self.shard_index:
             self.metrics.requests_rejected.labels(reason="wrong_shard").inc()
             status = Status.WRONG_SHARD
+        elif self.limbo_ids and ledger_id in self.limbo_ids and not frame.recovery:
+            # It may have lost the fence of a recovery along with its disks: fenced until
+            # its entries are copied back (recovery adds are how they come back).
+            self.metrics.requests_rejected.labels(reason="limbo").inc()
+            status = Status.FENCED
         elif (
             self.forced_read_only or self.disk_full or self.storage_failed
         ) and not frame.recovery:

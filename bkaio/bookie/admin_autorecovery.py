@@ -10,6 +10,8 @@ PUT  /api/v1/autorecovery/bookie       {"bookie_src": id}  recover a dead bookie
 PUT  /api/v1/autorecovery/decommission {"bookie_src": id}  drain a live bookie (token)
 GET  /api/v1/autorecovery/jobs[?id=N]  progress and report of recover/decommission jobs
 PUT  /api/v1/autorecovery/trigger_audit                audit now (token)
+GET  /api/v1/autorecovery/lost_bookie_recovery_delay   {"delay_seconds": s, "source": ...}
+PUT  /api/v1/autorecovery/lost_bookie_recovery_delay {"delay_seconds": s or null}  (token)
 GET  /api/v1/autorecovery/ledger_key?ledger_id=N       master key this bookie recorded for
                                                        the ledger (token; for replicators)
 """
@@ -47,6 +49,8 @@ def add_autorecovery_routes(app: web.Application, host: AdminHost) -> None:
     add_put(f"{base}/decommission", guarded(host, routes.job_starter("decommission")))
     add_get(f"{base}/jobs", answering(routes.jobs))
     add_put(f"{base}/trigger_audit", guarded(host, routes.trigger_audit))
+    add_get(f"{base}/lost_bookie_recovery_delay", answering(routes.get_lost_bookie_delay))
+    add_put(f"{base}/lost_bookie_recovery_delay", guarded(host, routes.put_lost_bookie_delay))
     add_get(f"{base}/ledger_key", guarded(host, routes.ledger_key))
 
 
@@ -64,6 +68,28 @@ class _AutorecoveryRoutes:
             raise BadRequest("query parameter enabled=true|false is required")
         await autorecovery.set_autorecovery_enabled(metadata_of(self.host), value == "true")
         return web.json_response({"enabled": value == "true"})
+
+    async def get_lost_bookie_delay(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._lost_bookie_delay())
+
+    async def put_lost_bookie_delay(self, request: web.Request) -> web.Response:
+        body = await json_body(request, '{"delay_seconds": 600} (null: each auditor\'s config)')
+        if "delay_seconds" not in body:
+            raise BadRequest('body must be JSON like {"delay_seconds": 600}')
+        seconds = body["delay_seconds"]
+        # bool is an int to Python, never a delay to an operator.
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float)
+        ):
+            raise BadRequest(f"delay_seconds must be a number of seconds or null, not {seconds!r}")
+        # Out of range: the metadata's InvalidArgumentError, a 400 (the shell's exit 2).
+        await autorecovery.set_lost_bookie_delay(metadata_of(self.host), seconds)
+        return web.json_response(await self._lost_bookie_delay())
+
+    async def _lost_bookie_delay(self) -> dict[str, object]:
+        default = self.host.config.autorecovery.lost_bookie_delay_seconds
+        delay = await autorecovery.get_lost_bookie_delay(metadata_of(self.host), default)
+        return {"delay_seconds": delay.seconds, "source": delay.to_dict()["source"]}
 
     async def who_is_auditor(self, request: web.Request) -> web.Response:
         auditor = await autorecovery.who_is_auditor(metadata_of(self.host))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,8 +95,17 @@ def verify_shard_directories(config: BookieConfig, stored: list[Cookie] | None) 
     return cookies
 
 
-async def check_cookies(config: BookieConfig, cookie_store: CookieStore) -> list[Cookie]:
-    """Verify the directories against the metadata copy (creating both on a fresh bookie)."""
+async def check_cookies(
+    config: BookieConfig,
+    cookie_store: CookieStore,
+    before_publish: Callable[[list[Cookie]], Awaitable[None]] | None = None,
+) -> list[Cookie]:
+    """Verify the directories against the metadata copy (creating both on a fresh bookie).
+
+    When metadata has no copy yet (a new bookie, or one whose disks were formatted and its
+    copy dropped), `before_publish(cookies)` runs after the directories are stamped and before
+    the copy is written: what it persists (the limbo set) survives a crash in between, since
+    the next start finds no copy again."""
     versioned = await cookie_store.get(config.bookie_id)
     stored = None
     if versioned is not None:
@@ -103,6 +113,8 @@ async def check_cookies(config: BookieConfig, cookie_store: CookieStore) -> list
     loop = asyncio.get_running_loop()
     cookies = await loop.run_in_executor(None, verify_shard_directories, config, stored)
     if versioned is None:
+        if before_publish is not None:
+            await before_publish(cookies)
         await cookie_store.put(config.bookie_id, encode_cookie_copy(cookies), expected_version=0)
         log.info("bookie_cookie_created", bookie_id=config.bookie_id, shards=len(cookies))
     return [replace(c) for c in cookies]

@@ -64,6 +64,7 @@ from bkaio.supervision import (
 from .admin import build_admin_app
 from .admin_jobs import AdminJobs
 from .control import decode_message, encode_message
+from .limbo import LimboMetrics, enter_limbo, load_limbo
 from .metrics import AggregatingCollector, BkaioOnly, snapshot_registry
 from .sdnotify import SystemdNotifier
 
@@ -171,6 +172,9 @@ class BookieParent:
         self.workers: list[WorkerHandle] = []
         self.notifier = SystemdNotifier()
         self.forced_read_only = config.read_only.start_read_only
+        # An operator decommissioned this bookie (/decommissioned/<id> in metadata): read-only
+        # until recommissioned, whatever the config or the admin API say.
+        self.decommissioned = False
         self.shutting_down = False
         self.running = False
         self.registration: Any = None
@@ -198,6 +202,8 @@ class BookieParent:
         self._stop = asyncio.Event()
         self.autorecovery: Any = None  # AutorecoveryService while it runs.
         self.jobs = AdminJobs()
+        self.limbo = LimboMetrics(self.metrics_registry)
+        self._limbo_repair: asyncio.Task[None] | None = None
         # Its own failures counter, merged with the shards' at scrape time (`refresh_metrics`).
         self._own_registry = CollectorRegistry(auto_describe=True)
         self.supervisor = Supervisor("bookie", registry=self._own_registry)
@@ -215,7 +221,11 @@ class BookieParent:
 
     @property
     def read_only(self) -> bool:
-        return self.forced_read_only or any(w.read_only for w in self.workers)
+        return self.read_only_by_operator or any(w.read_only for w in self.workers)
+
+    @property
+    def read_only_by_operator(self) -> bool:
+        return self.forced_read_only or self.decommissioned
 
     @property
     def healthy(self) -> bool:
@@ -229,10 +239,12 @@ class BookieParent:
             "unhealthy_reason": self.unhealthy_reason,
             "read_only": self.read_only,
             "forced_read_only": self.forced_read_only,
+            "decommissioned": self.decommissioned,
             "shutting_down": self.shutting_down,
             "registered": self.registration is not None,
             "shards_read_only": [w.read_only for w in self.workers],
             "journal_sync": self.journal_sync,
+            "limbo": self.limbo.summary(),
             "tasks": [t.as_dict() for t in self.supervisor.statuses()],
         }
 
@@ -287,11 +299,35 @@ class BookieParent:
 
     async def set_forced_read_only(self, value: bool) -> None:
         self.forced_read_only = value
+        await self._apply_operator_mode()
+
+    async def _apply_operator_mode(self) -> None:
+        """Tell the shards whether an operator holds the bookie read-only, then the registry."""
+        value = self.read_only_by_operator
         await asyncio.gather(
             *(w.call("set_forced_read_only", value=value) for w in self.workers),
             return_exceptions=True,
         )
         await self._sync_registration_mode()
+
+    async def _follow_decommission(self) -> None:
+        """Follow /decommissioned/<this bookie>: read-only while it exists."""
+        retry = Backoff(0.5, 30.0)
+        while True:
+            try:
+                async for decommissioned in self.metadata.decommissioned.watch(
+                    self.config.bookie_id
+                ):
+                    retry.reset()
+                    if decommissioned != self.decommissioned:
+                        self.decommissioned = decommissioned
+                        self.log.warning(
+                            "bookie_decommission_changed", decommissioned=decommissioned
+                        )
+                        await self._apply_operator_mode()
+            except BKError as error:
+                self.log.warning("decommission_watch_failed", error=str(error))
+            await asyncio.sleep(retry.next_delay())
 
     async def _sync_registration_mode(self) -> None:
         """Ask the registration keeper to match the bookie's mode now."""
@@ -369,6 +405,73 @@ class BookieParent:
         await service.start()
         self.autorecovery = service
 
+    async def _enter_limbo_if_known(self, cookies: list[Any]) -> None:
+        """A new cookie instance is about to be published: if ledgers already name this
+        bookie id, its disks were reformatted; put those ledgers into limbo (persisted per
+        shard) before it serves anything (bkaio/bookie/limbo.py)."""
+        from bkaio.autorecovery.auditor import ledgers_naming
+
+        named = [md.ledger_id for md in await ledgers_naming(self.metadata, self.config.bookie_id)]
+        if not named:
+            return
+        reason = (
+            f"new cookie instance {cookies[0].instance_id} for {self.config.bookie_id}, "
+            f"which {len(named)} ledgers name: its disks were reformatted"
+        )
+        loop = asyncio.get_running_loop()
+        counts = await loop.run_in_executor(None, enter_limbo, self.config, named, reason)
+        self.log.warning(
+            "bookie_reformatted_entering_limbo", ledgers=len(named), per_shard=counts, reason=reason
+        )
+
+    def _start_limbo_repair(self) -> None:
+        if not self.limbo.ledgers:
+            return
+        # Ends when every ledger is repaired; a bug is reported and restarted.
+        self._limbo_repair = self.supervisor.spawn(
+            "limbo_repair", self._repair_limbo, Restart(1.0, 60.0)
+        )
+
+    async def _repair_limbo(self) -> None:
+        """Copy every ledger in limbo back from its other replicas, then clear it."""
+        from bkaio.autorecovery.cluster import ClusterView, MasterKeys
+        from bkaio.autorecovery.limbo_repair import LimboRepair
+        from bkaio.ledger_client.types import ClientConfig
+
+        client_config = ClientConfig(
+            client_id=f"bkaio-limbo-{self.config.bookie_id}",
+            add_timeout=15.0,
+            read_timeout=15.0,
+            auth_token=self.config.server.auth_token or None,
+        )
+        view = ClusterView(
+            self.metadata,
+            client_config=client_config,
+            tls=bookie_client_tls_context(self.config.tls),
+        )
+        await view.start()
+        keys = MasterKeys(view, self.config.autorecovery.admin_token or self.config.admin.token)
+        try:
+            repair = LimboRepair(
+                self.config.bookie_id,
+                view,
+                keys,
+                self._clear_limbo,
+                self.limbo,
+                entries_in_flight=self.config.autorecovery.entries_in_flight,
+            )
+            await repair.run(set(self.limbo.ledgers))
+        finally:
+            await keys.close()
+            await view.close()
+        self.log.warning("bookie_left_limbo", **self.limbo.summary())
+
+    async def _clear_limbo(self, ledger_id: int) -> None:
+        worker = self.workers[ledger_id % len(self.workers)]
+        reply = await worker.call("limbo_clear", ledger_id=ledger_id)
+        if "error" in reply:
+            raise BKError(f"shard {worker.shard_index}: {reply['error']}")
+
     async def _stop_autorecovery(self) -> None:
         service, self.autorecovery = self.autorecovery, None
         if service is not None:
@@ -428,13 +531,26 @@ class BookieParent:
             if not await self._until_stop_or(opening):
                 return await self._shutdown(EXIT_OK)
             self.metadata = opening.result()
-            checking = asyncio.ensure_future(check_cookies(self.config, self.metadata.cookies))
+            checking = asyncio.ensure_future(
+                check_cookies(self.config, self.metadata.cookies, self._enter_limbo_if_known)
+            )
             if not await self._until_stop_or(checking):
                 return await self._shutdown(EXIT_OK)
             cookies = checking.result()
+            self.limbo.load(await loop.run_in_executor(None, load_limbo, self.config))
+            decommission = asyncio.ensure_future(
+                self.metadata.decommissioned.get(self.config.bookie_id)
+            )
+            if not await self._until_stop_or(decommission):
+                return await self._shutdown(EXIT_OK)
+            self.decommissioned = decommission.result() is not None
             await self._spawn_workers([c.instance_id for c in cookies])
             if not await self._wait_ready():
                 return EXIT_START_FAILED
+            if self.decommissioned:
+                self.log.warning("bookie_decommissioned_stays_read_only")
+                await self._apply_operator_mode()
+            self.supervisor.spawn("decommission_watch", self._follow_decommission, Restart())
             runner = await self._start_admin()
             self.running = True
             info = BookieInfo(
@@ -458,6 +574,7 @@ class BookieParent:
             self._mode_changed.set()  # A shard may have flipped meanwhile.
             if not await self._until_stop_or(asyncio.ensure_future(self._start_autorecovery())):
                 return await self._shutdown(EXIT_OK)
+            self._start_limbo_repair()
             self.notifier.notify("READY=1", f"STATUS=serving {self.config.shard_count} shards")
             self.log.info(
                 "bookie_started",
@@ -573,6 +690,10 @@ class BookieParent:
         # Metadata may be unreachable: these give up after a bound (the lease and the auditor
         # lease then end by themselves, within their TTL).
         await bounded(self._stop_autorecovery(), "stop_autorecovery")  # Resigns as auditor.
+        limbo_repair, self._limbo_repair = self._limbo_repair, None
+        if limbo_repair is not None:  # Before the shards it copies into stop.
+            limbo_repair.cancel()
+            await asyncio.gather(limbo_repair, return_exceptions=True)
         await self.jobs.cancel_all()
         await bounded(self._deregister(), "deregister")
         codes = await self._stop_workers()

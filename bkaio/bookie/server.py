@@ -25,6 +25,7 @@ from bkaio.entrylog.api import LedgerStorage
 from bkaio.entrylog.types import DiskUsage, StoredEntry
 from bkaio.errors import (
     BKError,
+    DataUnknownError,
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedError,
@@ -67,6 +68,7 @@ from bkaio.supervision import loop_supervisor
 from .adds import REQUEST_OVERHEAD_BYTES, AddPath
 from .interfaces import Peer
 from .lac_waiters import LacWaiters
+from .limbo import LimboLedgers
 from .metrics import ShardMetrics
 from .read_entries import notify_lac_early, read_entries, wait_for_lac
 from .space import BookieSpace
@@ -104,6 +106,7 @@ class ShardServer(AddPath):
         *,
         on_read_only_change: Callable[[bool], None] | None = None,
         key_verifier: LedgerKeyVerifier | None = None,
+        limbo: LimboLedgers | None = None,
     ) -> None:
         assert 0 <= shard_index < config.shard_count, (shard_index, config.shard_count)
         self.config = config
@@ -131,6 +134,10 @@ class ShardServer(AddPath):
         self._on_read_only_change = on_read_only_change
         # None: "first_sight" (storage records the first key); else checked against metadata.
         self.key_verifier = key_verifier
+        # Ledgers this shard may have lost entries of (bkaio/bookie/limbo.py): fenced, and
+        # DATA_UNKNOWN for what it lacks. The set is shared with `limbo`, which clears it.
+        self.limbo = limbo
+        self.limbo_ids: set[int] = limbo.ids if limbo is not None else set()
         self._loop = asyncio.get_running_loop()  # Cached: get_running_loop costs a getpid.
         self._adds_in_flight = 0  # Batches storage has not answered yet (`AddPath`).
         self._adds_idle: asyncio.Future[None] | None = None  # `drain` waits for them.
@@ -466,9 +473,22 @@ class ShardServer(AddPath):
         """The one read of the shard (READ_ENTRY, READ_RANGE): routing, the fence a recovery
         read asks for, then storage's `read_range`."""
         await self._route_and_fence(ledger_id, flags, master_key)
-        stored = await self.storage.read_range(ledger_id, first_entry_id, max_count, max_bytes)
+        try:
+            stored = await self.storage.read_range(ledger_id, first_entry_id, max_count, max_bytes)
+        except (NoSuchEntryError, NoSuchLedgerError) as missing:
+            self._refuse_if_in_limbo(ledger_id, missing)
+            raise
         self.metrics.read_entry_bytes.inc(sum(len(entry.payload) for entry in stored))
         return stored
+
+    def _refuse_if_in_limbo(self, ledger_id: int, missing: BKError) -> None:
+        """A shard with the ledger in limbo may have acknowledged what it lacks before its
+        disks were reformatted: DataUnknownError, never "no such entry" / "no such ledger"."""
+        if self.limbo_ids and ledger_id in self.limbo_ids:
+            self.metrics.requests_rejected.labels(reason="limbo_data_unknown").inc()
+            raise DataUnknownError(
+                f"ledger {ledger_id} is in limbo on {self.config.bookie_id}: {missing}"
+            ) from missing
 
     async def _route_and_fence(self, ledger_id: int, flags: Flag, master_key: bytes | None) -> None:
         """What every read-side request does first: the shard check, and FENCE when asked."""
@@ -478,6 +498,10 @@ class ShardServer(AddPath):
 
     async def _read_entries(self, request: ReadEntriesRequest, owner: object = None) -> Response:
         self._check_shard(request.ledger_id)
+        # An answer leaves out the entries a shard lacks, which a reader takes for "not
+        # stored": in limbo that is not known, so the whole request is DATA_UNKNOWN (the
+        # reader asks another bookie, or reads entry by entry, which limbo answers per entry).
+        self._refuse_if_in_limbo(request.ledger_id, BKError("its range answers are incomplete"))
         return await read_entries(self, request, owner)
 
     async def _read_lac(self, request: ReadLacRequest, owner: object = None) -> Response:
@@ -516,6 +540,8 @@ class ShardServer(AddPath):
 
     async def _list_entries(self, request: ListEntriesRequest) -> Response:
         self._check_shard(request.ledger_id)
+        # What a shard in limbo holds of the ledger says nothing about what it acknowledged.
+        self._refuse_if_in_limbo(request.ledger_id, BKError("its entry list is incomplete"))
         ranges = await self.storage.list_entries(request.ledger_id)
         return ListEntriesResponse(
             request.request_id,

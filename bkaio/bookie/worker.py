@@ -49,6 +49,7 @@ from bkaio.supervision import EXIT_TASK_FAILED, FatalTaskFailure, Once, Restart,
 from .connection import BookieServerProtocol
 from .control import decode_message, encode_message
 from .gc import GarbageCollector, GcReport, MetadataGcSource
+from .limbo import LimboLedgers, limbo_path
 from .loop_lag import watch_loop_lag
 from .metrics import BkaioOnly, JournalStatsCollector, ShardMetrics, snapshot_registry
 from .offline import entry_digest_ok
@@ -183,6 +184,17 @@ class ShardWorker:
             self.send({"event": "failed", "error": str(error)})
             await storage.close()
             return EXIT_START_FAILED
+        try:
+            limbo = await loop.run_in_executor(
+                None, LimboLedgers.load, limbo_path(config, self.shard_index)
+            )
+        except BKError as error:
+            self.log.error("limbo_load_failed", error=str(error))
+            self.send({"event": "failed", "error": str(error)})
+            await storage.close()
+            return EXIT_START_FAILED
+        if limbo.ids:
+            self.log.warning("shard_in_limbo", ledgers=len(limbo.ids), reason=limbo.reason)
         key_verifier = None
         if config.server.ledger_key_check == "metadata":
             key_verifier = LedgerKeyVerifier(
@@ -195,6 +207,7 @@ class ShardWorker:
             self.metrics,
             on_read_only_change=lambda ro: self.send({"event": "read_only", "read_only": ro}),
             key_verifier=key_verifier,
+            limbo=limbo,
         )
         self.server = server
         self._storage = storage
@@ -418,6 +431,15 @@ class ShardWorker:
         elif method == "gc":
             self._run_control_call("control_gc", request_id, self.run_gc)
             return
+        elif method == "limbo_clear" and server.limbo is not None:
+            limbo = server.limbo
+
+            async def clear() -> dict[str, Any]:
+                cleared = await limbo.clear(int(message.get("ledger_id", -1)))
+                return {"cleared": cleared, "limbo": limbo.summary()}
+
+            self._run_control_call("control_limbo_clear", request_id, clear)
+            return
         elif method == "gc_details":
             result = {"shard_index": self.shard_index, **self._gc_status.to_dict()}
         elif method == "ledger_key":
@@ -452,6 +474,7 @@ class ShardWorker:
             "storage_write_failure": self.storage_write_failure,
             "connections": len(server.connections),
             "inflight_requests": server.inflight_requests,
+            "limbo": server.limbo.summary() if server.limbo is not None else None,
             "space": server.space.to_dict(),  # The bookie's (space.py), as of the disk check.
             "scrub": {"enabled": False} if self.scrubber is None else self.scrubber.to_dict(),
             "disks": [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from bkaio.errors import BKError
 
 class DirectoryNotEmptyError(BKError):
     """Formatting would destroy data and --force was not given."""
+
+
+class BookieStillRunningError(BKError):
+    """Formatting a bookie that is registered (alive) would pull its disks from under it."""
 
 
 def _directories(config: Any) -> list[Path]:
@@ -71,6 +76,7 @@ def format_bookie(
             f"{len(holding)} directories hold data (first: {holding[0]}); "
             "formatting destroys it: pass --force to wipe them"
         )
+    run(_refuse_if_registered(config))
     for directory in holding:
         shutil.rmtree(directory)
     for directory in directories:
@@ -106,6 +112,24 @@ def format_bookie(
         human=f"formatted {config.bookie_id}: {len(directories)} directories ready, "
         f"{len(holding)} wiped, metadata cookie {'dropped' if dropped else 'absent'}",
     )
+
+
+async def _refuse_if_registered(config: Any) -> None:
+    """A registered bookie is alive (its registration lives only as long as its lease)."""
+    from bkaio.meta import open_metadata
+
+    meta = await open_metadata(config.metadata.uri)
+    try:
+        registered = {info.bookie_id: info for info in await meta.bookies.list()}
+    finally:
+        await meta.close()
+    info = registered.get(config.bookie_id)
+    if info is not None:
+        raise BookieStillRunningError(
+            f"bookie {config.bookie_id} is registered and alive "
+            f"({'read-only' if info.read_only else 'writable'}, admin {info.admin_url or 'none'})"
+            ": stop it before formatting its directories; nothing was wiped"
+        )
 
 
 @bookie.command("info")
@@ -146,6 +170,7 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         "directories": directories,
         # false: BookKeeper's journalSyncData=false; a power failure can lose acknowledged entries.
         "journal_sync": all(storage.journal.sync for storage in config.storage),
+        "limbo": _limbo_of(config),
         # The running bookie's health, mode and supervised tasks (its admin `/status`); null
         # when it does not answer (not running, or admin HTTP off).
         "status": _running_status(config.admin.host, config.admin.port)
@@ -153,6 +178,22 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         else None,
     }
     emit(result, as_json=as_json)
+
+
+def _limbo_of(config: Any) -> dict[str, Any]:
+    """Ledgers the bookie still has in limbo, from its directories (docs/autorecovery.md)."""
+    from bkaio.bookie.limbo import load_limbo
+
+    records = load_limbo(config)
+    ledgers = sum(len(record.ledgers) for record in records.values())
+    entered = min((record.entered_at for record in records.values()), default=None)
+    return {
+        "ledgers": ledgers,
+        "per_shard": {str(shard): len(record.ledgers) for shard, record in records.items()},
+        "entered_at": entered,
+        "seconds": round(time.time() - entered, 1) if entered is not None else 0.0,
+        "reason": next(iter(records.values())).reason if records else None,
+    }
 
 
 def _running_status(host: str, port: int) -> dict[str, Any] | None:

@@ -19,11 +19,12 @@ from rich.progress import Progress
 
 from bkaio.cli import shell_bookies, shell_cluster
 from bkaio.cli.common import client_options, json_option, metadata_option, run
-from bkaio.cli.output import emit, payload_text, table
-from bkaio.cli.params import BOOKIE_ID, ENTRY_ID, LEDGER_ID, check_range
+from bkaio.cli.output import emit, payload_text
+from bkaio.cli.params import ENTRY_ID, LEDGER_ID, check_range
 from bkaio.cli.scratch_ledger import scratch_ledger
+from bkaio.cli.shell_autorecovery import add_autorecovery_commands
 from bkaio.display import ledger_metadata_dict
-from bkaio.errors import BKError, NoSuchEntryError
+from bkaio.errors import NoSuchEntryError
 
 PASSWORD_HELP = "Ledger password (default: empty)."
 PROGRESS_THRESHOLD = 1000  # Below this many entries a progress bar is only noise.
@@ -233,107 +234,4 @@ async def _simple_test(
     }
 
 
-@shell.command("whoisauditor")
-@metadata_option
-@json_option
-def who_is_auditor(metadata_uri: str, as_json: bool) -> None:
-    """The bookie currently elected auditor, if any."""
-
-    async def go() -> str | None:
-        from bkaio.autorecovery import who_is_auditor
-
-        return await who_is_auditor(metadata_uri)
-
-    auditor = run(go())
-    emit({"auditor": auditor}, as_json=as_json, human=auditor or "no auditor elected")
-
-
-@shell.command("listunderreplicated")
-@metadata_option
-@json_option
-def list_under_replicated(metadata_uri: str, as_json: bool) -> None:
-    """Ledgers marked under-replicated, with the bookies they are missing."""
-
-    async def go() -> list[dict[str, Any]]:
-        from bkaio.autorecovery import list_under_replicated
-
-        plain = _plain(await list_under_replicated(metadata_uri))
-        assert isinstance(plain, list)
-        return plain
-
-    rows = run(go())
-    emit(rows, as_json=as_json, human=table(rows, list(rows[0]) if rows else []))
-
-
-def admin_token_option(function: Any) -> Any:
-    decorator = click.option(
-        "--admin-token",
-        envvar="BKAIO_ADMIN_TOKEN",
-        default="",
-        help="The bookies' admin token (default: $BKAIO_ADMIN_TOKEN); needed to copy entries.",
-    )
-    return decorator(function)
-
-
-def _report_line(verb: str, report: Any) -> str:
-    line = (
-        f"{verb} {report.bookie_id}: {report.ledgers_replicated} ledgers, "
-        f"{report.fragments} fragments, {report.entries} entries "
-        f"({report.bytes / 1e6:.1f} MB) in {report.seconds:.1f} s "
-        f"({report.entries_per_second:.0f} entries/s)"
-    )
-    if report.failed:
-        line += f"; FAILED ledgers: {sorted(report.failed)}"
-    return line
-
-
-def _run_recovery(
-    action: str, bookie_id: str, metadata_uri: str, admin_token: str, as_json: bool
-) -> None:
-    """Shared body of `recover` and `decommission`: run it with a progress bar, report, exit."""
-    from bkaio import autorecovery
-
-    operation = (
-        autorecovery.recover_bookie if action == "recover" else autorecovery.decommission_bookie
-    )
-
-    async def go() -> Any:
-        with Progress(disable=as_json, transient=True) as bar:
-            task = bar.add_task(f"{action} {bookie_id}", total=None)
-
-            def progress(step: Any) -> None:
-                bar.update(task, total=step.ledgers_total, completed=step.ledgers_done)
-
-            return await operation(metadata_uri, bookie_id, progress, admin_token=admin_token)
-
-    report = run(go())
-    emit(report.to_dict(), as_json=as_json, human=_report_line(f"{action}ed", report))
-    if not report.complete:
-        raise ReplicationIncompleteError(
-            f"{action} {bookie_id}: {len(report.failed)} ledgers still need copying "
-            f"({sorted(report.failed)[:5]}...); run it again or let autorecovery finish"
-        )
-
-
-class ReplicationIncompleteError(BKError):
-    """recover/decommission returned with ledgers it could not re-replicate."""
-
-
-@shell.command("recover")
-@click.argument("bookie_id", type=BOOKIE_ID)
-@admin_token_option
-@metadata_option
-@json_option
-def recover(bookie_id: str, admin_token: str, metadata_uri: str, as_json: bool) -> None:
-    """Re-replicate now every fragment a dead bookie held."""
-    _run_recovery("recover", bookie_id, metadata_uri, admin_token, as_json)
-
-
-@shell.command("decommission")
-@click.argument("bookie_id", type=BOOKIE_ID)
-@admin_token_option
-@metadata_option
-@json_option
-def decommission(bookie_id: str, admin_token: str, metadata_uri: str, as_json: bool) -> None:
-    """Drain a live bookie: make it read-only, copy its fragments elsewhere; then stop it."""
-    _run_recovery("decommission", bookie_id, metadata_uri, admin_token, as_json)
+add_autorecovery_commands(shell)  # recover, decommission, ... (shell_autorecovery.py)

@@ -19,6 +19,7 @@ from bkaio.errors import (
     BKError,
     BookieUnavailableError,
     NoSuchEntryError,
+    NoSuchLedgerError,
     ProtocolError,
     error_for_status,
 )
@@ -41,6 +42,7 @@ from bkaio.ledger_client.types import (
 from bkaio.protocol import (
     Flag,
     FrameEncoder,
+    ListEntriesResponse,
     Op,
     ReadEntriesResponse,
     ReadEntryResponse,
@@ -435,6 +437,24 @@ class BookiePool:
         )
         assert isinstance(response, ReadLacResponse)
         return LacAnswer(response.lac, response.last_entry_id)
+
+    async def list_entries(self, bookie_id: str, ledger_id: int) -> list[tuple[int, int]]:
+        """LIST_ENTRIES: the entries of the ledger the bookie holds, as ascending inclusive
+        ranges (empty when it has none of the ledger). DataUnknownError from a bookie with the
+        ledger in limbo: its list proves nothing."""
+        try:
+            response = await self._call_ok(
+                bookie_id,
+                ledger_id,
+                Op.LIST_ENTRIES,
+                (ledger_id,),
+                self._config.read_timeout,
+                f"LIST_ENTRIES of ledger {ledger_id}",
+            )
+        except NoSuchLedgerError:
+            return []
+        assert isinstance(response, ListEntriesResponse)
+        return [(first, last) for first, last in response.ranges]
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         """WRITE_LAC to one bookie."""

@@ -16,6 +16,9 @@ from bkaio.errors import ConfigError
 from bkaio.meta.autorecovery import (
     AuditorElection,
     AuditorLeadership,
+    Decommissioned,
+    DecommissionRegistry,
+    MarkResult,
     UnderreplicatedLedger,
     UnderReplicationManager,
 )
@@ -48,6 +51,8 @@ __all__ = [
     "ClusterExistsError",
     "ClusterNotInitialisedError",
     "CookieStore",
+    "DecommissionRegistry",
+    "Decommissioned",
     "DigestType",
     "EventKind",
     "InvalidMetadataError",
@@ -59,6 +64,7 @@ __all__ = [
     "LedgerManager",
     "LedgerMetadata",
     "LedgerState",
+    "MarkResult",
     "Metadata",
     "MetadataOutcomeUnknownError",
     "MetadataStore",
@@ -116,6 +122,7 @@ class Metadata:
         self.cookies = CookieStore(store)
         self.underreplication = UnderReplicationManager(store)
         self.auditor = AuditorElection(store)
+        self.decommissioned = DecommissionRegistry(store)
         self.namespaces = NamespaceStore(store)
 
     async def close(self) -> None:

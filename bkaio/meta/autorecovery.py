@@ -1,10 +1,15 @@
-"""Metadata for autorecovery: the under-replicated ledger queue and auditor election.
+"""Metadata for autorecovery: the under-replicated ledger queue, its controls, decommissioned
+bookies and auditor election.
 
 Layout (reference/bookkeeper.md section 4.3, mapped to flat keys):
-    /underreplicated/<20-digit ledger id>   msgpack {missing_bookies, ctime_ms}
-    /underreplication/locks/<ledger id>     leased lock of the worker re-replicating it
-    /underreplication/disable               present: autorecovery is disabled
-    /auditor                                leased; value = the auditor's bookie id
+    /underreplicated/<20-digit ledger id>     msgpack {missing_bookies, ctime_ms, forced_bookies,
+                                                       incomplete_bookies}
+    /underreplication/locks/<ledger id>       leased lock of the worker re-replicating it
+    /underreplication/disable                 present: autorecovery is disabled
+    /underreplication/control/lost_bookie_delay   text seconds: overrides the configured delay
+    /underreplication/control/audit_request   any write asks the auditor to audit now
+    /decommissioned/<bookie id>               msgpack {ctime_ms}: stays read-only until removed
+    /auditor                                  leased; value = the auditor's bookie id
 Driver-independent.
 """
 
@@ -12,31 +17,60 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+import math
+from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 
 import msgpack
 import structlog
 
-from bkaio.errors import MetadataVersionError
-from bkaio.meta.errors import InvalidMetadataError
+from bkaio.errors import InvalidArgumentError, MetadataVersionError
+from bkaio.meta.errors import InvalidMetadataError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import now_ms
-from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore
+from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore, WatchEvent
 
 log = structlog.get_logger(__name__)
 
 UNDERREPLICATED_PREFIX = "/underreplicated/"
 LOCKS_PREFIX = "/underreplication/locks/"
 DISABLE_KEY = "/underreplication/disable"
+CONTROL_PREFIX = "/underreplication/control/"
+LOST_BOOKIE_DELAY_KEY = CONTROL_PREFIX + "lost_bookie_delay"
+AUDIT_REQUEST_KEY = CONTROL_PREFIX + "audit_request"
+DECOMMISSIONED_PREFIX = "/decommissioned/"
 AUDITOR_KEY = "/auditor"
+MAX_LOST_BOOKIE_DELAY_SECONDS = 7 * 24 * 3600.0  # A week: longer is a typo, not a policy.
 
 
 @dataclass(frozen=True, slots=True)
 class UnderreplicatedLedger:
     ledger_id: int
-    missing_bookies: tuple[str, ...]
-    ctime_ms: int
+    missing_bookies: tuple[str, ...]  # Move the ledger's fragments off these.
+    ctime_ms: int  # When the ledger was first marked (kept across merges): the mark's age.
     version: int
+    # Of `missing_bookies`, those an operator asked to move off although they may be alive
+    # (`recover --force`): an audit never drops them as "back again".
+    forced_bookies: tuple[str, ...] = ()
+    # Live bookies whose fragments lack entries (the ledger check): filled in place.
+    incomplete_bookies: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ledger_id": self.ledger_id,
+            "missing_bookies": list(self.missing_bookies),
+            "forced_bookies": list(self.forced_bookies),
+            "incomplete_bookies": list(self.incomplete_bookies),
+            "ctime_ms": self.ctime_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MarkResult:
+    """What one `mark` did: the record as stored now, and whether it is new or grew."""
+
+    record: UnderreplicatedLedger
+    created: bool  # The ledger was not marked before.
+    changed: bool  # The stored record changed (created, or new bookies merged in).
 
 
 def _ur_key(ledger_id: int) -> str:
@@ -48,40 +82,123 @@ def _lock_key(ledger_id: int) -> str:
     return f"{LOCKS_PREFIX}{ledger_id:020d}"
 
 
+def _encode_mark(
+    missing: Iterable[str], ctime_ms: int, forced: Iterable[str], incomplete: Iterable[str]
+) -> bytes:
+    packed: bytes = msgpack.packb(
+        {
+            "missing_bookies": list(missing),
+            "ctime_ms": ctime_ms,
+            "forced_bookies": list(forced),
+            "incomplete_bookies": list(incomplete),
+        }
+    )
+    return packed
+
+
 def _decode(kv: KeyValue) -> UnderreplicatedLedger:
     ledger_id = int(kv.key[len(UNDERREPLICATED_PREFIX) :])
     try:
         record = msgpack.unpackb(kv.value, raw=False)
         return UnderreplicatedLedger(
-            ledger_id, tuple(record["missing_bookies"]), int(record["ctime_ms"]), kv.version
+            ledger_id,
+            tuple(record["missing_bookies"]),
+            int(record["ctime_ms"]),
+            kv.version,
+            tuple(record.get("forced_bookies", ())),
+            tuple(record.get("incomplete_bookies", ())),
         )
-    except (ValueError, KeyError, TypeError, msgpack.ExtraData) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData) as error:
         raise InvalidMetadataError(f"under-replication record {kv.key}: {error!r}") from None
+
+
+def check_lost_bookie_delay(seconds: float) -> float:
+    """`seconds` if it is a usable lost-bookie delay; InvalidArgumentError otherwise."""
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_LOST_BOOKIE_DELAY_SECONDS:
+        raise InvalidArgumentError(
+            f"lost bookie delay {seconds!r} s must be a number in [0, "
+            f"{MAX_LOST_BOOKIE_DELAY_SECONDS:.0f}]"
+        )
+    return float(seconds)
 
 
 class UnderReplicationManager:
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
 
-    async def mark(self, ledger_id: int, missing_bookies: Iterable[str]) -> UnderreplicatedLedger:
-        """Record that `ledger_id` lost copies on `missing_bookies` (merged with earlier marks)."""
-        missing = set(missing_bookies)
+    async def mark(
+        self,
+        ledger_id: int,
+        bookies: Iterable[str],
+        *,
+        forced: bool = False,
+        incomplete: bool = False,
+    ) -> MarkResult:
+        """Record that `ledger_id` lost copies on `bookies` (merged with earlier marks).
+        `forced`: an operator asked to move off them even if they are alive. `incomplete`:
+        they are alive but lack entries of their fragments; fill them in place."""
+        added = set(bookies)
         key = _ur_key(ledger_id)
         while True:
             kv = await self._store.get(key)
             old = None if kv is None else _decode(kv)
-            bookies = tuple(sorted(missing | set(old.missing_bookies if old else ())))
-            if old is not None and bookies == old.missing_bookies:
-                return old
+            missing = set(old.missing_bookies if old else ())
+            forced_set = set(old.forced_bookies if old else ())
+            incomplete_set = set(old.incomplete_bookies if old else ())
+            if incomplete:
+                incomplete_set |= added
+            else:
+                missing |= added
+                if forced:
+                    forced_set |= added
+            new = (tuple(sorted(missing)), tuple(sorted(forced_set)), tuple(sorted(incomplete_set)))
+            if old is not None and new == (
+                old.missing_bookies,
+                old.forced_bookies,
+                old.incomplete_bookies,
+            ):
+                return MarkResult(old, created=False, changed=False)
             ctime_ms = old.ctime_ms if old else now_ms()
-            value = msgpack.packb({"missing_bookies": list(bookies), "ctime_ms": ctime_ms})
             try:
                 version = await self._store.compare_and_swap(
-                    key, value, expected_version=0 if kv is None else kv.version
+                    key,
+                    _encode_mark(new[0], ctime_ms, new[1], new[2]),
+                    expected_version=0 if kv is None else kv.version,
                 )
-            except MetadataVersionError:
-                continue  # Marked concurrently by another auditor run: merge again.
-            return UnderreplicatedLedger(ledger_id, bookies, ctime_ms, version)
+            except (MetadataVersionError, MetadataOutcomeUnknownError):
+                continue  # Marked concurrently (or we do not know): read and merge again.
+            record = UnderreplicatedLedger(ledger_id, new[0], ctime_ms, version, new[1], new[2])
+            return MarkResult(record, created=old is None, changed=True)
+
+    async def narrow(
+        self,
+        record: UnderreplicatedLedger,
+        still_missing: Collection[str],
+        still_incomplete: Collection[str],
+    ) -> bool:
+        """Keep only the record's bookies still missing and still incomplete; drop the mark
+        when none is left.
+
+        Compare-and-swap on the record's version: False (nothing written) when it changed
+        since it was read, so a concurrent mark is never lost."""
+        keep = tuple(b for b in record.missing_bookies if b in still_missing)
+        keep_incomplete = tuple(b for b in record.incomplete_bookies if b in still_incomplete)
+        if keep == record.missing_bookies and keep_incomplete == record.incomplete_bookies:
+            return True
+        key = _ur_key(record.ledger_id)
+        try:
+            if not keep and not keep_incomplete:
+                await self._store.delete(key, expected_version=record.version)
+            else:
+                forced = [b for b in record.forced_bookies if b in keep]
+                await self._store.compare_and_swap(
+                    key,
+                    _encode_mark(keep, record.ctime_ms, forced, keep_incomplete),
+                    expected_version=record.version,
+                )
+        except MetadataVersionError:
+            return False
+        return True
 
     async def get(self, ledger_id: int) -> UnderreplicatedLedger | None:
         kv = await self._store.get(_ur_key(ledger_id))
@@ -90,6 +207,13 @@ class UnderReplicationManager:
     async def list(self) -> AsyncIterator[UnderreplicatedLedger]:
         async for kv in self._store.iterate_prefix(UNDERREPLICATED_PREFIX):
             yield _decode(kv)
+
+    async def locked(self) -> set[int]:
+        """Ids of the ledgers a worker (or an admin command) holds the lock of now."""
+        return {
+            int(kv.key[len(LOCKS_PREFIX) :])
+            async for kv in self._store.iterate_prefix(LOCKS_PREFIX, keys_only=True)
+        }
 
     async def claim(
         self, ledger_id: int, lease: Lease, *, owner: str = ""
@@ -105,12 +229,19 @@ class UnderReplicationManager:
             )
         except MetadataVersionError:
             return None
+        record = await self.get(ledger_id)  # The version the lock holder completes against.
+        if record is None:
+            await self.release(ledger_id)
         return record
 
-    async def claim_next(self, lease: Lease, *, owner: str = "") -> UnderreplicatedLedger | None:
-        """Lock the first under-replicated ledger nobody holds; None if there is none."""
+    async def claim_next(
+        self, lease: Lease, *, owner: str = "", skip: Collection[int] = ()
+    ) -> UnderreplicatedLedger | None:
+        """Lock the first under-replicated ledger nobody holds and not in `skip` (ledgers the
+        caller is backing off from); None if there is none."""
+        locked = await self.locked()
         async for record in self.list():
-            if await self._store.get(_lock_key(record.ledger_id)) is not None:
+            if record.ledger_id in locked or record.ledger_id in skip:
                 continue
             claimed = await self.claim(record.ledger_id, lease, owner=owner)
             if claimed is not None:
@@ -140,6 +271,109 @@ class UnderReplicationManager:
             await self._store.delete(DISABLE_KEY)
         else:
             await self._store.put(DISABLE_KEY, b"")
+
+    # --- controls the auditor follows -----------------------------------------------------
+
+    async def lost_bookie_delay(self) -> float | None:
+        """The delay an operator set (`lostbookierecoverydelay --set`); None: the config's."""
+        kv = await self._store.get(LOST_BOOKIE_DELAY_KEY)
+        if kv is None:
+            return None
+        try:
+            return check_lost_bookie_delay(float(kv.value.decode()))
+        except (ValueError, UnicodeDecodeError, InvalidArgumentError) as error:
+            raise InvalidMetadataError(f"{LOST_BOOKIE_DELAY_KEY}: {error}") from None
+
+    async def set_lost_bookie_delay(self, seconds: float | None) -> None:
+        """Set the cluster-wide lost-bookie delay (None: back to each auditor's config)."""
+        if seconds is None:
+            await self._store.delete(LOST_BOOKIE_DELAY_KEY)
+            return
+        value = check_lost_bookie_delay(seconds)
+        await self._store.put(LOST_BOOKIE_DELAY_KEY, repr(value).encode())
+
+    async def request_audit(self) -> int:
+        """Ask the elected auditor to audit now (it watches the key); the request's revision."""
+        return await self._store.put(AUDIT_REQUEST_KEY, str(now_ms()).encode())
+
+    def watch_controls(self, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+        """Changes to the delay and audit requests (for the auditor)."""
+        return self._store.watch_prefix(CONTROL_PREFIX, start_revision=start_revision)
+
+
+@dataclass(frozen=True, slots=True)
+class Decommissioned:
+    bookie_id: str
+    ctime_ms: int
+
+
+class DecommissionRegistry:
+    """Bookies an operator decommissioned: they register read-only, whatever their disks say,
+    until `recommission` removes them; the auditor counts them as lost."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self._store = store
+
+    @staticmethod
+    def key(bookie_id: str) -> str:
+        if not bookie_id or "/" in bookie_id:
+            raise InvalidArgumentError(f"bookie id {bookie_id!r} must be non-empty, no '/'")
+        return DECOMMISSIONED_PREFIX + bookie_id
+
+    async def add(self, bookie_id: str) -> Decommissioned:
+        """Idempotent: a bookie decommissioned twice keeps its first time."""
+        key = self.key(bookie_id)
+        while True:
+            kv = await self._store.get(key)
+            if kv is not None:
+                return self._decode(kv)
+            ctime = now_ms()
+            try:
+                await self._store.compare_and_swap(
+                    key, msgpack.packb({"ctime_ms": ctime}), expected_version=0
+                )
+            except (MetadataVersionError, MetadataOutcomeUnknownError):
+                continue
+            return Decommissioned(bookie_id, ctime)
+
+    async def remove(self, bookie_id: str) -> bool:
+        """False when the bookie was not decommissioned."""
+        return await self._store.delete(self.key(bookie_id))
+
+    async def get(self, bookie_id: str) -> Decommissioned | None:
+        kv = await self._store.get(self.key(bookie_id))
+        return None if kv is None else self._decode(kv)
+
+    async def list(self) -> list[Decommissioned]:
+        return [self._decode(kv) async for kv in self._store.iterate_prefix(DECOMMISSIONED_PREFIX)]
+
+    async def ids(self) -> set[str]:
+        return {item.bookie_id for item in await self.list()}
+
+    async def watch(self, bookie_id: str) -> AsyncIterator[bool]:
+        """Whether `bookie_id` is decommissioned now, then again after every change."""
+        key = self.key(bookie_id)
+        revision = await self._store.current_revision()
+        current = await self._store.get(key) is not None
+        yield current
+        events = self._store.watch_prefix(key, start_revision=revision + 1)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.key != key:
+                    continue
+                now = event.kind is EventKind.PUT
+                if now != current:
+                    current = now
+                    yield current
+
+    @staticmethod
+    def _decode(kv: KeyValue) -> Decommissioned:
+        bookie_id = kv.key[len(DECOMMISSIONED_PREFIX) :]
+        try:
+            record = msgpack.unpackb(kv.value, raw=False)
+            return Decommissioned(bookie_id, int(record["ctime_ms"]))
+        except (ValueError, KeyError, TypeError, msgpack.ExtraData) as error:
+            raise InvalidMetadataError(f"decommission record {kv.key}: {error!r}") from None
 
 
 class AuditorLeadership:

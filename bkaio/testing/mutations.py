@@ -7,6 +7,9 @@ to prove that their checker notices (a suite that passes with a broken bookie pr
 - `UnfencedRecoveryReads` (client, `BookKeeper(..., recovery_reads=UNFENCED_RECOVERY_READS)`):
   recovery reads lose their FENCE flag (BookKeeper issue 2614); F8's mutation check, in the real
   fault suite and in the simulator, must see the lost acknowledged write.
+- `LimboTrustingRecoveryReads` (client, `recovery_reads=LIMBO_TRUSTING_RECOVERY_READS`): recovery
+  takes a reformatted bookie's DATA_UNKNOWN (its ledger in limbo) for "no such entry", as if it
+  were true testimony; F28's mutation check must see the ledger sealed short.
 
 Never used outside tests: nothing in production imports this package.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from bkaio.errors import ConfigError
+from bkaio.errors import ConfigError, DataUnknownError, NoSuchEntryError
 from bkaio.journal.writer import Group, JournalFileWriter
 from bkaio.ledger_client.types import AddCallback, BookieOps, EntriesAnswer, LacAnswer, StoredCopy
 
@@ -30,8 +33,8 @@ class AckBeforeSync:
         return 0.0
 
 
-class UnfencedReads:
-    """A client's bookie operations with the FENCE flag taken off every entry read."""
+class _PassThroughOps:
+    """A client's bookie operations, passed on unchanged (the mutations below override one)."""
 
     def __init__(self, ops: BookieOps) -> None:
         self._ops = ops
@@ -72,9 +75,8 @@ class UnfencedReads:
         fence: bool = False,
         master_key: bytes | None = None,
     ) -> StoredCopy:
-        del fence  # The mutation.
         return await self._ops.read_entry(
-            bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
+            bookie_id, ledger_id, entry_id, fence=fence, master_key=master_key
         )
 
     async def read_entries(
@@ -123,6 +125,55 @@ class UnfencedReads:
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         await self._ops.write_lac(bookie_id, ledger_id, master_key, lac)
+
+
+class UnfencedReads(_PassThroughOps):
+    """A client's bookie operations with the FENCE flag taken off every entry read."""
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        del fence  # The mutation.
+        return await self._ops.read_entry(
+            bookie_id, ledger_id, entry_id, fence=False, master_key=master_key
+        )
+
+
+class LimboTrustingReads(_PassThroughOps):
+    """A client's bookie operations that take DATA_UNKNOWN (a bookie in limbo) for NO_SUCH_ENTRY."""
+
+    async def read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+    ) -> StoredCopy:
+        try:
+            return await self._ops.read_entry(
+                bookie_id, ledger_id, entry_id, fence=fence, master_key=master_key
+            )
+        except DataUnknownError as unknown:  # The mutation: believe the amnesiac witness.
+            raise NoSuchEntryError(f"{bookie_id}: entry {entry_id}: {unknown}") from unknown
+
+
+class LimboTrustingRecoveryReads:
+    """BROKEN on purpose: a `RecoveryReadPolicy` whose recovery counts a bookie in limbo's
+    DATA_UNKNOWN as a "no" towards an entry's absence."""
+
+    def reader_ops(self, ops: BookieOps) -> BookieOps:
+        return LimboTrustingReads(ops)
+
+
+LIMBO_TRUSTING_RECOVERY_READS: Final = LimboTrustingRecoveryReads()
 
 
 class UnfencedRecoveryReads:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -143,3 +145,41 @@ async def entries_held(cluster: BookieCluster, bookie_id: str, ledger_id: int) -
 
 def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+async def bookie_metrics(admin_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The bookie's /metrics as {(sample name, sorted labels): value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"{admin_url}/metrics", timeout=10.0) as response:
+            return str(response.read().decode())
+
+    text = await asyncio.to_thread(fetch)
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:
+    """Sum of a metric over all its label sets (0 when absent)."""
+    return sum(value for (sample, _), value in samples.items() if sample == name)
+
+
+BKAIO_COMMAND = str(Path(sys.executable).parent / "bkaio")
+
+
+async def bkaio_cli(*args: str, timeout_seconds: float = 180.0) -> subprocess.CompletedProcess[str]:
+    """`bkaio ARGS...` in a subprocess (off the event loop); stdout, stderr and exit code."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [BKAIO_COMMAND, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_seconds,
+        check=False,
+    )

@@ -202,6 +202,7 @@ def test_missing_things_get_a_json_404(http: Http) -> None:
         ("DELETE", "/api/v1/ledger/delete?ledger_id=1", None),
         ("PUT", "/api/v1/autorecovery/status?enabled=false", None),
         ("PUT", "/api/v1/autorecovery/trigger_audit", None),
+        ("PUT", "/api/v1/autorecovery/lost_bookie_recovery_delay", {"delay_seconds": 5}),
         ("PUT", "/api/v1/autorecovery/bookie", {"bookie_src": "127.0.0.1:1"}),
         ("PUT", "/api/v1/autorecovery/decommission", {"bookie_src": "127.0.0.1:1"}),
         ("GET", "/api/v1/autorecovery/ledger_key?ledger_id=1", None),
@@ -212,6 +213,25 @@ def test_modifying_endpoints_need_the_token(http: Http, method: str, path: str, 
     assert status == 401 and answer["kind"] == "Unauthorized"
     status, answer = http.call(path, method, body, token="not-the-token")
     assert status == 403 and answer["kind"] == "Forbidden"
+
+
+def test_lost_bookie_recovery_delay_read_set_and_reset(http: Http) -> None:
+    path = "/api/v1/autorecovery/lost_bookie_recovery_delay"
+    before = http.ok(path)
+    assert before["source"] == "config" and before["delay_seconds"] >= 0
+    assert http.ok(path, method="PUT", body={"delay_seconds": 600}, authorized=True) == {
+        "delay_seconds": 600,
+        "source": "metadata",
+    }
+    assert http.ok(path) == {"delay_seconds": 600, "source": "metadata"}
+    for bad in ({}, {"delay_seconds": "soon"}, {"delay_seconds": True}, {"delay_seconds": -1}):
+        status, answer = http.call(path, "PUT", bad, authorized=True)
+        assert status == 400 and "error" in answer, (bad, answer)
+    assert http.ok(path) == {
+        "delay_seconds": 600,
+        "source": "metadata",
+    }  # Bad input changed nothing.
+    assert http.ok(path, method="PUT", body={"delay_seconds": None}, authorized=True) == before
 
 
 def test_delete_and_gc_with_the_token(cluster: Standalone, http: Http) -> None:

@@ -148,13 +148,11 @@ def test_bookie_format_refuses_to_wipe_data_without_force(tmp_path: Path) -> Non
     assert info["bookie_id"] == "127.0.0.1:45181" and info["shards"] == 1
 
 
-def test_recover_of_a_bookie_that_held_nothing_reports_zero(tmp_path: Path) -> None:
+def test_recover_of_an_unknown_bookie_fails_naming_it(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'meta.db'}"
     initialise_cluster_blocking(uri)
     done = bkaio("shell", "recover", "127.0.0.1:1", "--metadata", uri, "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    assert report["bookie_id"] == "127.0.0.1:1" and report["ledgers_replicated"] == 0
+    assert done.returncode == 1 and "127.0.0.1:1" in done.stderr and "unknown" in done.stderr
     auditor = json.loads(bkaio("shell", "whoisauditor", "--json", "--metadata", uri).stdout)
     assert auditor == {"auditor": None}
     assert (

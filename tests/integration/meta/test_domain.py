@@ -174,7 +174,7 @@ async def test_cookies_are_compare_and_swapped(meta: Metadata) -> None:
 async def test_underreplication_mark_claim_complete(meta: Metadata) -> None:
     await meta.underreplication.mark(7, ["b1:1"])
     marked = await meta.underreplication.mark(7, ["b2:1"])
-    assert marked.missing_bookies == ("b1:1", "b2:1")
+    assert marked.record.missing_bookies == ("b1:1", "b2:1") and marked.changed
     await meta.underreplication.mark(8, ["b1:1"])
     assert [r.ledger_id async for r in meta.underreplication.list()] == [7, 8]
 

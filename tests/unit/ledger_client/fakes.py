@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from bkaio.errors import (
     BKTimeoutError,
     BookieUnavailableError,
+    DataUnknownError,
     EntryConflictError,
     LedgerFencedError,
     MetadataVersionError,
@@ -49,6 +50,12 @@ class FakeBookie:
     def __init__(self, bookie_id: str) -> None:
         self.bookie_id = bookie_id
         self.ledgers: dict[int, _FakeLedger] = {}
+        self.limbo: set[int] = set()  # Ledgers it may have lost entries of (a reformat).
+
+    def reformat(self) -> None:
+        """Its disks wiped: every ledger it held goes into limbo, its entries are gone."""
+        self.limbo |= set(self.ledgers)
+        self.ledgers.clear()
 
     def _ledger(self, ledger_id: int, master_key: bytes) -> _FakeLedger:
         ledger = self.ledgers.setdefault(ledger_id, _FakeLedger(master_key))
@@ -57,6 +64,8 @@ class FakeBookie:
         return ledger
 
     def add(self, ledger_id: int, copy: StoredCopy, master_key: bytes, recovery: bool) -> None:
+        if ledger_id in self.limbo and not recovery:
+            raise LedgerFencedError(f"{self.bookie_id}: ledger {ledger_id} is in limbo")
         ledger = self._ledger(ledger_id, master_key)
         if ledger.fenced and not recovery:
             raise LedgerFencedError(f"{self.bookie_id}: ledger {ledger_id} is fenced")
@@ -72,9 +81,11 @@ class FakeBookie:
             assert master_key is not None
             self._ledger(ledger_id, master_key).fenced = True
         ledger = self.ledgers.get(ledger_id)
+        copy = None if ledger is None else ledger.entries.get(entry_id)
+        if copy is None and ledger_id in self.limbo:
+            raise DataUnknownError(f"{self.bookie_id}: ledger {ledger_id} is in limbo")
         if ledger is None:
             raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
-        copy = ledger.entries.get(entry_id)
         if copy is None:
             raise NoSuchEntryError(f"{self.bookie_id}: no entry {entry_id}")
         return copy

@@ -156,7 +156,7 @@ def test_malformed_requests_name_the_problem(body: Any, match: str) -> None:
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        ([2, 1, 15, 7, 0], r"ADD_ENTRY response field 2 \(status\) is not a known Status, got 15"),
+        ([2, 1, 99, 7, 0], r"ADD_ENTRY response field 2 \(status\) is not a known Status, got 99"),
         ([2, 1, -1, 7, 0], r"field 2 \(status\) is not a known Status, got -1"),
         ([2, 1, False, 7, 0], r"field 2 \(status\) must be int, got bool"),
         ([2, 1, 0, 7], r"ADD_ENTRY response has 4 fields, expected 5"),

@@ -1,0 +1,171 @@
+"""The replication worker's claim loop against a fake replicator, on SQLite metadata: a ledger
+that cannot be copied gives its lock back, is backed off and does not stop the others; marks
+whose bookies are back are dropped without copying; a bug restarts the worker under its
+supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bkaio.autorecovery import (
+    AutorecoveryMetrics,
+    LedgerReplication,
+    Outcome,
+    ReplicationError,
+    ReplicationWorker,
+)
+from bkaio.meta import Metadata, open_metadata
+from bkaio.supervision import Restart, Supervisor
+
+
+@pytest.fixture
+async def meta(sqlite_metadata_uri: str) -> AsyncIterator[Metadata]:
+    metadata = await open_metadata(sqlite_metadata_uri)
+    try:
+        yield metadata
+    finally:
+        await metadata.close()
+
+
+class FakeReplicator:
+    """Stands in for `Replicator` (its whole public interface: `registered` and
+    `replicate_ledger`); fails the ledgers in `failing`, raises `bug` once if set."""
+
+    def __init__(self, registered: set[str], failing: set[int]) -> None:
+        self._registered = registered
+        self.failing = failing
+        self.calls: list[int] = []
+        self.bug: BaseException | None = None
+
+    def registered(self) -> set[str]:
+        return set(self._registered)
+
+    async def replicate_ledger(
+        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+    ) -> LedgerReplication:
+        del bookie_ids, recover_open_tail
+        self.calls.append(ledger_id)
+        if self.bug is not None:
+            bug, self.bug = self.bug, None
+            raise bug
+        if ledger_id in self.failing:
+            raise ReplicationError(f"ledger {ledger_id}: entry 3 unreadable", ledger_id=ledger_id)
+        return LedgerReplication(ledger_id, Outcome.DONE, 1, 10, 100, False, 0.01)
+
+
+def _worker(
+    meta: Metadata, replicator: FakeReplicator, metrics: AutorecoveryMetrics
+) -> ReplicationWorker:
+    return ReplicationWorker(
+        meta,
+        replicator,  # type: ignore[arg-type]  # The fake stands in for Replicator.
+        metrics,
+        owner="test-worker",
+        lease_ttl_seconds=5.0,
+        concurrency=1,
+        retry_backoff_seconds=0.2,
+        retry_backoff_max_seconds=0.8,
+        poll_interval_seconds=0.1,
+    )
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], seconds: float) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {seconds} s")
+
+
+async def test_a_failing_ledger_is_released_backed_off_and_others_go_on(meta: Metadata) -> None:
+    """Defect 2: one failing copy ended the worker's loop for good."""
+    await meta.underreplication.mark(1, ["dead:1"])
+    await meta.underreplication.mark(2, ["dead:1"])
+    replicator = FakeReplicator(registered=set(), failing={1})
+    metrics = AutorecoveryMetrics()
+    task = asyncio.create_task(_worker(meta, replicator, metrics).run())
+    try:
+
+        async def second_done() -> bool:
+            return await meta.underreplication.get(2) is None
+
+        await _until(second_done, 10.0)
+        started = time.monotonic()
+
+        async def retried() -> bool:
+            return replicator.calls.count(1) >= 3
+
+        await _until(retried, 10.0)
+        assert not task.done()
+        assert await meta.underreplication.get(1) is not None  # Still marked...
+        held = 0
+        for _ in range(10):  # ...and not held while the worker backs off.
+            held += 1 in await meta.underreplication.locked()
+            await asyncio.sleep(0.1)
+        assert held <= 2, held
+        tries = replicator.calls.count(1)
+        # Retried with a growing backoff (0.2, 0.4, 0.8, 0.8 s ...), not in a tight loop.
+        assert tries <= 3 + (time.monotonic() - started) / 0.2, replicator.calls
+        replicator.failing.clear()
+
+        async def first_done() -> bool:  # Counted once the mark is gone and the lock back.
+            replicated = metrics.registry.get_sample_value(
+                "bkaio_autorecovery_ledgers_replicated_total"
+            )
+            return replicated == 2 and await meta.underreplication.get(1) is None
+
+        await _until(first_done, 10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    registry = metrics.registry
+    assert (
+        registry.get_sample_value("bkaio_autorecovery_replication_failures_total") or 0
+    ) >= tries
+    assert registry.get_sample_value("bkaio_autorecovery_ledgers_replicated_total") == 2
+
+
+async def test_a_mark_whose_bookies_are_back_is_dropped_without_copying(meta: Metadata) -> None:
+    await meta.underreplication.mark(5, ["back:1"])
+    await meta.underreplication.mark(6, ["back:1", "dead:1"])
+    await meta.underreplication.mark(7, ["back:1"], forced=True)
+    replicator = FakeReplicator(registered={"back:1"}, failing=set())
+    task = asyncio.create_task(_worker(meta, replicator, AutorecoveryMetrics()).run())
+    try:
+
+        async def all_done() -> bool:
+            return [r async for r in meta.underreplication.list()] == []
+
+        await _until(all_done, 10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sorted(replicator.calls) == [6, 7]  # 5 only named a bookie that is back.
+
+
+async def test_a_bug_in_the_worker_is_reported_and_the_worker_restarted(meta: Metadata) -> None:
+    await meta.underreplication.mark(9, ["dead:1"])
+    replicator = FakeReplicator(registered=set(), failing=set())
+    replicator.bug = RuntimeError("a bug")
+    registry = CollectorRegistry()
+    supervisor = Supervisor("autorecovery", registry=registry)
+    worker = _worker(meta, replicator, AutorecoveryMetrics(registry))
+    supervisor.spawn("replication_worker", worker.run, Restart(initial_delay_seconds=0.05))
+    try:
+
+        async def done() -> bool:
+            return await meta.underreplication.get(9) is None
+
+        await _until(done, 10.0)
+    finally:
+        await supervisor.stop()
+    (status,) = supervisor.statuses()
+    assert status.failures == 1 and "a bug" in (status.last_error or "")
+    assert (
+        registry.get_sample_value("bkaio_task_failures_total", {"task": "replication_worker"}) == 1
+    )
