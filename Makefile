@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed-stamp
 PYTEST_ARGS ?=
 
 # Targets that are not files.
-.PHONY: soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-reads bench-replay bench-idle clean system-deps venv
+.PHONY: sim soak fuzz selfcheck run stop test test-unit lint fmt bench bench-quick bench-ab bench-micro bench-codec bench-journal bench-bookie bench-meta bench-spark bench-reads bench-replay bench-idle clean system-deps venv
 
 venv: $(STAMP)
 
@@ -109,6 +109,21 @@ bench-meta: venv system-deps
 
 bench-spark: $(TEST_STAMP)
 	$(PY) benchmarks/spark_bench.py
+
+# Deterministic simulation of the real bookie and client code (docs/faults.md): `make sim
+# SEEDS=N` runs seeds 0..N-1 (every one must pass), then checks that each deliberately broken
+# part is caught within 1000 seeds; `make sim SEED=S` replays one seed and prints its report;
+# MUTATION=name runs with that broken part (with SEEDS: until a seed catches it); SCENARIO=name
+# runs only that scenario. JOBS workers.
+SEEDS ?= 1000
+SEED ?=
+MUTATION ?=
+SCENARIO ?=
+JOBS ?= 2
+sim: venv
+	PYTHONHASHSEED=0 $(PY) -m bkaio.testing.sim --jobs $(JOBS) \
+		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(MUTATION),,--mutation-checks 1000)) \
+		$(if $(MUTATION),--mutation $(MUTATION)) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # The read targets (docs/benchmarks.md, "Reads"), about 8 minutes: sequential reads of a closed
 # 200k x 1 KiB ledger (E3/Qw3 and E5/Qw2), tailing at 5k/s, a 1M catch-up read under 5k/s

@@ -22,6 +22,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def jitter_source() -> random.Random:
+    """A generator for one schedule's jitter, seeded from the global generator: a process that
+    seeds `random` (the deterministic simulation does) gets the same delays on every run."""
+    return random.Random(random.getrandbits(64))
+
+
 @dataclass
 class Backoff:
     """Delays of `initial * multiplier**n`, capped at `maximum`, each jittered down by up to
@@ -31,7 +37,7 @@ class Backoff:
     maximum: float
     multiplier: float = 2.0
     jitter: float = 0.5
-    rng: random.Random = field(default_factory=random.Random, repr=False)
+    rng: random.Random = field(default_factory=jitter_source, repr=False)
     failures: int = 0  # Delays handed out since the last reset.
 
     def __post_init__(self) -> None:

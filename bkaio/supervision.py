@@ -57,7 +57,7 @@ from typing import Any, Final
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from bkaio.backoff import Backoff
+from bkaio.backoff import Backoff, jitter_source
 
 log = structlog.get_logger(__name__)
 
@@ -177,7 +177,7 @@ class Supervisor:
         self.service = service
         self._log = log.bind(service=service)
         self._failures = task_failures_counter(registry)
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else jitter_source()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._status: dict[str, TaskStatus] = {}
         self._stopping = False
@@ -239,7 +239,7 @@ class Supervisor:
             backoff = Backoff(policy.initial_delay_seconds, policy.max_delay_seconds, rng=self._rng)
         while True:
             status.state = TaskState.RUNNING
-            started = time.monotonic()
+            started = asyncio.get_running_loop().time()  # The loop's clock (virtual in the sim).
             try:
                 await factory()
             except asyncio.CancelledError:
@@ -249,7 +249,7 @@ class Supervisor:
                 if isinstance(error, KeyboardInterrupt | SystemExit):
                     raise
                 # A run that lasted long enough was healthy: start the schedule again.
-                ran = time.monotonic() - started
+                ran = asyncio.get_running_loop().time() - started
                 if isinstance(policy, Restart | Degrade) and ran >= policy.healthy_after_seconds:
                     assert backoff is not None
                     backoff.reset()

@@ -8,7 +8,8 @@ every round) repeat until M minutes have passed, so a soak has a wall-clock leng
 
 Each real scenario runs as its own pytest process with BKAIO_SOAK=1 and BKAIO_SEED=<seed>, so a
 crash or hang stays contained and any failure is replayed with the printed command. The
-simulator runs in this process (PYTHONHASHSEED is pinned to 0 so seeds replay exactly). Prints
+simulator's seeds run in processes forked from this one (bkaio.testing.sim.pool; PYTHONHASHSEED
+is pinned to 0 so seeds replay exactly, each with `make sim SEED=...`). Prints
 one table: scenario, seeds, operations, acknowledged, lost (must be 0), violations, failed runs.
 Exits non-zero when anything was lost, violated or failed.
 """
@@ -88,39 +89,37 @@ def _run_real(test_id: str, seed: int, rows: dict[str, Row], timeout: float) -> 
 
 
 def _run_sim(seeds: int, first: int, rows: dict[str, Row]) -> None:
-    from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS
-    from bkaio.testing.mutations import UNFENCED_RECOVERY_READS
-    from bkaio.testing.sim.scenarios import run_seed
+    """The deterministic simulation (bkaio.testing.sim): `seeds` seeds that must all pass, and
+    each mutation, which must be caught (some seed fails) within min(seeds, 1000) seeds."""
+    from bkaio.testing.sim.pool import run_seeds, search_mutation
+    from bkaio.testing.sim.runner import MUTATIONS
 
-    # (row, scenario, recovery-read policy): the mutation row must find its lost write.
-    runs = (
-        ("sim-race", "race", FENCED_RECOVERY_READS),
-        ("sim-f8", "f8", FENCED_RECOVERY_READS),
-        ("sim-f8-mutation-unfenced-recovery-reads", "f8", UNFENCED_RECOVERY_READS),
-    )
-    for name, scenario, recovery_reads in runs:
-        mutant = recovery_reads is not FENCED_RECOVERY_READS
-        count = seeds if scenario == "race" else max(1, seeds // 20)
-        row = rows[name]
-        for seed in range(first, first + count):
-            outcome = run_seed(scenario, seed, recovery_reads=recovery_reads)
+    jobs = min(2, os.cpu_count() or 1)
+    row = rows["sim"]
+    for outcome in run_seeds(((s, None, None) for s in range(first, first + seeds)), workers=jobs):
+        row.seeds += 1
+        row.ops += outcome.result.stats.get("ops", 0)
+        row.acknowledged += outcome.result.stats.get("acknowledged", 0)
+        row.lost += outcome.result.lost
+        row.violations += len(outcome.result.violations)
+        if outcome.failed:
+            row.failed_runs += 1
+            row.failures.append(f"{outcome.reproduce}  # {outcome.scenario}")
+    for mutation in MUTATIONS:
+        row = rows[f"sim-mutation-{mutation}"]
+        limit = min(seeds, 1000)
+        search = search_mutation(mutation, first, limit, workers=jobs)
+        for outcome in search.outcomes:
             row.seeds += 1
-            row.ops += outcome.ops
-            row.acknowledged += outcome.acked
+            row.ops += outcome.result.stats.get("ops", 0)
+            row.acknowledged += outcome.result.stats.get("acknowledged", 0)
             row.lost += outcome.result.lost
             row.violations += len(outcome.result.violations)
-            caught = "lost-acked-write" in outcome.result.kinds()
-            if (mutant and not caught) or (
-                not mutant and (outcome.liveness_error or not outcome.result.valid)
-            ):
-                row.failed_runs += 1
-                policy = ", recovery_reads=UNFENCED_RECOVERY_READS" if mutant else ""
-                row.failures.append(
-                    f"PYTHONHASHSEED=0 python -c 'from bkaio.testing.sim.scenarios import run_seed;"
-                    f"{' from bkaio.testing.mutations import UNFENCED_RECOVERY_READS;' * mutant}"
-                    f' print(run_seed("{scenario}", {seed}{policy}))\'  # {outcome.liveness_error}'
-                    f"{' (mutation not caught)' * mutant}"
-                )
+        if search.caught is None:
+            row.failed_runs += 1
+            row.failures.append(
+                f"make sim SEEDS={limit} MUTATION={mutation}  # mutation not caught"
+            )
 
 
 def main() -> int:

@@ -125,6 +125,7 @@ class ShardWorker:
             disk=self.seams.disk,
             crash_points=self.seams.crash_points,
             ack_policy=self.seams.journal_ack,
+            threads=self.seams.threads,
         )
         journal.on_failure = self._journal_failed
         self._journals.append(journal)
@@ -170,6 +171,7 @@ class ShardWorker:
                 usage_function=self.seams.disk.usage,
                 entry_log_disk=self.seams.disk,
                 crash_points=self.seams.crash_points,
+                threads=self.seams.threads,
             )
         except BKError as error:
             self.log.error("shard_storage_open_failed", error=str(error))

@@ -22,7 +22,7 @@ import contextlib
 import shutil
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 
 import structlog
@@ -68,6 +68,7 @@ from bkaio.wal.records import (
     LacRecord,
     MasterKeyRecord,
 )
+from bkaio.wal.threads import OS_THREAD_POOLS, ThreadPools
 
 __all__ = [
     "CompactionReport",
@@ -95,8 +96,8 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         indexes: list[LedgerIndex],
         states: dict[int, LedgerState],
         usage_function: UsageFunction,
-        storage_thread: ThreadPoolExecutor,
-        reader_pool: ThreadPoolExecutor,
+        storage_thread: Executor,
+        reader_pool: Executor,
         crash_points: CrashPoints = NO_CRASH_POINTS,
         disk: Disk = OS_DISK,
     ) -> None:
@@ -163,15 +164,17 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         usage_function: UsageFunction = shutil.disk_usage,
         entry_log_disk: Disk = OS_DISK,
         crash_points: CrashPoints = NO_CRASH_POINTS,
+        threads: ThreadPools = OS_THREAD_POOLS,
     ) -> ShardStorage:
         """Check cookies, open indexes and entry logs, replay the journal, checkpoint.
 
         `entry_log_disk` is what the entry logs write and sync through, `crash_points` where
         the entry logs and checkpoints may stop the process: production defaults, except under
-        a test entry point (bkaio.testing.bookie), which passes the journal's disk."""
+        a test entry point (bkaio.testing.bookie), which passes the journal's disk. `threads`
+        gives the storage thread and the reader pool (the simulation passes its own)."""
         loop = asyncio.get_running_loop()
-        storage_thread = ThreadPoolExecutor(1, thread_name_prefix="bkaio-storage")
-        reader_pool = ThreadPoolExecutor(4, thread_name_prefix="bkaio-storage-read")
+        storage_thread = threads.pool("bkaio-storage", 1)
+        reader_pool = threads.pool("bkaio-storage-read", 4)
         try:
             cookie, logs, indexes, states, marks = await loop.run_in_executor(
                 storage_thread,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,8 +139,8 @@ class StorageState:
     _usage_function: UsageFunction
     _crash_points: CrashPoints
     _disk: Disk
-    _storage_thread: ThreadPoolExecutor
-    _reader_pool: ThreadPoolExecutor
+    _storage_thread: Executor
+    _reader_pool: Executor
     _loop: asyncio.AbstractEventLoop
     _ledgers: dict[int, _Ledger]
     _dirty: set[int]

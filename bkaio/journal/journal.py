@@ -65,6 +65,7 @@ from bkaio.journal.records import (
 )
 from bkaio.journal.replay import JournalReader
 from bkaio.journal.stats import JournalStats
+from bkaio.journal.threads import OS_THREADS, SerialWorker, Threads
 from bkaio.journal.writer import (
     ACK_AFTER_SYNC,
     Group,
@@ -72,7 +73,6 @@ from bkaio.journal.writer import (
     JournalFileWriter,
     Preallocator,
 )
-from bkaio.journal.writer_thread import WriterThread
 from bkaio.journal.zero_fill import ZeroFiller
 from bkaio.wal.records import ReplayResult
 
@@ -94,7 +94,7 @@ class Journal:
         directory: Path,
         config: JournalConfig,
         loop: asyncio.AbstractEventLoop,
-        executor: WriterThread,
+        executor: SerialWorker,
         writer: JournalFileWriter,
         preallocator: Preallocator | None,
         lock_fd: int,
@@ -158,6 +158,7 @@ class Journal:
         disk: Disk = OS_DISK,
         crash_points: CrashPoints = NO_CRASH_POINTS,
         ack_policy: JournalAckPolicy = ACK_AFTER_SYNC,
+        threads: Threads = OS_THREADS,
     ) -> Journal:
         """Open (creating if needed) and lock one journal directory; start a new file in it.
 
@@ -165,7 +166,8 @@ class Journal:
         appends go to a new file after every existing one. `directory` picks one of
         `config.directories`; it may be omitted when there is only one.
         `disk`, `crash_points` and `ack_policy` keep their production defaults except under a
-        test entry point (bkaio.journal.disk, bkaio.journal.crash_points, JournalAckPolicy).
+        test entry point (bkaio.journal.disk, bkaio.journal.crash_points, JournalAckPolicy);
+        `threads` (the writer's thread) except in the simulation (bkaio.journal.threads).
         """
         if directory is None:
             if len(config.directories) != 1:
@@ -177,9 +179,14 @@ class Journal:
         elif directory not in config.directories:
             raise ConfigError(f"{directory} is not one of journal.directories")
         loop = loop if loop is not None else asyncio.get_running_loop()
-        executor = WriterThread("journal-writer")
+        executor = threads.serial("journal-writer")
         preallocator = (
-            Preallocator(directory, config.max_file_bytes, sync=config.sync)
+            Preallocator(
+                directory,
+                config.max_file_bytes,
+                sync=config.sync,
+                executor=threads.pool("journal-prealloc", 1),
+            )
             if config.preallocate_next_file
             else None
         )

@@ -55,11 +55,19 @@ class Group:
 class Preallocator:
     """Prepares the next journal file in the background (header, zeros, fdatasync)."""
 
-    def __init__(self, directory: Path, size_bytes: int, *, sync: bool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        size_bytes: int,
+        *,
+        sync: bool,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
         self._directory = directory
         self._size_bytes = size_bytes
         self._sync = sync
-        self._executor = concurrent.futures.ThreadPoolExecutor(
+        # One thread of its own (the simulation passes its executor: bkaio.journal.threads).
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="journal-prealloc"
         )
         self._jobs: dict[int, tuple[concurrent.futures.Future[Path | None], list[bool]]] = {}

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import socket
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -331,7 +330,7 @@ class BookieConnection(asyncio.Protocol):
             self._loop.call_soon(callback, BookieUnavailableError(f"{self._label}: client closed"))
             return False
         if self._transport is None and self._connect_task is None:
-            now = time.monotonic()
+            now = self._loop.time()
             if now < self._retry_at:
                 self._loop.call_soon(
                     callback,
@@ -358,7 +357,7 @@ class BookieConnection(asyncio.Protocol):
         """A deadline record for `request_id`; later requests with the same timeout join it
         until the next flush when `batch` and connected (the flush is then scheduled)."""
         self._close_batch()
-        record = [time.monotonic() + timeout, request_id, request_id]
+        record = [self._loop.time() + timeout, request_id, request_id]
         queue = self._deadlines.get(timeout)
         if queue is None:
             queue = self._deadlines[timeout] = deque()
@@ -374,7 +373,7 @@ class BookieConnection(asyncio.Protocol):
         requests were queued since the record opened, so none expires early."""
         record = self._batch
         if record is not None:
-            record[_DEADLINE] = time.monotonic() + cast(float, self._batch_timeout)
+            record[_DEADLINE] = self._loop.time() + cast(float, self._batch_timeout)
             self._batch = None
             self._batch_timeout = None
 
@@ -652,7 +651,7 @@ class BookieConnection(asyncio.Protocol):
         self._paused = False
         if self._writable_waiters:  # After the waiters below failed.
             self._loop.call_soon(self._wake_writable_waiters)
-        self._retry_at = time.monotonic() + self._reconnect.next_delay()
+        self._retry_at = self._loop.time() + self._reconnect.next_delay()
         self._encoder.take()
         waiters, self._waiters = self._waiters, {}
         self._clear_deadlines()
@@ -678,7 +677,7 @@ class BookieConnection(asyncio.Protocol):
         if not waiters:
             self._clear_deadlines()
             return
-        now = time.monotonic()
+        now = self._loop.time()
         expired: list[int] = []
         contains = waiters.__contains__
         for timeout, queue in list(self._deadlines.items()):

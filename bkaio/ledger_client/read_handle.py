@@ -8,7 +8,7 @@ Imports no transport code.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from operator import itemgetter
@@ -156,7 +156,8 @@ class ReadHandle:
             raise InvalidArgumentError(f"ledger {self.ledger_id}: entry id {entry_id} < 0")
         if max_entries is not None and max_entries < 1:
             raise InvalidArgumentError(f"max_entries={max_entries} must be >= 1")
-        deadline = time.monotonic() + timeout
+        clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
+        deadline = clock() + timeout
         while True:
             if self._md.is_closed and entry_id > self._md.last_entry_id:
                 raise NoSuchEntryError(
@@ -174,7 +175,7 @@ class ReadHandle:
                     self._lac, entry_id + (max_entries or self._ctx.config.read_batch_entries) - 1
                 )
                 return await self.read(entry_id, last)
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock()
             if remaining <= 0:
                 return []
             wait = min(remaining, _LONG_POLL_ROUND_SECONDS)

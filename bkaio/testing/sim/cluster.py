@@ -1,411 +1,220 @@
-"""Simulated bookies, network and metadata for the real ledger client (bkaio.ledger_client).
+"""One simulated cluster: bookies, clients, the network, the metadata store and the history.
 
-The client runs unmodified: `SimBookieOps` implements its `BookieOps` seam and `SimLedgerStore`
-its `LedgerStore`. What is simulated is the protocol level:
-- `SimBookie`: one bookie's ledger state with the storage rules of docs/internal-apis.md
-  (master key on first sight, fencing durable and applied even to unknown ledgers, RECOVERY_ADD
-  allowed when fenced, identical re-adds fine and different ones refused, LAC = max of the
-  piggybacked and explicit LACs). Everything it accepted is durable (it answers after "fsync").
-- `SimNetwork`: per (client, bookie) link, seeded latency, random loss (the caller times out),
-  slow messages, bookies that are down (connection refused), and scripted rules that hold, drop
-  or delay one kind of request (the F8 schedule).
-- `SimLedgerStore`: CAS on a version, small random latency, optionally "unknown outcome" on
-  updates (applied, then the reply is lost), as with etcd during a leader change.
+`SimCluster` is built inside a running `SimLoop` (bkaio.testing.sim.loop) from `SimOptions`
+(what one seed decided: sizes, quorums, network and disk models, mutations). Workloads run as
+client processes and record every operation in `history` (bkaio.testing.history); the final
+phase (`finish`) heals the network, repairs disks, restarts every bookie that is down, then a
+fresh client recovers each ledger and reads it back in full, so that the checker can judge the
+whole run (bkaio.testing.checker).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from pathlib import Path
+from typing import Any
 
-from bkaio.errors import (
-    BKError,
-    BKTimeoutError,
-    BookieUnavailableError,
-    EntryConflictError,
-    LedgerFencedError,
-    MetadataVersionError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
-    UnauthorizedError,
-)
-from bkaio.ledger_client.types import AddCallback, EntriesAnswer, LacAnswer, StoredCopy
-from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.meta.ledger_metadata import LedgerMetadata
-from bkaio.protocol.records import pack_record
+from bkaio.errors import BKError
+from bkaio.journal.writer import ACK_AFTER_SYNC, JournalAckPolicy
+from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
+from bkaio.meta.bookies import BookieInfo
+from bkaio.testing.history import History
+from bkaio.testing.sim.disk import DiskModel
+from bkaio.testing.sim.meta import MemoryMetadataServer
+from bkaio.testing.sim.network import NetworkModel, SimNetwork
+from bkaio.testing.sim.nodes import Environment, SimBookie, SimClient
 
-T = TypeVar("T")
-Kind = Literal["add", "read", "read_lac", "write_lac"]
+PASSWORD = b"sim"
+START_TIMEOUT_SECONDS = 30.0
+FINAL_TIMEOUT_SECONDS = 120.0
+FINAL_ATTEMPTS = 5
+FINAL_RETRY_SECONDS = 1.0
 
 
 @dataclass
-class _Ledger:
-    master_key: bytes
-    fenced: bool = False
-    explicit_lac: int = -1
-    entries: dict[int, StoredCopy] = field(default_factory=dict)
-
-    @property
-    def lac(self) -> int:
-        return max(max((c.lac for c in self.entries.values()), default=-1), self.explicit_lac)
-
-
-class SimBookie:
-    def __init__(self, bookie_id: str) -> None:
-        self.bookie_id = bookie_id
-        self.ledgers: dict[int, _Ledger] = {}
-
-    def _keyed(self, ledger_id: int, master_key: bytes) -> _Ledger:
-        ledger = self.ledgers.setdefault(ledger_id, _Ledger(master_key))
-        if ledger.master_key != master_key:
-            raise UnauthorizedError(f"{self.bookie_id}: wrong master key for ledger {ledger_id}")
-        return ledger
-
-    def add(self, ledger_id: int, copy: StoredCopy, master_key: bytes, recovery: bool) -> None:
-        ledger = self._keyed(ledger_id, master_key)
-        if ledger.fenced and not recovery:
-            raise LedgerFencedError(f"{self.bookie_id}: ledger {ledger_id} is fenced")
-        existing = ledger.entries.get(copy.entry_id)
-        if existing is not None and existing.payload != copy.payload:
-            raise EntryConflictError(f"{self.bookie_id}: entry {copy.entry_id} differs")
-        ledger.entries[copy.entry_id] = copy
-
-    def _fence(self, ledger_id: int, master_key: bytes | None) -> None:
-        assert master_key is not None, "a fencing request carries the master key"
-        self._keyed(ledger_id, master_key).fenced = True
-
-    def read(self, ledger_id: int, entry_id: int, fence: bool, key: bytes | None) -> StoredCopy:
-        if fence:
-            self._fence(ledger_id, key)
-        ledger = self.ledgers.get(ledger_id)
-        if ledger is None:
-            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
-        if entry_id == -1:
-            entry_id = max(ledger.entries, default=-1)
-        found = ledger.entries.get(entry_id)
-        if found is None:
-            raise NoSuchEntryError(f"{self.bookie_id}: ledger {ledger_id} has no entry {entry_id}")
-        return found
-
-    def read_entries(
-        self, ledger_id: int, first: int, last: int, stride: int, max_count: int
-    ) -> EntriesAnswer:
-        """The wanted entries held, as records (no byte limit, no long poll)."""
-        ledger = self.ledgers.get(ledger_id)
-        if ledger is None:
-            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
-        parts: list[bytes] = []
-        next_id = first
-        count = 0
-        while next_id <= last and count < max_count:
-            copy = ledger.entries.get(next_id)
-            if copy is not None:
-                parts += pack_record(
-                    ledger_id, next_id, copy.lac, copy.length, copy.digest, copy.payload
-                )
-                count += 1
-            next_id += stride
-        return EntriesAnswer(ledger.lac, next_id, b"".join(parts))
-
-    def read_lac(self, ledger_id: int, fence: bool, key: bytes | None) -> LacAnswer:
-        if fence:
-            self._fence(ledger_id, key)
-        ledger = self.ledgers.get(ledger_id)
-        if ledger is None:
-            raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
-        return LacAnswer(ledger.lac, max(ledger.entries, default=-1))
-
-    def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
-        ledger = self._keyed(ledger_id, master_key)
-        ledger.explicit_lac = max(ledger.explicit_lac, lac)
+class SimOptions:
+    bookies: int = 3
+    quorum: tuple[int, int, int] = (3, 3, 2)  # Ensemble, write quorum, ack quorum.
+    network: NetworkModel = field(default_factory=NetworkModel)
+    disk: DiskModel = field(default_factory=DiskModel)
+    lost_metadata_answers: float = 0.0
+    journal_ack: JournalAckPolicy = ACK_AFTER_SYNC  # A mutation check passes a broken one.
+    recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS  # Likewise.
+    add_timeout: float = 1.0
+    read_timeout: float = 1.0
 
 
-@dataclass
-class SimRule:
-    """A scripted fault on one link: hold (until `SimNetwork.release`), drop, or delay."""
-
-    client: str
-    bookie_id: str
-    kind: Kind
-    action: Literal["hold", "drop", "delay"] = "hold"
-    fence_only: bool = False
-    delay: float = 0.0
-
-
-@dataclass
-class SimFaults:
-    latency: tuple[float, float] = (0.0001, 0.002)
-    loss: float = 0.0  # Chance that a request or its answer is lost.
-    slow: float = 0.0  # Chance of a long delay.
-    slow_latency: tuple[float, float] = (0.05, 0.6)
-
-
-class SimNetwork:
-    def __init__(self, rng: random.Random, bookies: list[SimBookie], faults: SimFaults) -> None:
+class SimCluster:
+    def __init__(self, rng: random.Random, root: Path, options: SimOptions) -> None:
+        loop = asyncio.get_running_loop()
         self.rng = rng
-        self.bookies = {b.bookie_id: b for b in bookies}
-        self.faults = faults
-        self.down: set[str] = set()
-        self.rules: list[SimRule] = []
-        self._held: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
-        self.messages = 0
+        self.root = root
+        self.options = options
+        self.loop = loop
+        network = SimNetwork(loop, random.Random(rng.random()), options.network)
+        loop.network = network  # type: ignore[attr-defined]
+        self.network = network
+        self.env = Environment(
+            loop,
+            network,
+            MemoryMetadataServer(),
+            random.Random(rng.random()),
+            lost_metadata_answers=options.lost_metadata_answers,
+        )
+        self.history = History(clock=loop.time)
+        self.bookies = [
+            SimBookie(
+                self.env,
+                index,
+                root / f"b{index}",
+                DiskModel(**vars(options.disk)),
+                journal_ack=options.journal_ack,
+            )
+            for index in range(options.bookies)
+        ]
+        self.address_book: dict[str, BookieInfo] = {b.bookie_id: b.info for b in self.bookies}
+        self.clients: dict[str, SimClient] = {}
+        self.ledgers: list[int] = []
+        self.notes = self.env.notes  # What the nemesis did (and who exited), for the report.
 
-    def heal(self) -> None:
-        self.faults = SimFaults()
-        self.down.clear()
-        self.rules.clear()
-        for key in list(self._held):
-            self.release(*key)
+    # ----------------------------------------------------------------- processes
 
-    def release(self, client: str, bookie_id: str) -> None:
-        for gate in self._held.pop((client, bookie_id), []):
-            if not gate.done():
-                gate.set_result(None)
+    def bookie(self, bookie_id: str) -> SimBookie:
+        return next(b for b in self.bookies if b.bookie_id == bookie_id)
 
-    def latency(self) -> float:
-        faults = self.faults
-        if faults.slow and self.rng.random() < faults.slow:
-            return self.rng.uniform(*faults.slow_latency)
-        return self.rng.uniform(*faults.latency)
+    def client(self, name: str, **options: Any) -> SimClient:
+        client = SimClient(
+            self.env,
+            name,
+            self.address_book,
+            recovery_reads=self.options.recovery_reads,
+            add_timeout=options.pop("add_timeout", self.options.add_timeout),
+            read_timeout=options.pop("read_timeout", self.options.read_timeout),
+        )
+        assert not options, options
+        client.start()
+        self.clients[name] = client
+        return client
 
-    def rule(self, client: str, bookie_id: str, kind: Kind, fence: bool) -> SimRule | None:
-        for rule in self.rules:
-            if (rule.client, rule.bookie_id, rule.kind) == (client, bookie_id, kind) and (
-                fence or not rule.fence_only
-            ):
-                return rule
+    def note(self, text: str) -> None:
+        self.env.note(text)
+
+    async def start(self) -> None:
+        """Start every bookie and wait until each is registered (one that fails to start
+        exits and is started again)."""
+        for bookie in self.bookies:
+            bookie.start()
+        async with asyncio.timeout(START_TIMEOUT_SECONDS):
+            for bookie in self.bookies:
+                # Polled: a failed start replaces the bookie's events with new ones.
+                while not bookie.registered.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+
+    async def wait_registered(self, count: int) -> None:
+        watcher = self.env.metadata_connection()
+        async with asyncio.timeout(START_TIMEOUT_SECONDS):
+            async for bookies in watcher.bookies.watch():
+                if len(bookies) >= count:
+                    return
+
+    def crash_bookie(self, bookie: SimBookie, *, power_loss: bool) -> None:
+        if bookie.alive:
+            self.note(f"crash {bookie.name} power_loss={power_loss}")
+            bookie.crash(power_loss=power_loss)
+
+    def crash_client(self, client: SimClient) -> None:
+        if client.alive:
+            self.note(f"crash {client.name}")
+            client.crash()
+
+    def isolate(self, bookie: SimBookie) -> None:
+        """Cut `bookie` off from every client (its connections hold until it heals)."""
+        self.note(f"isolate {bookie.name}")
+        self.network.isolate(bookie.name, list(self.clients))
+
+    def restart_bookie(self, bookie: SimBookie) -> None:
+        if not bookie.alive:
+            self.note(f"restart {bookie.name}")
+            bookie.start()
+
+    # ----------------------------------------------------------------- the end
+
+    async def finish(self) -> str | None:
+        """Heal, restart, recover and read every ledger; a liveness problem or None."""
+        self.note("final phase")
+        self.network.heal()
+        for bookie in self.bookies:
+            bookie.disk.repair()
+            bookie.disarm_crash_point()
+            if not bookie.alive:
+                self.restart_bookie(bookie)
+        for bookie in self.bookies:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                    await bookie.serving.wait()
+        down = [b.name for b in self.bookies if not b.serving.is_set()]
+        if down:
+            failures = [
+                f"{b.name}: {b.start_failures[-1:]}" for b in self.bookies if b.name in down
+            ]
+            return f"bookies never came back: {failures}"
+        try:
+            await self.wait_registered(len(self.bookies))
+        except TimeoutError:
+            return "bookies never registered again"
+        client = self.client("final", add_timeout=2.0, read_timeout=2.0)
+        task = client.spawn(self._final_reads(client), "final")
+        try:
+            async with asyncio.timeout(FINAL_TIMEOUT_SECONDS):
+                return await task
+        except TimeoutError:
+            return "final phase timed out"
+
+    async def _final_reads(self, client: SimClient) -> str | None:
+        bk = await client.connect()
+        for ledger_id in self.ledgers:
+            handle = None
+            failure = ""
+            for _attempt in range(FINAL_ATTEMPTS):  # Recovery may fail and be retried.
+                inv = self.history.invoke("final", "seal", ledger_id)
+                try:
+                    handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=True)
+                except BKError as error:
+                    self.history.failed(inv, error)
+                    failure = f"final recovery of ledger {ledger_id} failed: {error!r}"
+                    await asyncio.sleep(FINAL_RETRY_SECONDS)
+                    continue
+                self.history.ok(inv, value=handle.last_entry_id)
+                break
+            if handle is None:
+                return failure
+            last = handle.last_entry_id
+            invs = [
+                self.history.invoke("final", "read", ledger_id, entry=e, extra={"final": True})
+                for e in range(last + 1)
+            ]
+            try:
+                entries = await handle.read(0, last) if last >= 0 else []
+            except BKError as error:
+                for one in invs:
+                    self.history.failed(one, error)
+                return f"final read of ledger {ledger_id} failed: {error!r}"
+            for one, entry in zip(invs, entries, strict=True):
+                self.history.ok(one, value=entry.payload.decode())
         return None
 
-    def hold_gate(self, client: str, bookie_id: str) -> asyncio.Future[None]:
-        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._held.setdefault((client, bookie_id), []).append(gate)
-        return gate
+    def stop_clients(self) -> None:
+        """Every application process ends (killed: what it had in flight stays unknown)."""
+        for client in self.clients.values():
+            client.crash()
 
-
-class SimBookieOps:
-    """`BookieOps` for one client over the simulated network."""
-
-    def __init__(
-        self, network: SimNetwork, client: str, *, add_timeout: float, read_timeout: float
-    ) -> None:
-        self.network = network
-        self.client = client
-        self.add_timeout = add_timeout
-        self.read_timeout = read_timeout
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def _exchange(
-        self,
-        bookie_id: str,
-        kind: Kind,
-        fence: bool,
-        limit_seconds: float,
-        apply: Callable[[SimBookie], T],
-    ) -> T:
-        net = self.network
-        net.messages += 1
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-
-        async def lost() -> T:
-            await asyncio.sleep(max(0.0, started + limit_seconds - loop.time()))
-            raise BKTimeoutError(f"{self.client} -> {bookie_id}: {kind} timed out (simulated)")
-
-        if bookie_id in net.down:
-            await asyncio.sleep(net.latency())
-            raise BookieUnavailableError(f"{bookie_id} is down (simulated)")
-        rule = net.rule(self.client, bookie_id, kind, fence)
-        if rule is not None and rule.action == "drop":
-            return await lost()
-        if net.faults.loss and net.rng.random() < net.faults.loss:
-            return await lost()
-        await asyncio.sleep(net.latency())
-        if rule is not None and rule.action == "delay":
-            await asyncio.sleep(rule.delay)
-        if rule is not None and rule.action == "hold":
-            await net.hold_gate(self.client, bookie_id)
-        if bookie_id in net.down:
-            return await lost()  # Crashed with the request in flight.
-        error: BKError | None = None
-        result: T | None = None
-        try:
-            result = apply(net.bookies[bookie_id])
-        except BKError as caught:
-            error = caught
-        if net.faults.loss and net.rng.random() < net.faults.loss:
-            return await lost()  # The answer is lost.
-        await asyncio.sleep(net.latency())
-        if loop.time() - started > limit_seconds:
-            raise BKTimeoutError(f"{self.client} -> {bookie_id}: {kind} answered too late")
-        if error is not None:
-            raise error
-        return result  # type: ignore[return-value]
-
-    def add_entry(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        entry_id: int,
-        *,
-        recovery: bool,
-        master_key: bytes,
-        lac: int,
-        length: int,
-        digest: int,
-        payload: bytes,
-        callback: AddCallback,
-    ) -> None:
-        copy = StoredCopy(entry_id, lac, length, digest, payload)
-
-        async def run() -> None:
-            try:
-                await self._exchange(
-                    bookie_id,
-                    "add",
-                    False,
-                    self.add_timeout,
-                    lambda b: b.add(ledger_id, copy, master_key, recovery),
-                )
-            except BKError as error:
-                callback(error)
-            else:
-                callback(None)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def read_entry(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        entry_id: int,
-        *,
-        fence: bool = False,
-        master_key: bytes | None = None,
-    ) -> StoredCopy:
-        return await self._exchange(
-            bookie_id,
-            "read",
-            fence,
-            self.read_timeout,
-            lambda b: b.read(ledger_id, entry_id, fence, master_key),
-        )
-
-    async def read_entries(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        first_entry_id: int,
-        last_entry_id: int,
-        *,
-        stride: int = 1,
-        max_count: int,
-        max_bytes: int,
-        previous_lac: int | None = None,
-        long_poll_seconds: float = 0.0,
-    ) -> EntriesAnswer:
-        del max_bytes, previous_lac, long_poll_seconds  # No byte limit; long polls answer at once.
-        return await self._exchange(
-            bookie_id,
-            "read",
-            False,
-            self.read_timeout,
-            lambda b: b.read_entries(ledger_id, first_entry_id, last_entry_id, stride, max_count),
-        )
-
-    async def read_lac(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        *,
-        fence: bool = False,
-        master_key: bytes | None = None,
-        previous_lac: int | None = None,
-        long_poll_seconds: float = 0.0,
-    ) -> LacAnswer:
-        del previous_lac, long_poll_seconds  # Long polls answer at once here.
-        return await self._exchange(
-            bookie_id,
-            "read_lac",
-            fence,
-            self.read_timeout,
-            lambda b: b.read_lac(ledger_id, fence, master_key),
-        )
-
-    async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
-        await self._exchange(
-            bookie_id,
-            "write_lac",
-            False,
-            self.add_timeout,
-            lambda b: b.write_lac(ledger_id, master_key, lac),
-        )
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-class SimLedgerStore:
-    """Ledger metadata with CAS, latency, and (optionally) lost replies to updates."""
-
-    def __init__(self, rng: random.Random, *, unknown_outcome: float = 0.0) -> None:
-        self.rng = rng
-        self.unknown_outcome = unknown_outcome
-        self.records: dict[int, LedgerMetadata] = {}
-        self.history: list[LedgerMetadata] = []  # Every stored version, in order.
-        self._versions = itertools.count(1)
-        self._ids = itertools.count(1)
-
-    async def _latency(self) -> None:
-        await asyncio.sleep(self.rng.uniform(0.0005, 0.005))
-
-    async def next_id(self) -> int:
-        await self._latency()
-        return next(self._ids)
-
-    async def create(self, metadata: LedgerMetadata) -> LedgerMetadata:
-        await self._latency()
-        stored = metadata.with_version(next(self._versions))
-        self.records[stored.ledger_id] = stored
-        self.history.append(stored)
-        return stored
-
-    async def get(self, ledger_id: int) -> LedgerMetadata:
-        await self._latency()
-        if ledger_id not in self.records:
-            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
-        return self.records[ledger_id]
-
-    async def update(self, metadata: LedgerMetadata) -> LedgerMetadata:
-        await self._latency()
-        current = self.records.get(metadata.ledger_id)
-        if current is None:
-            raise NoSuchLedgerError(f"ledger {metadata.ledger_id} was deleted")
-        if current.version != metadata.version:
-            raise MetadataVersionError(
-                f"ledger {metadata.ledger_id}: version {metadata.version} != {current.version}"
-            )
-        stored = metadata.with_version(next(self._versions))
-        self.records[metadata.ledger_id] = stored
-        self.history.append(stored)
-        if self.unknown_outcome and self.rng.random() < self.unknown_outcome:
-            await self._latency()
-            raise MetadataOutcomeUnknownError("reply lost after the update applied (simulated)")
-        return stored
-
-    async def delete(self, ledger_id: int) -> None:
-        await self._latency()
-        if self.records.pop(ledger_id, None) is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
-
-    async def list_ids(self) -> AsyncIterator[int]:
-        for ledger_id in sorted(self.records):
-            yield ledger_id
+    def stop_everything(self) -> None:
+        """Kill every process (the simulation is over): descriptors and indexes are closed."""
+        for client in self.clients.values():
+            client.crash()
+        for bookie in self.bookies:
+            if bookie.alive:
+                bookie.crash(power_loss=False)

@@ -1,265 +1,420 @@
-"""Simulated recovery races (F8, F9, F10, F11) for thousands of seeds: the real ledger client
-(`BookKeeper`, `LedgerHandle`, `LedgerRecovery`) over `SimBookieOps` on a `SimLoop`.
+"""The simulated schedules. A seed picks a scenario and every number in it.
 
-    outcome = run_seed("race", seed)        # or "f8" (the scripted 2614 schedule)
-    outcome.result.valid, outcome.result.summary(), outcome.acked, outcome.ops
+Each scenario has a writer and a tailing reader (every delivered entry must be in the final
+ledger), and one kind of trouble:
 
-A seed fixes everything: cluster size, quorums, workload, faults and their timing. The same seed
-replays the same schedule exactly (same code, same PYTHONHASHSEED; the soak runner sets it to 0).
-What is simulated and what is real: see bkaio/testing/sim/cluster.py and docs/faults.md.
+| name                      | what happens                                                     |
+| ---                       | ---                                                              |
+| writer-crash              | the writer's process dies (power) mid-stream; another recovers   |
+| dual-recovery             | two recoveries start together while the writer still writes      |
+| slow-writer               | the writer's adds are held on some links while a recovery runs, |
+|                           | fence requests may be lost; the held adds arrive afterwards      |
+|                           | (the shapes of BookKeeper 2614/2615, randomized)                 |
+| f8                        | BookKeeper 2614 exactly (reference F8, scripted)                 |
+| ensemble-change-recovery  | a bookie of the ensemble dies or is cut off from the writer (an  |
+|                           | ensemble change) while a recovery starts                         |
+| bookie-crash-unsynced     | bookies lose power (unsynced writes lost, maybe torn), even all  |
+|                           | at once, and restart; then the writer stops and a recovery runs  |
+| fsync-failure             | an ensemble bookie's disk starts failing fsync (journal: it      |
+|                           | exits and restarts; entry logs: it turns read-only)              |
+| chaos                     | all of the above at random moments                               |
+
+A scenario returns a one-line description of what the seed chose; the runner then calls the
+cluster's final phase and the checker (bkaio.testing.sim.runner).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import random
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
-import structlog
+from bkaio.journal.crash_points import CRASH_POINTS
+from bkaio.protocol import Flag, Op
+from bkaio.testing.sim.cluster import SimCluster, SimOptions
+from bkaio.testing.sim.disk import DiskModel
+from bkaio.testing.sim.network import FrameRule, NetworkModel
+from bkaio.testing.sim.nodes import SimBookie, SimClient
+from bkaio.testing.sim.workload import WriterPlan, recoverer, tail_reader, writer
 
-from bkaio.errors import BKError
-from bkaio.ledger_client.bookkeeper import BookKeeper
-from bkaio.ledger_client.ledger_handle import LedgerHandle
-from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPolicy
-from bkaio.ledger_client.types import ClientConfig
-from bkaio.meta.bookies import BookieInfo
-from bkaio.testing.checker import CheckResult, check
-from bkaio.testing.history import History
-from bkaio.testing.sim.cluster import (
-    SimBookie,
-    SimBookieOps,
-    SimFaults,
-    SimLedgerStore,
-    SimNetwork,
-    SimRule,
-)
-from bkaio.testing.sim.loop import SimDeadlockError, run_simulation
+# The virtual seconds a scenario's troubled phase may last before the final phase starts.
+PHASE_SECONDS = 20.0
+QUORUMS = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (4, 2, 2), (2, 2, 2)]
 
-PASSWORD = b"sim"
+Scenario = Callable[[SimCluster, random.Random], Awaitable[str]]
 
 
-@dataclass(frozen=True, slots=True)
-class SimOutcome:
-    scenario: str
-    seed: int
-    result: CheckResult
-    description: str
-    liveness_error: str | None = None
-
-    @property
-    def acked(self) -> int:
-        return self.result.stats.get("acknowledged", 0)
-
-    @property
-    def ops(self) -> int:
-        return self.result.stats.get("ops", 0)
-
-
-class _Sim:
-    """One simulated cluster: bookies, network, metadata, clients, history."""
-
-    def __init__(
-        self, seed: int, bookies: int, faults: SimFaults, recovery_reads: RecoveryReadPolicy
-    ) -> None:
-        self.rng = random.Random(seed)
-        self.recovery_reads = recovery_reads  # Every client's (a mutation check's: broken).
-        self.history = History(clock=lambda: asyncio.get_running_loop().time())
-        self.bookies = [SimBookie(f"10.0.0.{i + 1}:3181") for i in range(bookies)]
-        self.network = SimNetwork(random.Random(self.rng.random()), self.bookies, faults)
-        self.store = SimLedgerStore(random.Random(self.rng.random()))
-        self.clients: list[BookKeeper] = []
-
-    def client(
-        self, name: str, *, add_timeout: float = 0.5, read_timeout: float = 0.5
-    ) -> BookKeeper:
-        config = ClientConfig(
-            add_timeout=add_timeout,
-            read_timeout=read_timeout,
-            client_id=name,
-            explicit_lac_interval=0.0,
-        )
-        ops = SimBookieOps(self.network, name, add_timeout=add_timeout, read_timeout=read_timeout)
-        bk = BookKeeper(
-            ledgers=self.store,
-            ops=ops,
-            config=config,
-            rng=random.Random(self.rng.random()),
-            recovery_reads=self.recovery_reads,
-        )
-        bk.set_bookies(
-            [
-                BookieInfo(bookie_id=b.bookie_id, host=b.bookie_id.split(":")[0], port=3181)
-                for b in self.bookies
-            ]
-        )
-        self.clients.append(bk)
-        return bk
-
-    async def write(self, handle: LedgerHandle, process: str, count: int, window: int) -> None:
-        """Pipelined appends recorded in the history, until `count` or the handle fails."""
-        inflight: set[asyncio.Future[int]] = set()
-        for seq in range(count):
-            while len(inflight) >= window:
-                await asyncio.wait(set(inflight), return_when=asyncio.FIRST_COMPLETED)
-            value = f"{process}-{handle.ledger_id}-{seq}"
-            inv = self.history.invoke(process, "add", handle.ledger_id, value=value)
-            try:
-                future = handle.append(value.encode())
-            except BKError as error:
-                self.history.failed(inv, error)
-                break
-
-            def done(f: asyncio.Future[int], inv: Any = inv) -> None:
-                inflight.discard(f)
-                if f.cancelled():
-                    self.history.info(inv, "cancelled")
-                elif f.exception() is not None:
-                    self.history.failed(inv, f.exception())  # type: ignore[arg-type]
-                else:
-                    self.history.ok(inv, entry=f.result())
-
-            future.add_done_callback(done)
-            inflight.add(future)
-            await asyncio.sleep(self.rng.uniform(0.0, 0.002))
-        if inflight:
-            await asyncio.wait(set(inflight), timeout=30.0)
-
-    async def recover(self, bk: BookKeeper, ledger_id: int, process: str) -> int | None:
-        inv = self.history.invoke(process, "seal", ledger_id)
-        try:
-            handle = await asyncio.wait_for(bk.open_ledger(ledger_id, PASSWORD, recovery=True), 30)
-        except (BKError, TimeoutError) as error:
-            self.history.failed(inv, error)
-            return None
-        self.history.ok(inv, value=handle.last_entry_id)
-        return int(handle.last_entry_id)
-
-    async def final(self, ledger_id: int) -> str | None:
-        """Heal, recover with a fresh client and read everything; a liveness problem or None."""
-        self.network.heal()
-        bk = self.client("final", add_timeout=2.0, read_timeout=2.0)
-        last = await self.recover(bk, ledger_id, "final")
-        if last is None:
-            return "final recovery failed"
-        handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=False)
-        invs = [
-            self.history.invoke("final", "read", ledger_id, entry=e, extra={"final": True})
-            for e in range(last + 1)
-        ]
-        try:
-            entries = await handle.read(0, last) if last >= 0 else []
-        except BKError as error:
-            for inv in invs:
-                self.history.failed(inv, error)
-            return f"final read failed: {error}"
-        for inv, entry in zip(invs, entries, strict=True):
-            self.history.ok(inv, value=entry.payload.decode())
-        return None
-
-    async def close(self) -> None:
-        for bk in self.clients:
-            with contextlib.suppress(Exception):
-                await bk.close()
-
-
-async def _race(seed: int, recovery_reads: RecoveryReadPolicy) -> tuple[History, str, str | None]:
-    """Random quorums and faults; a writer; one or two recoverers at random moments; bookies
-    going down and up; lost, slow and reordered messages; lost metadata replies."""
-    rng = random.Random(seed)
-    quorums = rng.choice([(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (4, 2, 2)])
-    bookies = quorums[0] + rng.choice([0, 0, 1, 2])
-    faults = SimFaults(loss=rng.choice([0.0, 0.0, 0.01, 0.05]), slow=rng.choice([0.0, 0.05, 0.2]))
-    sim = _Sim(seed, bookies, faults, recovery_reads)
-    sim.store.unknown_outcome = rng.choice([0.0, 0.0, 0.2])
-    count, window = rng.randrange(5, 120), rng.choice([1, 4, 16, 64])
-    recoverers = 2 if rng.random() < 0.4 else 1
-    description = (
-        f"E/Qw/Qa={quorums} bookies={bookies} loss={faults.loss} slow={faults.slow} "
-        f"unknown_cas={sim.store.unknown_outcome} entries={count} window={window} "
-        f"recoverers={recoverers}"
+def options_for(scenario: str, rng: random.Random) -> SimOptions:
+    """The cluster a seed gets: quorums, sizes, network and disk behaviour."""
+    quorum = rng.choice(QUORUMS)
+    spare = rng.choice([0, 0, 1, 2])
+    if scenario in ("ensemble-change-recovery", "fsync-failure"):
+        spare = max(spare, 1)
+    if scenario == "f8":
+        quorum, spare = (3, 3, 2), 0
+    network = NetworkModel(
+        latency=(0.0001, rng.choice([0.001, 0.003, 0.01])),
+        slow=rng.choice([0.0, 0.0, 0.02, 0.1]),
+        split=rng.choice([0.0, 0.1]),
     )
-    writer = sim.client("w")
-    try:
-        handle = await writer.create_ledger(*quorums, password=PASSWORD)
-    except BKError as error:
-        return sim.history, description, f"create failed: {error}"
-    ledger_id = handle.ledger_id
-
-    async def nemesis() -> None:
-        for _ in range(rng.randrange(0, 4)):
-            await asyncio.sleep(rng.uniform(0.0, 0.3))
-            victim = rng.choice(sim.bookies).bookie_id
-            sim.network.down.add(victim)
-            await asyncio.sleep(rng.uniform(0.0, 0.5))
-            sim.network.down.discard(victim)
-
-    async def recoverer(name: str) -> None:
-        await asyncio.sleep(rng.uniform(0.0, 0.4))
-        await sim.recover(sim.client(name), ledger_id, name)
-
-    tasks = [asyncio.ensure_future(sim.write(handle, "w", count, window))]
-    tasks.append(asyncio.ensure_future(nemesis()))
-    tasks += [asyncio.ensure_future(recoverer(f"r{i}")) for i in range(recoverers)]
-    await asyncio.wait(tasks, timeout=120.0)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    sim.history.close_open("simulation-phase-ended")
-    problem = await sim.final(ledger_id)
-    await sim.close()
-    return sim.history, description, problem
+    disk = DiskModel(
+        sync_latency=(0.0001, rng.choice([0.001, 0.005])),
+        slow_sync=rng.choice([0.0, 0.0, 0.05]),
+        tear=rng.random() < 0.5,
+    )
+    return SimOptions(
+        bookies=quorum[0] + spare,
+        quorum=quorum,
+        network=network,
+        disk=disk,
+        lost_metadata_answers=rng.choice([0.0, 0.0, 0.1]),
+    )
 
 
-async def _f8(seed: int, recovery_reads: RecoveryReadPolicy) -> tuple[History, str, str | None]:
-    """BookKeeper 2614, scripted: e0 reaches b2 only; the fence to b3 is lost; b2's recovery
-    read is late; then the held add reaches b3."""
-    sim = _Sim(seed, 3, SimFaults(), recovery_reads)
-    writer = sim.client("w", add_timeout=30.0)
-    handle = await writer.create_ledger(3, 3, 2, password=PASSWORD)
-    b1, b2, b3 = handle.metadata.ensembles[0][1]
-    net = sim.network
-    net.rules += [SimRule("w", b1, "add"), SimRule("w", b3, "add")]
-    net.rules.append(SimRule("r", b3, "read_lac", action="drop", fence_only=True))
-    net.rules.append(SimRule("r", b2, "read", action="delay", delay=1.0))
-    write = asyncio.ensure_future(sim.write(handle, "w", 1, 1))
-    await asyncio.sleep(0.1)
-    await sim.recover(sim.client("r", read_timeout=5.0), handle.ledger_id, "r")
-    net.release("w", b3)
+def _plan(rng: random.Random, *, count: tuple[int, int] = (10, 120)) -> WriterPlan:
+    return WriterPlan(
+        count=rng.randint(*count),
+        window=rng.choice([1, 2, 8, 32, 128]),
+        pace=rng.choice([0.0, 0.001, 0.005]),
+    )
+
+
+class _Run:
+    """The processes of one scenario and the tasks they run."""
+
+    def __init__(self, cluster: SimCluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.loop = asyncio.get_running_loop()
+        self.created: asyncio.Future[int] = self.loop.create_future()
+        self.work: list[tuple[asyncio.Task[Any], SimClient]] = []
+        self.tails: list[asyncio.Task[Any]] = []
+        self.nemesis: list[asyncio.TimerHandle] = []
+        self.until = self.loop.time() + PHASE_SECONDS
+
+    def client(self, name: str) -> SimClient:
+        return self.cluster.client(name)
+
+    def write(self, plan: WriterPlan, name: str = "w") -> SimClient:
+        client = self.client(name)
+        rng = random.Random(self.rng.random())
+        task = client.spawn(writer(self.cluster, client, plan, self.created, rng), "write")
+        self.work.append((task, client))
+        return client
+
+    def tail(self, name: str = "t") -> SimClient:
+        client = self.client(name)
+        task = client.spawn(tail_reader(self.cluster, client, self.created, self.until), "tail")
+        self.tails.append(task)
+        return client
+
+    def recover(self, name: str, after: float) -> SimClient:
+        client = self.client(name)
+
+        async def later() -> None:
+            await asyncio.sleep(after)
+            await recoverer(self.cluster, client, self.created)
+
+        self.work.append((client.spawn(later(), "recover"), client))
+        return client
+
+    async def ensemble(self) -> list[SimBookie]:
+        """The bookies the writer's ledger was created on (none if its creation failed): a
+        fault meant for the ledger must strike one of them, not a spare."""
+        ledger_id = await self.ledger()
+        if ledger_id is None:
+            return []
+        metadata = self.cluster.env.metadata_connection()
+        try:
+            ledger = await metadata.ledgers.get(ledger_id)
+        finally:
+            await metadata.close()
+        return [self.cluster.bookie(bookie_id) for bookie_id in ledger.ensembles[0][1]]
+
+    def at(self, delay: float, action: Callable[[], object]) -> None:
+        """Run `action` (the nemesis, outside every process) `delay` virtual seconds from now,
+        unless the troubled phase is over by then."""
+        self.nemesis.append(self.loop.call_later(delay, action))
+
+    async def ledger(self) -> int | None:
+        try:
+            return await self.created
+        except Exception:
+            return None
+
+    async def settle(self, grace: float = 0.5, *, final: bool = True) -> None:
+        """Wait until every writer and recoverer finished or its process died (at most until
+        the phase ends), give the tail readers `grace` seconds more, then stop them; `final`:
+        and end the troubled phase (`end`)."""
+        # Polled (in virtual time): a process's death sets no event its tasks could await.
+        while self.loop.time() < self.until and any(  # noqa: ASYNC110
+            not task.done() and client.alive for task, client in self.work
+        ):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(grace)
+        if not final:
+            return
+        for task in self.tails:
+            task.cancel()
+        self.end()
+
+    def end(self) -> None:
+        """The troubled phase is over: no fault planned for later strikes the final phase."""
+        for timer in self.nemesis:
+            timer.cancel()
+        for bookie in self.cluster.bookies:
+            bookie.disarm_crash_point()
+
+
+def _at_count(count: int, action: Callable[[], object], reached: int) -> None:
+    if reached == count:
+        action()
+
+
+def _restart_armed(
+    cluster: SimCluster, bookie: SimBookie, point: str, passes: int, power: bool
+) -> None:
+    """Restart `bookie` (now) with crash point `point` armed for its `passes`-th pass."""
+    cluster.note(f"arm {point}:{passes} on {bookie.name}")
+    cluster.crash_bookie(bookie, power_loss=False)
+    bookie.arm_crash_point(point, passes, power_loss=power)
+    cluster.restart_bookie(bookie)
+
+
+def _pick_bookies(rng: random.Random, cluster: SimCluster, count: int) -> list[SimBookie]:
+    return rng.sample(cluster.bookies, min(count, len(cluster.bookies)))
+
+
+async def writer_crash(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng)
+    w = run.write(plan)
+    run.tail()
+    crash_at = rng.uniform(0.005, 0.4)
+    run.at(crash_at, partial(cluster.crash_client, w))
+    recover_at = crash_at + rng.uniform(0.0, 0.3)
+    run.recover("r", recover_at)
+    await run.settle()
+    return f"{plan} writer crash at {crash_at:.3f}, recovery at {recover_at:.3f}"
+
+
+async def dual_recovery(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng)
+    run.write(plan)
+    run.tail()
+    first = rng.uniform(0.005, 0.3)
+    second = first + rng.choice([0.0, 0.0005, 0.003, 0.02])
+    run.recover("r1", first)
+    run.recover("r2", second)
+    if rng.random() < 0.5:  # One recoverer's messages slowed: it may recover fewer entries.
+        victim = rng.choice(cluster.bookies)
+        run.at(first, partial(cluster.network.block, "r2", victim.name))
+        run.at(first + rng.uniform(0.01, 0.5), partial(cluster.network.unblock, "r2", victim.name))
+    await run.settle()
+    return f"{plan} recoveries at {first:.3f} and {second:.3f}"
+
+
+async def slow_writer(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng, count=(3, 40))
+    run.write(plan)
+    run.tail()
+    network = cluster.network
+    held = _pick_bookies(rng, cluster, rng.randint(1, cluster.options.quorum[1]))
+    start = rng.uniform(0.0, 0.1)
+    for bookie in held:
+        run.at(start, partial(network.rules.append, FrameRule("w", bookie.name, Op.ADD_ENTRY)))
+    lost_fence = rng.choice(cluster.bookies)
+    network.rules.append(
+        FrameRule("r", lost_fence.name, Op.READ_LAC, action="drop", flag=Flag.FENCE)
+    )
+    if rng.random() < 0.5:
+        slow_read = rng.choice(cluster.bookies)
+        network.rules.append(
+            FrameRule("r", slow_read.name, Op.READ_ENTRY, action="delay", delay=rng.uniform(0, 1))
+        )
+    recover_at = start + rng.uniform(0.01, 0.2)
+    run.recover("r", recover_at)
+    release_at = recover_at + rng.uniform(0.0, 1.5)
+    for bookie in held:
+        run.at(release_at, partial(network.release, "w", bookie.name))
+    run.at(release_at, network.rules.clear)
+    await run.settle()
+    return (
+        f"{plan} adds held to {[b.name for b in held]} from {start:.3f}, fence to "
+        f"{lost_fence.name} lost, recovery at {recover_at:.3f}, release at {release_at:.3f}"
+    )
+
+
+async def f8(cluster: SimCluster, rng: random.Random) -> str:
+    """BookKeeper 2614: e0 reaches b2 only; the fence to b3 is lost; b2's recovery read is
+    late; then the held add reaches b3."""
+    run = _Run(cluster, rng)
+    network = cluster.network
+    b1, b2, b3 = cluster.bookies[:3]
+    network.rules += [FrameRule("w", b1.name, Op.ADD_ENTRY), FrameRule("w", b3.name, Op.ADD_ENTRY)]
+    network.rules.append(FrameRule("r", b3.name, Op.READ_LAC, action="drop", flag=Flag.FENCE))
+    network.rules.append(FrameRule("r", b2.name, Op.READ_ENTRY, action="delay", delay=1.0))
+    cluster.options.add_timeout = 30.0
+    cluster.options.read_timeout = 5.0
+    run.write(WriterPlan(count=1, window=1, pace=0.0))
+    run.tail()
+    ledger_id = await run.ledger()
+    recovered = run.recover("r", 0.1)
+    del recovered, ledger_id
+    await asyncio.sleep(0.1 + rng.uniform(0.5, 2.0))
+    network.release("w", b3.name)
     await asyncio.sleep(0.5)
-    net.release("w", b1)
-    await write
-    problem = await sim.final(handle.ledger_id)
-    await sim.close()
-    return sim.history, "scripted 2614 schedule", problem
+    network.release("w", b1.name)
+    await run.settle()
+    return "scripted 2614 schedule"
 
 
-ScenarioRun = Coroutine[Any, Any, tuple[History, str, str | None]]
-SCENARIOS: dict[str, Callable[[int, RecoveryReadPolicy], ScenarioRun]] = {
-    "race": _race,
-    "f8": _f8,
+async def ensemble_change_recovery(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng)
+    run.write(plan)
+    run.tail()
+    ensemble = await run.ensemble()
+    if not ensemble:
+        return "ledger creation failed"
+    victim = rng.choice(ensemble)
+    fault_at = rng.uniform(0.0, 0.2)
+    how = rng.choice(["crash", "power", "isolate", "cut-writer"])
+
+    def fault() -> None:
+        if how == "crash":
+            cluster.crash_bookie(victim, power_loss=False)
+        elif how == "power":
+            cluster.crash_bookie(victim, power_loss=True)
+        elif how == "isolate":
+            cluster.isolate(victim)
+        else:
+            cluster.note(f"cut w from {victim.name}")
+            cluster.network.block("w", victim.name)
+
+    run.at(fault_at, fault)
+    recover_at = fault_at + rng.uniform(-0.05, 0.3)
+    run.recover("r", max(0.0, recover_at))
+    if rng.random() < 0.5:
+        back = fault_at + rng.uniform(0.1, 2.0)
+        run.at(back, partial(cluster.restart_bookie, victim))
+        run.at(back, cluster.network.heal)
+    await run.settle()
+    return f"{plan} {how} {victim.name} at {fault_at:.3f}, recovery at {recover_at:.3f}"
+
+
+async def bookie_crash_unsynced(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng)
+    # When: at a random moment, right after the k-th acknowledgement (the moment an
+    # acknowledgement made before its fsync is exposed), or once all is quiet.
+    when = rng.choice(["moment", "after-ack", "after-ack", "idle"])
+    everyone = rng.random() < (0.8 if when == "after-ack" else 0.5)
+    victims = cluster.bookies if everyone else _pick_bookies(rng, cluster, rng.randint(1, 2))
+    # A rack losing power loses it everywhere at once; a staggered loss also happens.
+    stagger = 0.0 if rng.random() < 0.7 else rng.choice([0.002, 0.02])
+    downtime = [rng.uniform(0.05, 1.0) for _ in victims]
+
+    def power_loss() -> None:
+        for order, bookie in enumerate(victims):
+            run.at(order * stagger, partial(cluster.crash_bookie, bookie, power_loss=True))
+            run.at(order * stagger + downtime[order], partial(cluster.restart_bookie, bookie))
+
+    if when == "after-ack":
+        k = rng.randint(1, plan.count)
+        plan.on_ack = partial(_at_count, k, power_loss)
+    w = run.write(plan)
+    run.tail()
+    crash_at = rng.uniform(0.005, 0.4)
+    writer_dies = when == "moment" and rng.random() < 0.5
+    if when == "moment":
+        run.at(crash_at, power_loss)
+        if writer_dies:
+            run.at(crash_at, partial(cluster.crash_client, w))
+    elif when == "idle":
+        await run.settle(grace=rng.uniform(0.0, 0.2), final=False)
+        power_loss()
+        crash_at = 0.0
+    recover_at = crash_at + rng.uniform(0.1, 2.0)
+    run.recover("r", recover_at)
+    await run.settle()
+    names = "all" if everyone else [b.name for b in victims]
+    return (
+        f"{plan} power loss of {names} {when} (at {crash_at:.3f}, stagger {stagger}), "
+        f"writer dies: {writer_dies}, recovery at {recover_at:.3f}"
+    )
+
+
+async def fsync_failure(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng)
+    run.write(plan)
+    run.tail()
+    ensemble = await run.ensemble()
+    if not ensemble:
+        await run.settle()
+        return f"{plan} ledger creation failed"
+    victim = rng.choice(ensemble)
+    after, suffix = rng.randint(0, 30), rng.choice(["", ".jnl", ".log"])
+    victim.disk.fail_syncs(after, suffix)
+    recover_at = rng.uniform(0.05, 1.0)
+    if rng.random() < 0.5:
+        run.recover("r", recover_at)
+    if rng.random() < 0.5:
+        restart_at = rng.uniform(0.1, 1.0)
+        run.at(restart_at, partial(cluster.crash_bookie, victim, power_loss=True))
+        run.at(restart_at + 0.1, victim.disk.repair)
+        run.at(restart_at + 0.1, partial(cluster.restart_bookie, victim))
+    await run.settle()
+    return f"{plan} {victim.name} fsync fails after {after} more syncs of '{suffix or '*'}' files"
+
+
+async def chaos(cluster: SimCluster, rng: random.Random) -> str:
+    run = _Run(cluster, rng)
+    plan = _plan(rng, count=(10, 200))
+    w = run.write(plan)
+    run.tail()
+    events: list[str] = []
+    for _ in range(rng.randint(1, 6)):
+        at = rng.uniform(0.0, 1.0)
+        kind = rng.choice(["crash", "power", "isolate", "heal", "recover", "writer", "point"])
+        bookie = rng.choice(cluster.bookies)
+        events.append(f"{kind}@{at:.3f}:{bookie.name}")
+        if kind in ("crash", "power"):
+            run.at(at, partial(cluster.crash_bookie, bookie, power_loss=kind == "power"))
+            run.at(at + rng.uniform(0.01, 1.0), partial(cluster.restart_bookie, bookie))
+        elif kind == "isolate":
+            run.at(at, partial(cluster.isolate, bookie))
+        elif kind == "heal":
+            run.at(at, cluster.network.heal)
+        elif kind == "recover":
+            run.recover(f"r{len(events)}", at)
+        elif kind == "writer":
+            run.at(at, partial(cluster.crash_client, w))
+        else:  # Restarted with a crash point armed: it dies there, some passes later.
+            point = rng.choice(CRASH_POINTS)
+            passes, power = rng.randint(1, 20), rng.random() < 0.5
+            run.at(at, partial(_restart_armed, cluster, bookie, point, passes, power))
+            run.at(at + rng.uniform(0.5, 2.0), partial(cluster.restart_bookie, bookie))
+    await run.settle()
+    return f"{plan} events {events}"
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "writer-crash": writer_crash,
+    "dual-recovery": dual_recovery,
+    "slow-writer": slow_writer,
+    "f8": f8,
+    "ensemble-change-recovery": ensemble_change_recovery,
+    "bookie-crash-unsynced": bookie_crash_unsynced,
+    "fsync-failure": fsync_failure,
+    "chaos": chaos,
 }
 
 
-def run_seed(
-    scenario: str, seed: int, *, recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS
-) -> SimOutcome:
-    """Run one seed of `scenario` on a fresh virtual-time loop and check its history.
-    `recovery_reads`: every simulated client's policy (a mutation check passes a broken one)."""
-    old = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-    try:
-        try:
-            history, description, problem = run_simulation(
-                SCENARIOS[scenario](seed, recovery_reads)
-            )
-        except SimDeadlockError as error:
-            empty = check([])
-            return SimOutcome(scenario, seed, empty, "deadlock", str(error))
-    finally:
-        structlog.configure(**old)
-    result = check(history.ops, require_final=False)
-    return SimOutcome(scenario, seed, result, description, problem)
+def pick(rng: random.Random) -> str:
+    return rng.choice(sorted(SCENARIOS))

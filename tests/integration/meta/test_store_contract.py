@@ -1,10 +1,11 @@
-"""One contract, both drivers: every test here runs against real etcd and against SQLite."""
+"""One contract, every driver: each test here runs against real etcd, against SQLite, and
+against the in-memory driver the deterministic simulation uses (bkaio.testing.sim.meta)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -12,12 +13,38 @@ from bkaio.errors import MetadataError, MetadataVersionError
 from bkaio.meta import open_store
 from bkaio.meta.errors import LeaseExpiredError
 from bkaio.meta.store import EventKind, MetadataStore, WatchEvent
+from bkaio.testing.sim.meta import MemoryMetadataServer
 from tests.integration.meta.helpers import eventually
+
+Opener = Callable[[], Awaitable[MetadataStore]]
+
+
+@pytest.fixture(params=["etcd", "sqlite", "memory"])
+def open_connection(request: pytest.FixtureRequest) -> Opener:
+    """Opens a new connection to one store (the same store each time) of each driver. Not a
+    coroutine: it asks for the etcd and SQLite fixtures, which start their own loops."""
+    if request.param == "memory":
+        servers: list[MemoryMetadataServer] = []  # Made on the test's loop, at first use.
+
+        async def connect() -> MetadataStore:
+            if not servers:
+                servers.append(MemoryMetadataServer())
+            return servers[0].connect()
+
+        return connect
+    fixture = "etcd_server" if request.param == "etcd" else "sqlite_metadata_uri"
+    found = request.getfixturevalue(fixture)
+    uri: str = found if isinstance(found, str) else found.uri
+
+    async def open_uri() -> MetadataStore:
+        return await open_store(uri)
+
+    return open_uri
 
 
 @pytest.fixture
-async def store(metadata_uri: str) -> AsyncIterator[MetadataStore]:
-    opened = await open_store(metadata_uri)
+async def store(open_connection: Opener) -> AsyncIterator[MetadataStore]:
+    opened = await open_connection()
     yield opened
     await opened.close()
 
@@ -211,7 +238,7 @@ async def test_live_watch_sees_changes_made_after_it_started(store: MetadataStor
 
 
 async def test_watch_resumes_from_a_revision_on_a_new_connection(
-    store: MetadataStore, metadata_uri: str
+    store: MetadataStore, open_connection: Opener
 ) -> None:
     start = await store.current_revision() + 1
     for i in range(10):
@@ -219,7 +246,7 @@ async def test_watch_resumes_from_a_revision_on_a_new_connection(
     first = await collect(store.watch_prefix("/resume/", start_revision=start), 4)
     # A new connection (etcd) / a new store object on the same file (SQLite) picks up exactly
     # where the first watch stopped, while more changes keep coming.
-    other = await open_store(metadata_uri)
+    other = await open_connection()
     try:
         for i in range(10, 15):
             await store.put(f"/resume/{i}", str(i).encode())

@@ -1,0 +1,337 @@
+"""An in-memory metadata driver: the simulation's etcd, and a third driver of the contract.
+
+`MemoryMetadataServer` is the store itself (keys, one revision counter, leases, a change log
+for watches); `server.connect()` gives a `MemoryMetadataStore`, a `MetadataStore` (bkaio.meta)
+like the etcd and SQLite drivers, and tests/integration/meta/test_store_contract.py runs the
+same contract against it. Leases expire on the event loop's clock: virtual time in the
+simulation, real time elsewhere.
+
+In the simulation the server belongs to no simulated process (it is the metadata cluster; it
+never crashes), so its timers run in the context it was created in. A connection can be given a
+`StoreFaults`: a seeded delay before a request reaches the server and before its answer returns,
+and a chance that a conditional write's answer is lost after it applied (etcd's indeterminate
+outcome during a leader change: `MetadataOutcomeUnknownError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextvars
+import random
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from bkaio.errors import MetadataError, MetadataVersionError
+from bkaio.meta.errors import LeaseExpiredError, MetadataOutcomeUnknownError, WatchCompactedError
+from bkaio.meta.store import (
+    EventKind,
+    KeyValue,
+    Lease,
+    MetadataStore,
+    PrefixSnapshot,
+    WatchEvent,
+    check_key,
+    prefix_end,
+)
+
+T = TypeVar("T")
+
+# Changes kept for watches that start in the past; older ones are compacted (as etcd does).
+CHANGES_KEPT = 100_000
+
+
+@dataclass(slots=True)
+class _Lease:
+    ttl_seconds: float
+    expiry: asyncio.TimerHandle | None
+    keys: set[str]
+
+
+class MemoryMetadataServer:
+    """The store: every connection to it sees one linearizable keyspace."""
+
+    def __init__(self, *, changes_kept: int = CHANGES_KEPT) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()  # Timers run as the server, not a caller.
+        self._kvs: dict[str, KeyValue] = {}
+        self._sorted: list[str] = []
+        self._revision = 1
+        self._changes: list[WatchEvent] = []
+        self._changes_kept = changes_kept
+        self._compacted = 0  # Revisions up to this one are no longer in `_changes`.
+        self._leases: dict[int, _Lease] = {}
+        self._next_lease = 1
+        self._changed: asyncio.Future[None] | None = None
+
+    def connect(self, faults: StoreFaults | None = None) -> MemoryMetadataStore:
+        return MemoryMetadataStore(self, faults)
+
+    # ----------------------------------------------------------------- keys
+
+    def get(self, key: str) -> KeyValue | None:
+        return self._kvs.get(key)
+
+    def put(self, key: str, value: bytes, lease_id: int, expected: int | None) -> int:
+        current = self._kvs.get(key)
+        if expected is not None and (0 if current is None else current.version) != expected:
+            raise MetadataVersionError(
+                f"metadata key {key}: version is {0 if current is None else current.version},"
+                f" expected {expected}"
+            )
+        if lease_id and lease_id not in self._leases:
+            raise LeaseExpiredError(f"lease {lease_id} expired; cannot put {key}")
+        revision = self._next_revision()
+        if current is None:
+            bisect.insort(self._sorted, key)
+        elif current.lease and current.lease in self._leases:
+            self._leases[current.lease].keys.discard(key)
+        created = revision if current is None else current.create_revision
+        self._kvs[key] = KeyValue(key, value, revision, created, lease_id)
+        if lease_id:
+            self._leases[lease_id].keys.add(key)
+        self._record(WatchEvent(EventKind.PUT, key, value, revision))
+        return revision
+
+    def delete(self, key: str, expected: int | None) -> bool:
+        current = self._kvs.get(key)
+        if current is None:
+            return False
+        if expected is not None and current.version != expected:
+            raise MetadataVersionError(
+                f"metadata key {key}: version is {current.version}, expected {expected};"
+                " not deleted"
+            )
+        self._remove(key)
+        return True
+
+    def _remove(self, key: str) -> None:
+        current = self._kvs.pop(key)
+        del self._sorted[bisect.bisect_left(self._sorted, key)]
+        if current.lease in self._leases:
+            self._leases[current.lease].keys.discard(key)
+        self._record(WatchEvent(EventKind.DELETE, key, b"", self._next_revision()))
+
+    def list_prefix(
+        self, prefix: str, start_after: str | None, limit: int | None, keys_only: bool
+    ) -> list[KeyValue]:
+        keys = self._sorted
+        if start_after is None:
+            first = bisect.bisect_left(keys, prefix)
+        else:
+            first = max(bisect.bisect_right(keys, start_after), bisect.bisect_left(keys, prefix))
+        last = bisect.bisect_left(keys, prefix_end(prefix))
+        if limit is not None:
+            last = min(last, first + limit)
+        found = [self._kvs[key] for key in keys[first:last]]
+        if keys_only:
+            found = [
+                KeyValue(kv.key, b"", kv.version, kv.create_revision, kv.lease) for kv in found
+            ]
+        return found
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    def _next_revision(self) -> int:
+        self._revision += 1
+        return self._revision
+
+    # ----------------------------------------------------------------- leases
+
+    def grant(self, ttl_seconds: float) -> int:
+        lease_id = self._next_lease
+        self._next_lease += 1
+        self._leases[lease_id] = _Lease(ttl_seconds, None, set())
+        self._arm(lease_id)
+        return lease_id
+
+    def keep_alive(self, lease_id: int) -> None:
+        if lease_id not in self._leases:
+            raise LeaseExpiredError(f"lease {lease_id} has expired")
+        self._arm(lease_id)
+
+    def revoke(self, lease_id: int) -> None:
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            raise LeaseExpiredError(f"lease {lease_id} has expired")
+        self._drop(lease)
+
+    def _arm(self, lease_id: int) -> None:
+        lease = self._leases[lease_id]
+        if lease.expiry is not None:
+            lease.expiry.cancel()
+        lease.expiry = self._loop.call_later(
+            lease.ttl_seconds, self._expire, lease_id, context=self._context.copy()
+        )
+
+    def _expire(self, lease_id: int) -> None:
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            self._drop(lease)
+
+    def _drop(self, lease: _Lease) -> None:
+        if lease.expiry is not None:
+            lease.expiry.cancel()
+        for key in sorted(lease.keys):
+            if key in self._kvs:
+                self._remove(key)
+        lease.keys.clear()
+
+    # ----------------------------------------------------------------- watches
+
+    def _record(self, event: WatchEvent) -> None:
+        self._changes.append(event)
+        if len(self._changes) > self._changes_kept:
+            dropped = len(self._changes) - self._changes_kept
+            self._compacted = self._changes[dropped - 1].revision
+            del self._changes[:dropped]
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
+
+    def changes_from(self, revision: int, prefix: str) -> list[WatchEvent]:
+        """Changes under `prefix` at `revision` or later (WatchCompactedError if gone)."""
+        if revision <= self._compacted:
+            raise WatchCompactedError(
+                f"revision {revision} is compacted (changes up to {self._compacted} are gone)"
+            )
+        revisions = [event.revision for event in self._changes]
+        first = bisect.bisect_left(revisions, revision)
+        return [event for event in self._changes[first:] if event.key.startswith(prefix)]
+
+    async def changed(self) -> None:
+        """Return after the next change."""
+        if self._changed is None:
+            self._changed = self._loop.create_future()
+        await asyncio.shield(self._changed)
+
+
+@dataclass
+class StoreFaults:
+    """A connection's seeded delays and lost answers (simulation only)."""
+
+    rng: random.Random
+    latency: tuple[float, float] = (0.0005, 0.005)
+    lost_answer: float = 0.0  # Chance that a conditional write's answer is lost after it applied.
+
+    async def travel(self) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.latency))
+
+
+class MemoryLease(Lease):
+    def __init__(self, store: MemoryMetadataStore, lease_id: int, ttl_seconds: float) -> None:
+        super().__init__(lease_id, ttl_seconds)
+        self._store = store
+
+    async def keep_alive(self) -> None:
+        await self._store._call(self._store._server.keep_alive, self.id)
+
+    async def _revoke(self) -> None:
+        await self._store._call(self._store._server.revoke, self.id)
+
+
+class MemoryMetadataStore(MetadataStore):
+    """One connection to a `MemoryMetadataServer`."""
+
+    def __init__(self, server: MemoryMetadataServer, faults: StoreFaults | None = None) -> None:
+        self.uri = "memory://"
+        self._server = server
+        self._faults = faults
+        self._closed = False
+
+    async def _call(
+        self, function: Callable[..., T], *args: object, conditional: bool = False
+    ) -> T:
+        if self._closed:
+            raise MetadataError("metadata connection is closed")
+        faults = self._faults
+        if faults is not None:
+            await faults.travel()  # The request on its way.
+        result = function(*args)
+        if faults is not None:
+            if conditional and faults.lost_answer and faults.rng.random() < faults.lost_answer:
+                await faults.travel()
+                raise MetadataOutcomeUnknownError("the answer to an applied write was lost")
+            await faults.travel()  # The answer on its way.
+        return result
+
+    async def get(self, key: str) -> KeyValue | None:
+        check_key(key)
+        return await self._call(self._server.get, key)
+
+    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
+        check_key(key)
+        lease_id = 0 if lease is None else lease.id
+        return await self._call(self._server.put, key, value, lease_id, None)
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_version: int, lease: Lease | None = None
+    ) -> int:
+        check_key(key)
+        assert expected_version >= 0, expected_version
+        lease_id = 0 if lease is None else lease.id
+        return await self._call(
+            self._server.put, key, value, lease_id, expected_version, conditional=True
+        )
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        check_key(key)
+        conditional = expected_version is not None
+        return await self._call(self._server.delete, key, expected_version, conditional=conditional)
+
+    async def list_prefix(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> list[KeyValue]:
+        check_key(prefix)
+        assert limit is None or limit > 0, limit
+        return await self._call(self._server.list_prefix, prefix, start_after, limit, keys_only)
+
+    async def snapshot_prefix(self, prefix: str) -> PrefixSnapshot:
+        check_key(prefix)
+        server = self._server
+
+        def snapshot() -> PrefixSnapshot:
+            return PrefixSnapshot(server.list_prefix(prefix, None, None, False), server.revision)
+
+        return await self._call(snapshot)
+
+    async def grant_lease(self, ttl_seconds: float) -> Lease:
+        lease_id = await self._call(self._server.grant, ttl_seconds)
+        return self._track_lease(MemoryLease(self, lease_id, ttl_seconds))
+
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        check_key(prefix)
+        server = self._server
+        next_revision = server.revision + 1 if start_revision is None else start_revision
+        while not self._closed:
+            events = server.changes_from(next_revision, prefix)
+            if not events:
+                await server.changed()
+                continue
+            if self._faults is not None:
+                await self._faults.travel()
+            for event in events:
+                next_revision = event.revision + 1
+                yield event
+
+    async def current_revision(self) -> int:
+        server = self._server
+
+        def revision() -> int:
+            return server.revision
+
+        return await self._call(revision)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._stop_keep_alives()
