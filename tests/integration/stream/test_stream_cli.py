@@ -4,20 +4,47 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from dataclasses import dataclass
 from typing import Any
 
-from click.testing import CliRunner, Result
-
-from bkaio.cli.stream_cmd import stream
 from tests.fixtures.bookies import BookieClusterFactory
 from tests.fixtures.etcd import EtcdServer
+from tests.fixtures.standalone import BKAIO
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one `bkaio stream ...` process printed, and how it ended."""
+
+    exit_code: int
+    output: str  # Standard output.
+    exception: str  # Standard error: the one-line error of a failed command.
 
 
 async def invoke(uri: str, *args: str, stdin: str | None = None) -> Result:
-    runner = CliRunner()
-    return await asyncio.to_thread(
-        runner.invoke, stream, [*args], input=stdin, env={"BKAIO_METADATA": uri}
+    """The real `bkaio stream` command in a child process. Not in a thread of this process: the
+    etcd client's gRPC runs on one event loop per process at a time, and this test's loop uses
+    it too."""
+    child = await asyncio.create_subprocess_exec(
+        BKAIO,
+        "stream",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "BKAIO_METADATA": uri},
     )
+    try:
+        out, err = await asyncio.wait_for(
+            child.communicate(None if stdin is None else stdin.encode()), 120
+        )
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode is not None
+    return Result(child.returncode, out.decode(), err.decode())
 
 
 def json_lines(result: Result) -> list[Any]:
@@ -65,4 +92,4 @@ async def test_stream_commands_round_trip(
         "deleted": "tenant-a"
     }
     bad = await invoke(uri, "tail", "no-slash")
-    assert bad.exit_code != 0 and "NAMESPACE/STREAM" in bad.output
+    assert bad.exit_code != 0 and "NAMESPACE/STREAM" in bad.output + bad.exception
