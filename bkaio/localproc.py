@@ -36,6 +36,27 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default.
 
 
+# The ports this process hands out: [low, high), high None = up to the ephemeral range.
+_window: tuple[int, int | None] = (_LOWEST_PORT, None)
+
+
+def port_limits() -> tuple[int, int]:
+    """The ports this module may hand out on this machine: [low, high)."""
+    return _LOWEST_PORT, _ephemeral_low()
+
+
+def use_port_window(low: int, high: int) -> None:
+    """Hand out ports in [low, high) only. Processes that pick ports at the same time on one
+    machine (parallel test workers) each take their own window, so that neither hands out the
+    port the other is about to bind."""
+    if not _LOWEST_PORT <= low < high <= _ephemeral_low():
+        raise ValueError(
+            f"port window [{low}, {high}) must lie in [{_LOWEST_PORT}, {_ephemeral_low()})"
+        )
+    global _window
+    _window = (low, high)
+
+
 # Ports this process handed out: never handed out twice. Several servers get their ports
 # before any of them binds (a cluster's bookies start together), so "free right now" alone
 # once gave one bookie's admin port to another bookie's data port.
@@ -46,11 +67,12 @@ def free_port_range(count: int = 1, host: str = LOOPBACK) -> int:
     """A first port such that `count` consecutive ports are free right now, outside the
     ephemeral range and never handed out before by this process (another process may still
     take them: callers that can, retry)."""
-    highest_first = _ephemeral_low() - count
-    if highest_first <= _LOWEST_PORT:
-        raise RuntimeError(f"no room for {count} ports below the ephemeral range on {host}")
+    low, high = _window
+    highest_first = (_ephemeral_low() if high is None else high) - count
+    if highest_first <= low:
+        raise RuntimeError(f"no room for {count} ports in [{low}, {high or 'ephemeral'}) on {host}")
     for _ in range(200):
-        first = random.randrange(_LOWEST_PORT, highest_first)
+        first = random.randrange(low, highest_first)
         ports = range(first, first + count)
         if not _handed_out.isdisjoint(ports):
             continue

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import structlog
 
+from bkaio import localproc
+
 pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.bookies", "tests.fixtures.loop_errors"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or workers < 2:
+        return
+    # Ports for the servers tests start: each worker hands out ports from its own slice, so two
+    # workers never pick the same port before either binds it.
+    index = int(worker.removeprefix("gw"))
+    lowest, highest = localproc.port_limits()
+    width = (highest - lowest) // workers
+    low = lowest + index * width
+    localproc.use_port_window(low, low + width)
 
 
 @pytest.fixture(autouse=True)

@@ -49,4 +49,4 @@ async def test_stream_info_of_a_missing_stream_fails_cleanly(
     missing = await invoke(cluster.metadata_uri, "info", "ns/nope", "--json")
     assert missing.exit_code != 0 and "nope" in str(missing.exception)
     bad = await invoke(cluster.metadata_uri, "info", "no-slash")
-    assert bad.exit_code != 0 and "NAMESPACE/STREAM" in bad.output
+    assert bad.exit_code != 0 and "NAMESPACE/STREAM" in bad.output + bad.exception
