@@ -32,7 +32,7 @@ from typing import Final, Protocol
 
 import structlog
 
-from bkaio.errors import MetadataVersionError
+from bkaio.errors import BKError, MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
 from bkaio.ledger_client.quorum import bookies_for_entry, with_new_segment, write_set
@@ -96,7 +96,15 @@ class LedgerRecovery:
         length = 0
         if start >= 0:
             bookies = bookies_for_entry(md.ensembles, start, md.write_quorum)
-            length = (await self._reader.read_entry(bookies, start)).length
+            try:
+                length = (await self._reader.read_entry(bookies, start)).length
+            except BKError as error:
+                # The LAC entry's length is part of the seal: without a copy of it this attempt
+                # cannot finish; the ledger stays IN_RECOVERY and a later attempt retries.
+                raise LedgerRecoveryError(
+                    f"ledger {self.ledger_id}: entry {start} (the last add confirmed) "
+                    f"could not be read: {error}"
+                ) from error
         found = await self._read_forward(ensemble, start + 1, md.write_quorum)
         last_entry_id = start + len(found)
         if found:

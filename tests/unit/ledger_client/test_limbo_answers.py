@@ -51,3 +51,21 @@ async def test_a_read_does_not_take_data_unknown_for_absence() -> None:
     with pytest.raises(DataUnknownError):
         await cluster.ops.read_entry(b2, ledger_id, 0)
     assert (await reader.read(0, 0))[0].payload == b"a"  # b0 still has it.
+
+
+async def test_an_unreadable_last_add_confirmed_entry_fails_recovery_retryably() -> None:
+    """When the fenced LAC itself is the entry nobody can serve (b0 learnt LAC 3 but lacks
+    entry 3, b1 is down, b2 in limbo), the attempt fails as a recovery error, retryably."""
+    cluster = fake_cluster(3)
+    ledger_id, b0, b1, b2 = await _ledger_acked_by_b1_b2_only(cluster)
+    cluster.bookie(b0).ledgers[ledger_id].explicit_lac = 3
+    cluster.bookie(b2).reformat()
+    cluster.ops.down.add(b1)
+    recoverer = cluster.second_client()
+    with pytest.raises(LedgerRecoveryError, match="entry 3") as raised:
+        await recoverer.open_ledger(ledger_id, b"pw", recovery=True)
+    assert raised.value.retriable
+    assert cluster.store.records[ledger_id].state is LedgerState.IN_RECOVERY
+    cluster.ops.down.clear()
+    handle = await recoverer.open_ledger(ledger_id, b"pw", recovery=True)
+    assert handle.is_closed and handle.last_entry_id == 3
