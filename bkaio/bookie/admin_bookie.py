@@ -213,16 +213,8 @@ def _plain(value: Any) -> Any:
 def redacted_config(host: AdminHost) -> dict[str, Any]:
     """The bookie's effective configuration as JSON, tokens and passwords hidden."""
     config = host.config
-    plain: dict[str, Any] = {
-        field.name: _plain(
-            dataclasses.asdict(getattr(config, field.name))
-            if dataclasses.is_dataclass(getattr(config, field.name))
-            else getattr(config, field.name)
-        )
-        for field in dataclasses.fields(config)
-        if field.name != "storage"
-    }
-    plain["storage"] = [_plain(dataclasses.asdict(shard)) for shard in config.storage]
+    # asdict recurses into the sections and the storage list; _plain makes paths and tuples JSON.
+    plain: dict[str, Any] = _plain(dataclasses.asdict(config))
     plain["metadata"]["uri"] = redact_uri(config.metadata.uri)
     for section, key in (
         ("admin", "token"),
