@@ -72,7 +72,11 @@ class BenchFailedError(BKError):
     default=None,
     help="Where the clusters keep their data and logs (default: a temporary directory).",
 )
-@click.option("--profile", is_flag=True, help="py-spy the client and bookie-0 during closed100.")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="py-spy the client and bookie-0 during the first 1 KiB bkaio workload.",
+)
 @click.option(
     "--profile-format",
     type=click.Choice(["flamegraph", "raw", "speedscope"]),

@@ -81,7 +81,7 @@ class _PendingAdd:
         future: asyncio.Future[int],
     ) -> None:
         self.entry_id = entry_id
-        self.lac = lac  # Piggybacked LAC; part of the digest, so re-sends reuse it.
+        self.lac = lac  # Piggybacked LAC; in the digest: re-sends reuse it (`_carry_lac`: unsent).
         self.length = length  # Ledger length after this entry.
         self.digest = digest
         self.payload = payload
@@ -772,6 +772,11 @@ class LedgerHandle:
         learn of the entry without waiting for the next add)."""
         self._lac_push_due = False
         lac = self._lac
+        if self._batch_timer is not None and self._error is None:
+            # A burst waits for company: it leaves now carrying the new LAC, which costs
+            # no request beside it (a WRITE_LAC is three more requests, each journaled).
+            self._carry_lac(self._unsent, lac)
+            self._send_unsent(now=True)
         latest = (
             self._waiting[-1] if self._waiting else self._pending[-1] if self._pending else None
         )
@@ -782,6 +787,14 @@ class LedgerHandle:
         task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
         self._lac_tasks.add(task)
         task.add_done_callback(self._lac_tasks.discard)
+
+    def _carry_lac(self, adds: list[_PendingAdd], lac: int) -> None:
+        """Piggyback `lac` on adds no bookie has seen yet (their digest covers it)."""
+        ledger_id = self.ledger_id
+        for add in adds:
+            if add.lac < lac:
+                add.lac = lac
+                add.digest = entry_digest(ledger_id, add.entry_id, lac, add.length, add.payload)
 
     def _explicit_lac_due(self) -> None:
         self._lac_timer = None

@@ -162,7 +162,8 @@ class ClientConfig:
     )
     # Also WRITE_LAC as soon as acknowledgements move the LAC past what the adds sent or queued
     # carry (once per loop iteration): tailing readers learn of an entry without waiting for
-    # the next add or the interval. Costs a WRITE_LAC per burst of acks when appends pause.
+    # the next add or the interval. A burst waiting for company (`add_batch_wait_us`) leaves
+    # then, carrying the new LAC, instead; else it costs a WRITE_LAC per burst of acks.
     explicit_lac_on_ack: bool = False
     speculative_read_timeout: float | None = None  # Ask the next replica after this; None = off.
     max_outstanding_adds: int = 10_000  # Per ledger handle: adds sent and not yet acknowledged.

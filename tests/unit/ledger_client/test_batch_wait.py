@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
@@ -23,10 +24,10 @@ PASSWORD = b"batch-wait"
 HOUR_US = 3_600_000_000
 
 
-def _client(wait_us: int) -> tuple[BookKeeper, FakeBatchOps]:
+def _client(wait_us: int, **options: Any) -> tuple[BookKeeper, FakeBatchOps]:
     ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(3)]
     ops = FakeBatchOps([FakeBookie(bookie_id) for bookie_id in ids])
-    config = ClientConfig(add_timeout=5.0, read_timeout=5.0, add_batch_wait_us=wait_us)
+    config = ClientConfig(add_timeout=5.0, read_timeout=5.0, add_batch_wait_us=wait_us, **options)
     client = BookKeeper(ledgers=FakeLedgerStore(), ops=ops, config=config, rng=random.Random(1))
     client.set_bookies([ops.info(bookie_id) for bookie_id in ids])
     return client, ops
@@ -86,6 +87,41 @@ async def test_close_sends_a_waiting_burst() -> None:
     await handle.close()
     assert await asyncio.gather(*futures) == list(range(4))
     assert handle.last_add_confirmed == 3
+
+
+@pytest.mark.usefixtures("hour_long_waits")
+async def test_a_waiting_burst_carries_the_lac_its_acks_moved_instead_of_a_write_lac() -> None:
+    """`explicit_lac_on_ack`: when acknowledgements move the LAC while a burst waits for
+    company, the burst leaves at once carrying that LAC (digest recomputed), and no WRITE_LAC
+    goes beside it."""
+    client, ops = _client(HOUR_US, explicit_lac_on_ack=True, explicit_lac_interval=0)
+    write_lacs: list[int] = []
+
+    async def record_write_lac(bookie_id: str, ledger_id: int, key: bytes, lac: int) -> None:
+        write_lacs.append(lac)
+
+    ops.write_lac = record_write_lac  # type: ignore[method-assign,assignment]
+    handle = await client.create_ledger(3, 3, 2, password=PASSWORD)
+    bookies = handle.metadata.ensembles[0][1]
+    for bookie_id in bookies:
+        ops.hold(bookie_id)  # The first burst's acknowledgements wait.
+    first = [handle.append(b"a%d" % i) for i in range(2)]
+    await _iterations()
+    first.append(handle.append(b"a2"))  # Joins the waiting burst: the three leave.
+    await _iterations()
+    second = [handle.append(b"b%d" % i) for i in range(2)]  # Waits for company ...
+    await _iterations()
+    assert all(len(batches) == 1 for batches in _batches_per_bookie(ops).values())
+    for bookie_id in bookies:
+        ops.release(bookie_id)  # ... until the first burst's acks move the LAC to 2.
+    assert await asyncio.gather(*first, *second) == [0, 1, 2, 3, 4]
+    assert all(batches == [[0, 1, 2], [3, 4]] for batches in _batches_per_bookie(ops).values())
+    stored = ops.bookies[bookies[0]].ledgers[handle.ledger_id].entries
+    assert [stored[entry_id].lac for entry_id in (3, 4)] == [2, 2]
+    assert write_lacs == []
+    await handle.close()
+    data = await (await client.open_ledger(handle.ledger_id, password=PASSWORD)).read(0, 4)
+    assert [entry.payload for entry in data] == [b"a0", b"a1", b"a2", b"b0", b"b1"]
 
 
 async def test_a_wait_that_catches_nothing_sends_and_pauses_waiting() -> None:
