@@ -1,6 +1,6 @@
 """Read benchmarks against local bookies (issue 27's targets; docs/benchmarks.md, "Reads").
 
-    .venv/bin/python benchmarks/read_bench.py [sequential|tail|catchup|all] [options]
+    .venv/bin/python benchmarks/read_bench.py [sequential|tail|tail-path|catchup|all] [options]
 
 - sequential: one closed ledger of `--entries` (200 000) 1 KiB entries per shape, E3/Qw3/Qa2
   on 3 bookies and E5/Qw2/Qa2 on 5, read whole with `read_iter` by a fresh client (read
@@ -10,6 +10,10 @@
   a reader in another process tails the ledger (`ReadHandle.wait_for_entries`); latency is
   from the writer's acknowledgement to the reader's delivery (both CLOCK_MONOTONIC). The
   writer sends its LAC on acknowledgement (`explicit_lac_on_ack`).
+- tail-path: the tail's path alone, without load: the writer appends one entry every
+  `--gap-ms` (5) and waits for it, `--path-entries` (1 000) times, a reader in another process
+  tailing; acknowledged -> delivered as in `tail`. What one WRITE_LAC -> long-poll answer ->
+  reader hop costs when no core is busy (the floor under `tail`'s figures).
 - catchup: `--catchup-entries` (1 000 000) entries written, then the writer goes on open-loop
   at `--rate` for `--catchup-seconds` (10) while a reader in another process reads the million
   from the start; append latency (from the intended send time) with and without that reader.
@@ -146,6 +150,39 @@ async def tail(base: Path, rate: float, seconds: float) -> None:
     )
 
 
+async def tail_path(base: Path, entries: int, gap_seconds: float) -> None:
+    directory = base / "tail-path"
+    directory.mkdir()
+    cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
+    async with (
+        cluster,
+        BookKeeper.connect(
+            cluster.metadata_uri, client_id="writer", explicit_lac_on_ack=True
+        ) as bk,
+    ):
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        reader = await child("tail-reader", cluster.metadata_uri, str(lh.ledger_id), str(entries))
+        assert reader.stdout is not None
+        assert (await reader.stdout.readline()).strip() == b"ready"
+        acked: list[float] = []
+        for _ in range(entries):
+            await lh.append(PAYLOAD)
+            acked.append(time.monotonic())
+            await asyncio.sleep(gap_seconds)
+        delivered = json.loads(await reader.stdout.read())
+        await reader.wait()
+        await lh.close()
+    latencies = sorted(at - acked[entry_id] for entry_id, at in enumerate(delivered))
+    report(
+        bench="tail-path",
+        entries=entries,
+        gap_ms=gap_seconds * 1000,
+        ack_to_delivered_p50_ms=ms(percentile(latencies, 50)),
+        ack_to_delivered_p99_ms=ms(percentile(latencies, 99)),
+        ack_to_delivered_max_ms=ms(latencies[-1]),
+    )
+
+
 async def tail_reader(metadata: str, ledger_id: int, total: int) -> None:
     """Child process: tail the ledger; print the delivery time of every entry (JSON)."""
     delivered: list[float] = []
@@ -221,6 +258,8 @@ async def main(arguments: argparse.Namespace) -> None:
             await sequential(base, arguments.entries)
         if arguments.bench in ("tail", "all"):
             await tail(base, arguments.rate, arguments.seconds)
+        if arguments.bench in ("tail-path", "all"):
+            await tail_path(base, arguments.path_entries, arguments.gap_ms / 1000)
         if arguments.bench in ("catchup", "all"):
             await catchup(
                 base, arguments.catchup_entries, arguments.rate, arguments.catchup_seconds
@@ -239,12 +278,17 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "bench", nargs="?", default="all", choices=("sequential", "tail", "catchup", "all")
+        "bench",
+        nargs="?",
+        default="all",
+        choices=("sequential", "tail", "tail-path", "catchup", "all"),
     )
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--catchup-entries", type=int, default=1_000_000)
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--seconds", type=float, default=20.0, help="tail: writing time")
+    parser.add_argument("--path-entries", type=int, default=1000, help="tail-path: appends")
+    parser.add_argument("--gap-ms", type=float, default=5.0, help="tail-path: between appends")
     parser.add_argument(
         "--catchup-seconds", type=float, default=10.0, help="catchup: writing time (the read's)"
     )
