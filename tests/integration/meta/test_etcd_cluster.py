@@ -22,7 +22,7 @@ import structlog
 from bkaio.autorecovery import list_under_replicated, who_is_auditor
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta import LedgerMetadata, initialise_cluster_at, open_metadata, open_store
-from bkaio.meta.etcd_driver import WATCH_IDLE_SECONDS, WATCH_SILENT_PERIODS
+from bkaio.meta.etcd_watch import WATCH_IDLE_SECONDS, WATCH_SILENT_PERIODS
 from bkaio.testing.procs import etcd_binary
 from tests.faults.harness.etcd import EtcdCluster
 from tests.fixtures.bookies import BookieClusterFactory

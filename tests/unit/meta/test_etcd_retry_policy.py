@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aetcd import rpc
 
-from bkaio.meta.etcd_driver import _connection_lost, _never_sent
+from bkaio.meta.etcd_connection import _never_sent, connection_lost
 
 
 class FakeRpcError:
@@ -39,5 +39,5 @@ def test_only_requests_that_never_left_are_safe_to_resend(
     code: object, details: str, lost: bool, never_sent: bool
 ) -> None:
     error = FakeRpcError(code, details)
-    assert _connection_lost(error) is lost
+    assert connection_lost(error) is lost
     assert _never_sent(error) is never_sent

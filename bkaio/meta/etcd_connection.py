@@ -1,0 +1,243 @@
+"""The connection to etcd: one gRPC channel per member, the member requests go to, and retries.
+
+Owns the channels (optionally TLS and user/password), the choice of the member every request
+goes to, the move to the next member when one is lost, and the retry policy every etcd request
+of the driver (bkaio/meta/etcd_driver.py) and its watches (bkaio/meta/etcd_watch.py) runs under.
+Must not import `sqlite3`, `protocol` or `journal`.
+
+Retries: a request that fails because etcd is unreachable is retried with jittered exponential
+backoff (bkaio/backoff.py) for up to `retry_seconds` (URI option, default 30 s), so a client
+rides out an etcd restart and the clients of one etcd do not retry in lock step. Reads,
+unconditional puts, deletes and lease calls are retried whatever happened. A conditional write
+(compare-and-swap, versioned delete) is retried only when gRPC says it never left this host;
+if the connection broke while it was in flight, the write may or may not have been applied,
+and MetadataOutcomeUnknownError tells the caller to re-read the key and decide.
+
+Several members (`etcd://a:2379,b:2379,c:2379/prefix`): one gRPC channel per member, and every
+request goes to the current one. A request that finds it unreachable or silent (UNAVAILABLE,
+DEADLINE_EXCEEDED) moves the connection to the next member before it is retried, and the
+watches open on the old member re-open on the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+from aetcd import rpc
+
+from bkaio.backoff import Backoff
+from bkaio.errors import ConfigError, MetadataError
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.uri import EtcdUri
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly after an etcd restart instead of gRPC's default backoff of up to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Notice a silently dead peer (host gone, SIGSTOP) within about 15 s.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+# gRPC details saying the request never reached etcd (or etcd refused it before applying).
+_NOT_SENT_MARKERS = ("failed to connect", "connection refused", "no leader", "not capable")
+MIN_BACKOFF_SECONDS = 0.05
+MAX_BACKOFF_SECONDS = 1.0
+
+
+def _never_sent(error: Any) -> bool:
+    details = (error.details() or "").lower()
+    return error.code() == rpc.StatusCode.UNAVAILABLE and any(
+        marker in details for marker in _NOT_SENT_MARKERS
+    )
+
+
+def connection_lost(error: Any) -> bool:
+    return error.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class _Member:
+    """The channel to one etcd member and its stubs."""
+
+    def __init__(self, address: str, channel: Any) -> None:
+        self.address = address
+        self.channel = channel
+        self.kv = rpc.KVStub(channel)
+        self.lease = rpc.LeaseStub(channel)
+        self.watch = rpc.WatchStub(channel)
+        self.auth = rpc.AuthStub(channel)
+
+
+class EtcdConnection:
+    """The channels to the members of one etcd cluster, and the one way requests use them."""
+
+    def __init__(self, uri: str, config: EtcdUri) -> None:
+        self.uri = uri
+        self.config = config
+        self.members: list[_Member] = []
+        self.current = 0  # Index into members of the member requests go to.
+        # Open watch calls -> the member index they were opened on, to re-open them elsewhere.
+        self.watch_calls: dict[Any, int] = {}
+        self.moved_calls: set[Any] = set()  # Watch calls cancelled to move them elsewhere.
+        self.metadata: tuple[tuple[str, str], ...] | None = None  # The login token, if any.
+        self.closed = False
+
+    @property
+    def kv(self) -> Any:
+        return self.members[self.current].kv
+
+    @property
+    def lease(self) -> Any:
+        return self.members[self.current].lease
+
+    @property
+    def watch(self) -> Any:
+        return self.members[self.current].watch
+
+    async def connect(self) -> None:
+        config = self.config
+        credentials: Any = None
+        if config.ca_file or config.cert_file:
+            import grpc  # type: ignore[import-untyped]  # Only the TLS path needs it.
+
+            def read(path: str | None) -> bytes | None:
+                if path is None:
+                    return None
+                try:
+                    return Path(path).read_bytes()
+                except OSError as error:
+                    raise ConfigError(
+                        f"metadata URI: cannot read TLS file {path}: {error}"
+                    ) from None
+
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(config.ca_file),
+                private_key=read(config.key_file),
+                certificate_chain=read(config.cert_file),
+            )
+        for host, port in config.endpoints:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if credentials is None:
+                channel = rpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else:
+                options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", host)]
+                channel = rpc.secure_channel(address, credentials, options=options)
+            self.members.append(_Member(address, channel))
+        if config.user is not None:
+            await self.authenticate()
+
+    def fail_over(self, used: int, code: Any) -> None:
+        """Member `used` did not answer: send what follows to the next one, and move the watches
+        open on it there too. No-op with one member, or when another request already moved on."""
+        if len(self.members) == 1 or self.current != used:
+            return
+        self.current = (used + 1) % len(self.members)
+        log.warning(
+            "etcd_member_failover", lost=self.members[used].address,
+            now=self.members[self.current].address, code=code.name,
+        )  # fmt: skip
+        for call, member in list(self.watch_calls.items()):
+            if member == used:
+                self.moved_calls.add(call)
+                call.cancel()
+
+    async def authenticate(self) -> None:
+        request = rpc.AuthenticateRequest(name=self.config.user, password=self.config.password)
+
+        async def call() -> Any:
+            return await self.members[self.current].auth.Authenticate(
+                request, timeout=self.config.operation_timeout_seconds
+            )
+
+        response = await self.retrying(
+            "authenticate",
+            call,
+            idempotent=True,
+            reauth=False,
+            retry_seconds=self.config.connect_timeout_seconds,
+        )
+        self.metadata = (("token", response.token),)
+
+    async def retrying(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        idempotent: bool,
+        reauth: bool = True,
+        retry_seconds: float | None = None,
+    ) -> T:
+        """`call()`, retried while etcd is unreachable for up to the URI's retry_seconds.
+
+        With `retry_seconds` (first contact: connecting, logging in), that bound instead, shared
+        by the members: an attempt that one member leaves unanswered for its share moves on to
+        the next, so a silent member is passed over and a silent cluster reported in time.
+        """
+        loop = asyncio.get_running_loop()
+        budget = self.config.retry_seconds if retry_seconds is None else retry_seconds
+        deadline = loop.time() + budget
+        backoff = Backoff(MIN_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS)
+        while True:
+            if self.closed:
+                raise MetadataError(f"metadata store {self.uri} is closed")
+            used = self.current
+            try:
+                if retry_seconds is None:
+                    return await call()
+                assert idempotent, what  # A cut-off write would leave its outcome unknown.
+                share = budget / len(self.members)
+                async with asyncio.timeout_at(min(deadline, loop.time() + share)):
+                    return await call()
+            except TimeoutError:
+                if loop.time() < deadline - 0.01:
+                    self.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    continue
+                raise MetadataError(
+                    f"etcd {what}: no answer from {self.endpoints_text()} within {budget} s"
+                ) from None
+            except rpc.AioRpcError as error:
+                code = error.code()
+                if code == rpc.StatusCode.UNAUTHENTICATED and reauth and self.config.user:
+                    reauth = False  # The token expired: log in again, once.
+                    await self.authenticate()
+                    continue
+                if not connection_lost(error):
+                    raise MetadataError(
+                        f"etcd {what} failed: {code.name}: {error.details()}"
+                    ) from None
+                self.fail_over(used, code)
+                if not idempotent and not _never_sent(error):
+                    raise MetadataOutcomeUnknownError(
+                        f"etcd {what}: connection lost while the write was in flight"
+                        f" ({code.name}: {error.details()}); re-read the key to learn the outcome"
+                    ) from None
+                delay = backoff.next_delay()
+                if loop.time() + delay > deadline:
+                    raise MetadataError(
+                        f"etcd {what}: {self.endpoints_text()} unreachable for"
+                        f" {budget} s: {error.details()}"
+                    ) from None
+                log.warning(
+                    "etcd_retrying", operation=what, delay_seconds=round(delay, 3), code=code.name
+                )
+                await asyncio.sleep(delay)
+
+    def endpoints_text(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.config.endpoints)
+
+    async def close(self) -> None:
+        """Fail every later request, and close the channels."""
+        self.closed = True
+        for member in self.members:
+            with contextlib.suppress(Exception):
+                await member.channel.close()
