@@ -8,8 +8,8 @@
 
 Every function blocks (file I/O) and only reads, so it is safe while the bookie runs (the
 answers are then a moment's picture). Shard i's directories come from the configuration
-(`<dir>/shard-<i>`, bkaio/config.py); a journal is named by its file id or file name, an entry
-log by its id or file name plus the shard and disk holding it, or either by a path.
+(`<dir>/shard-<i>`, bkaio/config/bookie_config.py); a journal is named by its file id or file
+name, an entry log by its id or file name plus the shard and disk holding it, or either by a path.
 """
 
 from __future__ import annotations
