@@ -4,14 +4,10 @@ here, where the rest of the client and the tests have always imported them."""
 
 from __future__ import annotations
 
-from bkaio.ledger_client.bookie_connection import (
-    ADD_ENTRIES_FEATURE,
-    BookieAddress,
-    BookieConnection,
-    ResponseCallback,
-    Waiter,
-)
+from bkaio.ledger_client.bookie_connection import BookieAddress, BookieConnection
+from bkaio.ledger_client.connection_lifecycle import ADD_ENTRIES_FEATURE
 from bkaio.ledger_client.pool import BookiePool
+from bkaio.ledger_client.requests_in_flight import ResponseCallback, Waiter
 
 __all__ = [
     "ADD_ENTRIES_FEATURE",
