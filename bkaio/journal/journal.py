@@ -1,4 +1,4 @@
-"""One journal directory: group commit on a writer thread, roll-over, replay, file deletion.
+"""One journal directory's group commit: appends, the writer thread's groups, roll-over, failure.
 
 The loop side (this module) builds the next group in a bytearray and hands whole groups to one
 writer thread, which writes a group, calls `sync_function` once, and wakes the loop once per
@@ -22,16 +22,16 @@ Past a bound `append` raises `JournalFullError` and `append_entries` returns Non
 `await wait_for_room()` first, or use `append_and_wait`. A write or sync error fails the whole
 group with `BookieIOError`, and the journal stops: it never acknowledges a later record.
 
-This module must not import `protocol` or `meta`. Near 700 lines, on purpose: one class whose
-methods share one state machine (the filling group, the hand-off to the writer thread, the
-room waiters and the failure), which reads best in one place; its counters are in stats.py.
+This module must not import `protocol` or `meta`. It holds the one state machine of the
+append path (the filling group, the hand-off to the writer thread, the failure) in one class.
+Around it: opening the directory, replay and file deletion (directory.py), waiting for room
+(room.py, a mixin of `Journal`), the counters (stats.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -40,20 +40,13 @@ from typing import Final
 
 import structlog
 
-from bkaio.errors import BKError, BookieIOError, ConfigError
+from bkaio.errors import BKError, BookieIOError
 from bkaio.journal.config import JournalConfig
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
+from bkaio.journal.directory import OpenedDirectory, choose_directory, open_directory
 from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.journal.errors import JournalError, JournalFullError, RecordError
-from bkaio.journal.files import (
-    HEADER_BYTES,
-    delete_gradually,
-    file_name,
-    list_file_ids,
-    lock_directory,
-    remove_stale_preallocated,
-    sync_directory,
-)
+from bkaio.journal.files import HEADER_BYTES, file_name
 from bkaio.journal.records import (
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
@@ -64,16 +57,10 @@ from bkaio.journal.records import (
     encode_record,
 )
 from bkaio.journal.replay import JournalReader
+from bkaio.journal.room import GroupRoom
 from bkaio.journal.stats import JournalStats
-from bkaio.journal.threads import OS_THREADS, SerialWorker, Threads
-from bkaio.journal.writer import (
-    ACK_AFTER_SYNC,
-    Group,
-    JournalAckPolicy,
-    JournalFileWriter,
-    Preallocator,
-)
-from bkaio.journal.zero_fill import ZeroFiller
+from bkaio.journal.threads import OS_THREADS, Threads
+from bkaio.journal.writer import ACK_AFTER_SYNC, Group, JournalAckPolicy
 from bkaio.wal.records import ReplayResult
 
 log = structlog.get_logger(__name__)
@@ -85,31 +72,25 @@ _HOLD_MIN_RECORDS: Final = 2
 _HOLD_BACKOFF_GROUPS: Final = 256
 
 
-class Journal:
+class Journal(GroupRoom):
     """The write-ahead journal of one directory. Create with `await Journal.open(...)`."""
 
     def __init__(
         self,
         *,
-        directory: Path,
         config: JournalConfig,
         loop: asyncio.AbstractEventLoop,
-        executor: SerialWorker,
-        writer: JournalFileWriter,
-        preallocator: Preallocator | None,
-        lock_fd: int,
-        recovered_file_ids: list[int],
-        first_file_id: int,
+        opened: OpenedDirectory,
     ) -> None:
-        self._directory = directory
+        self._files = opened.files
+        self._directory = opened.files.path
         self._config = config
         self._loop = loop
-        self._executor = executor
-        self._writer = writer
-        self._preallocator = preallocator
-        self._lock_fd = lock_fd
-        self._recovered_file_ids = recovered_file_ids
-        self._log = log.bind(journal_dir=str(directory))
+        self._executor = opened.executor
+        self._writer = opened.writer
+        self._preallocator = opened.preallocator
+        self._log = log.bind(journal_dir=str(self._directory))
+        first_file_id = opened.first_file_id
         self.metrics = JournalStats()
         # Position after the last appended byte, and after the last durable one.
         self._tail_file_id = first_file_id
@@ -131,14 +112,11 @@ class Journal:
         self._hold_timer: asyncio.TimerHandle | None = None  # The filling group waits (`_hold`).
         self._hold_backoff = 0  # Groups still to go at once after a fruitless wait.
         self._force_waiters: list[tuple[JournalMark, asyncio.Future[JournalMark]]] = []
-        # Appenders waiting for a group with room, oldest first. A hand-off wakes as many as
-        # the new group can take (`_wake_room_waiters`); the last of them wakes the next batch
-        # if room is left. Waking them all cost a check and a new future per waiter per
-        # hand-off: under load, thousands waiting, that was most of the loop's time.
-        self._room_waiters: deque[asyncio.Future[None]] = deque()
-        self._room_wakes = 0  # Waiters of the last wake that have not run yet.
-        self._requeued = 0  # Of those, how many found no room and queued again at the head.
-        self._batch_broken = False  # One of them did: the rest of that wake queues again too.
+        # Appenders waiting for a group with room (room.py).
+        self._room_waiters = deque()
+        self._room_wakes = 0
+        self._requeued = 0
+        self._batch_broken = False
         self._record_bytes_estimate = 1024
         self._failure: BKError | None = None
         # Told once when a write or sync fails and the journal stops: its owner (a shard
@@ -169,89 +147,24 @@ class Journal:
         test entry point (bkaio.journal.disk, bkaio.journal.crash_points, JournalAckPolicy);
         `threads` (the writer's thread) except in the simulation (bkaio.journal.threads).
         """
-        if directory is None:
-            if len(config.directories) != 1:
-                raise ConfigError(
-                    f"journal.directories has {len(config.directories)} entries: pass "
-                    "directory= to Journal.open (one journal per directory)"
-                )
-            directory = config.directories[0]
-        elif directory not in config.directories:
-            raise ConfigError(f"{directory} is not one of journal.directories")
+        directory = choose_directory(config, directory)
         loop = loop if loop is not None else asyncio.get_running_loop()
-        executor = threads.serial("journal-writer")
-        preallocator = (
-            Preallocator(
-                directory,
-                config.max_file_bytes,
-                sync=config.sync,
-                executor=threads.pool("journal-prealloc", 1),
-            )
-            if config.preallocate_next_file
-            else None
-        )
-        # Zero-filling ahead only where commits really sync to a real disk.
-        zero_filler = (
-            ZeroFiller(config.preallocate_ahead_bytes, config.max_file_bytes)
-            if config.preallocate_ahead_bytes
-            and config.sync
-            and sync_function is None
-            and disk is OS_DISK
-            else None
-        )
-        writer = JournalFileWriter(
+        opened = await open_directory(
+            config,
             directory,
-            sync=config.sync,
-            sync_function=sync_function if sync_function is not None else disk.fdatasync,
-            preallocator=preallocator,
+            sync_function=sync_function,
+            loop=loop,
             disk=disk,
-            zero_filler=zero_filler,
-            # One call per group where the disk is the real one with its own sync.
-            write_synced=(
-                OS_DISK.write_synced if sync_function is None and disk is OS_DISK else None
-            ),
             crash_points=crash_points,
             ack_policy=ack_policy,
+            threads=threads,
         )
-
-        def set_up() -> tuple[int, list[int], int]:
-            lock_fd = lock_directory(directory)
-            try:
-                remove_stale_preallocated(directory)
-                file_ids = list_file_ids(directory)
-                first_file_id = (file_ids[-1] if file_ids else 0) + 1
-                writer.open_new(first_file_id)
-            except BaseException:
-                os.close(lock_fd)
-                raise
-            return lock_fd, file_ids, first_file_id
-
-        try:
-            lock_fd, file_ids, first_file_id = await asyncio.wrap_future(executor.submit(set_up))
-        except BaseException as error:
-            executor.shutdown(wait=False)
-            if zero_filler is not None:
-                await loop.run_in_executor(None, zero_filler.shutdown)
-            if preallocator is not None:
-                await loop.run_in_executor(None, preallocator.shutdown)
-            if isinstance(error, OSError):
-                raise BookieIOError(
-                    f"journal directory {directory}: cannot open: {error}"
-                ) from error
-            raise
-        journal = cls(
-            directory=directory,
-            config=config,
-            loop=loop,
-            executor=executor,
-            writer=writer,
-            preallocator=preallocator,
-            lock_fd=lock_fd,
-            recovered_file_ids=file_ids,
-            first_file_id=first_file_id,
-        )
+        journal = cls(config=config, loop=loop, opened=opened)
         journal._log.info(
-            "journal_opened", file_id=first_file_id, existing_files=len(file_ids), sync=config.sync
+            "journal_opened",
+            file_id=opened.first_file_id,
+            existing_files=opened.files.recovered_file_count,
+            sync=config.sync,
         )
         return journal
 
@@ -263,7 +176,7 @@ class Journal:
         Iterate it in an executor; afterwards its `end_mark`, `torn_tail`,
         `earlier_torn_tails` and `corruption` describe how replay ended.
         """
-        return JournalReader(self._directory, list(self._recovered_file_ids), after)
+        return self._files.reader(after)
 
     def replay(self, after: JournalMark | None) -> ReplayResult:
         """Every record after `after`, in order, with how replay ended. Blocking."""
@@ -378,73 +291,6 @@ class Journal:
                 self._end_hold()
         return waiter
 
-    async def wait_for_room(self) -> None:
-        """Return once the next group can take a record (at once, unless it is full); the
-        caller appends without awaiting in between. Waiters are served in arrival order."""
-        waiters = self._room_waiters
-        if not waiters and self._room_wakes <= 0 and self._has_room():
-            self._check_usable()
-            return
-        self._check_usable()
-        room: asyncio.Future[None] = self._loop.create_future()
-        waiters.append(room)  # Behind woken waiters that have not run yet, too.
-        try:
-            await room
-            self._room_wakes -= 1
-            while self._batch_broken or not self._has_room():
-                self._check_usable()
-                # An earlier waiter of this wake found no room and queued again: so does every
-                # later one, or it would append ahead of that waiter. First again at the next
-                # wake, in the order they were woken in.
-                self._batch_broken = True
-                room = self._loop.create_future()
-                waiters.insert(self._requeued, room)
-                self._requeued += 1
-                if self._room_wakes <= 0 and self._has_room():
-                    self._wake_room_waiters()  # The last of a broken wake: start it again.
-                await room
-                self._room_wakes -= 1
-        except BaseException:
-            if room in waiters:
-                if waiters.index(room) < self._requeued:
-                    self._requeued -= 1
-                waiters.remove(room)
-            elif room.done() and not room.cancelled():
-                self._room_wakes -= 1  # Woken, but gone.
-            if self._room_wakes <= 0 and waiters:
-                self._wake_room_waiters()  # Its turn passes on.
-            raise
-        self._check_usable()
-        if self._room_wakes <= 0 and waiters:
-            # The last of its batch: the next batch runs after this caller's append (later
-            # loop callbacks), and checks the room then.
-            self._wake_room_waiters()
-
-    def _wake_room_waiters(self) -> None:
-        """Wake as many of the oldest waiters as the filling group has room for, by the size
-        of the records of the last group: they append in one loop iteration, into one group.
-
-        Not while waiters of the previous wake have yet to run: those are older than any
-        still queued, and the last of them wakes the next batch.
-        """
-        if self._room_wakes > 0:
-            return
-        waiters = self._room_waiters
-        config = self._config
-        records = min(
-            config.max_group_entries - len(self._ends),
-            (config.max_group_bytes - len(self._data)) // self._record_bytes_estimate + 1,
-        )
-        woken = 0
-        self._requeued = 0
-        self._batch_broken = False
-        while waiters and woken < records:
-            room = waiters.popleft()
-            if not room.done():
-                room.set_result(None)
-                woken += 1
-        self._room_wakes = woken
-
     async def append_and_wait(self, record: JournalRecord) -> JournalMark:
         """Wait for room, append `record`, and return its mark once it is durable."""
         data = encode_record(record)
@@ -488,12 +334,6 @@ class Journal:
             raise JournalError(f"journal {self._directory} is closed")
         if self._closing and not closing_ok:
             raise JournalError(f"journal {self._directory} is closing")
-
-    def _has_room(self) -> bool:
-        return (
-            len(self._data) < self._config.max_group_bytes
-            and len(self._ends) < self._config.max_group_entries
-        )
 
     def _start_group(self) -> None:
         """Place a new group: in the current file, or at the start of the next one."""
@@ -648,11 +488,7 @@ class Journal:
         for waiter in waiters:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(_copy_error(failure))
-        for room in self._room_waiters:
-            if not room.done():
-                room.set_result(None)  # wait_for_room re-checks and raises the failure.
-        self._room_waiters.clear()
-        self._room_wakes = self._requeued = 0
+        self._wake_all_room_waiters()
         if self.on_failure is not None:
             self.on_failure(failure)
 
@@ -671,29 +507,7 @@ class Journal:
                 "checkpoint may release journal files"
             )
         keep_from = min(mark.file_id, self._tail_file_id)
-        directory, sync = self._directory, self._config.sync
-
-        def delete() -> list[Path]:
-            deleted: list[Path] = []
-            for file_id in list_file_ids(directory):
-                if file_id < keep_from:
-                    path = directory / file_name(file_id)
-                    delete_gradually(path, sync=sync)  # A discard storm would stall syncs.
-                    deleted.append(path)
-            if deleted and sync:
-                sync_directory(directory)
-            return deleted
-
-        try:
-            deleted = await self._loop.run_in_executor(None, delete)
-        except OSError as error:
-            raise BookieIOError(
-                f"journal {self._directory}: deleting files before {mark}: {error}"
-            ) from error
-        self._recovered_file_ids = [i for i in self._recovered_file_ids if i >= keep_from]
-        if deleted:
-            self._log.info("journal_files_deleted", files=len(deleted), before_file_id=keep_from)
-        return deleted
+        return await self._files.delete_before(keep_from, mark)
 
     async def close(self) -> None:
         """Write and sync what is queued, then stop the threads and release the directory."""
@@ -725,7 +539,7 @@ class Journal:
     def _release_files(self) -> None:
         """On the writer thread: close the current file, then give up the directory lock."""
         self._writer.close()
-        os.close(self._lock_fd)
+        self._files.unlock()
 
 
 def _copy_error(error: BKError) -> BKError:
