@@ -1,6 +1,6 @@
 """Which bookies an ensemble change picks, and when a writer must give up instead.
 
-A ledger handle whose bookie fails an add replaces it (ledger_handle.py). BookKeeper picks the
+A ledger handle whose bookie fails an add replaces it (bookie_replacement.py). BookKeeper picks the
 replacement among bookies not quarantined (`bookieQuarantineTime`) and, when none is left,
 among the quarantined ones again: a writer whose every bookie refuses it (a TLS mismatch, a
 wrong token, a cluster that is down) then swaps bookies forever, writing a new metadata

@@ -1,4 +1,4 @@
-"""The writer's handle of one ledger: pipelined quorum adds, ensemble change, explicit LAC, close.
+"""The writer's handle of one ledger: appends, answers from bookies, in-order completion.
 
 The add path (BookKeeper's PendingAddOp, docs/client.md):
 - `append` assigns the next entry id, computes the digest over (ledger, entry, LAC, cumulative
@@ -14,110 +14,41 @@ The add path (BookKeeper's PendingAddOp, docs/client.md):
   cannot write fails after at most as many changes as there are bookies. Changes after the
   first back off (jittered); the change runs as a supervised job.
 - Fencing (FENCED from any bookie, or metadata no longer OPEN) is fatal for the handle.
-Imports no transport or codec code: bookies are reached through `ClientContext.ops`.
+
+`LedgerHandle` is assembled from one part per responsibility, each a mixin over `HandleState`
+(handle_state.py, with `PendingAdd`): here the public surface, the add path and the handle's
+failure; add_batching.py the batched sends of a burst; bookie_replacement.py the ensemble
+change; explicit_lac.py the LAC pushes when no add carries the LAC; sealing.py `close`.
+Imports no transport code: bookies are reached through `ClientContext.ops`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from types import MethodType, TracebackType
 
 import structlog
 
 from bkaio.backoff import Backoff
-from bkaio.errors import (
-    BKError,
-    LedgerClosedError,
-    LedgerFencedError,
-    MetadataError,
-    MetadataVersionError,
-    NotEnoughBookiesError,
-    TooManyRequestsError,
-    UnauthorizedError,
-)
+from bkaio.errors import BKError, LedgerClosedError, NotEnoughBookiesError, TooManyRequestsError
+from bkaio.ledger_client.add_batching import AddBatching
+from bkaio.ledger_client.bookie_replacement import BookieReplacement
 from bkaio.ledger_client.context import ClientContext
-from bkaio.ledger_client.ensemble_change import (
-    BookieFailures,
-    not_enough_bookies,
-    plan_replacements,
-)
+from bkaio.ledger_client.ensemble_change import BookieFailures
 from bkaio.ledger_client.errors import InvalidArgumentError, copy_error
-from bkaio.ledger_client.quorum import with_new_segment, write_set
-from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bkaio.ledger_client.explicit_lac import ExplicitLac
+from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, AnswerHandler, PendingAdd
+from bkaio.ledger_client.quorum import write_set
+from bkaio.ledger_client.sealing import Sealing
+from bkaio.meta.ledger_metadata import LedgerMetadata
 from bkaio.protocol.digest import entry_digest
-from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FIXARRAY_HEADER_BYTES, FrameEncoder
-from bkaio.supervision import spawn_job
 
 log = structlog.get_logger(__name__)
 
-# Errors after which the same bookie can never take this ledger's adds: the handle stops.
-_FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
-# Compare-and-swaps one ensemble change may try: each lost one means another client changed
-# the record (a recovery, which fences this writer) or the store lost the answer.
-_MAX_METADATA_ATTEMPTS = 8
-# After a batching wait that caught nothing, this many bursts go at once (then waiting is
-# tried again): a closed loop pays the wait once in this many sends, not every time.
-_BATCH_WAIT_BACKOFF_SENDS = 256
 
-
-class _PendingAdd:
-    """One entry between `append` and its in-order completion."""
-
-    __slots__ = ("acked", "completed", "digest", "entry_id", "future", "lac", "length", "payload")
-
-    def __init__(
-        self,
-        entry_id: int,
-        lac: int,
-        length: int,
-        digest: int,
-        payload: bytes,
-        future: asyncio.Future[int],
-    ) -> None:
-        self.entry_id = entry_id
-        self.lac = lac  # Piggybacked LAC; in the digest: re-sends reuse it (`_carry_lac`: unsent).
-        self.length = length  # Ledger length after this entry.
-        self.digest = digest
-        self.payload = payload
-        self.future = future
-        self.acked = 0  # Bit i set: the bookie at ensemble index i confirmed.
-        self.completed = False  # Qa distinct confirmations (may still wait for earlier entries).
-
-
-# Handles one bookie's answer to one add: None for OK, else the error (see `_answer_handler`).
-_AnswerHandler = Callable[[_PendingAdd, BKError | None], None]
-# (first index, end index, packed entries, their bytes): one ADD_ENTRIES frame of a batch.
-_Frame = tuple[int, int, list[bytes], int]
-# The fields of an ADD_ENTRIES entry, packed once per append for every bookie: `pack_fields`
-# done inline (`FrameEncoder.fields_packer`).
-_pack_list = FrameEncoder.fields_packer()
-
-
-def _frames_of(packed: list[bytes]) -> list[_Frame]:
-    """`packed` cut into frames of at most ADD_ENTRIES_BATCH_BYTES (a larger entry alone)."""
-    total = sum(map(len, packed))
-    if total <= ADD_ENTRIES_BATCH_BYTES:
-        return [(0, len(packed), packed, total)]
-    frames: list[_Frame] = []
-    start = 0
-    size = 0
-    for index, entry_bytes in enumerate(map(len, packed)):
-        if size and size + entry_bytes > ADD_ENTRIES_BATCH_BYTES:
-            frames.append((start, index, packed[start:index], size))
-            start = index
-            size = 0
-        size += entry_bytes
-    frames.append((start, len(packed), packed[start:], size))
-    return frames
-
-
-class LedgerHandle:
+class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
     """A ledger open for writing by its one writer (returned by `BookKeeper.create_ledger`)."""
 
     def __init__(self, context: ClientContext, metadata: LedgerMetadata, master_key: bytes) -> None:
@@ -140,15 +71,15 @@ class LedgerHandle:
         # behind the ack quorum is not buried under requests it can never answer in time.
         self._blocked_on: set[str] = set()
         self._when_writable = getattr(context.ops, "when_writable", None)
-        self._answer_handlers: list[_AnswerHandler] = []
-        self._write_set_targets: list[list[tuple[str, _AnswerHandler]]] = []
+        self._answer_handlers: list[AnswerHandler] = []
+        self._write_set_targets: list[list[tuple[str, AnswerHandler]]] = []
         self._set_ensemble(list(metadata.ensembles[-1][1]))
         self._lac = -1
         self._acked_length = 0
         self._last_pushed = -1
         self._pushed_length = 0
-        self._pending: deque[_PendingAdd] = deque()  # Sent, not yet resolved; entry order.
-        self._waiting: deque[_PendingAdd] = deque()  # Assigned, held back (backpressure/change).
+        self._pending: deque[PendingAdd] = deque()  # Sent, not yet resolved; entry order.
+        self._waiting: deque[PendingAdd] = deque()  # Assigned, held back (backpressure/change).
         self._idle = asyncio.Event()
         self._idle.set()
         self._is_idle = True  # Mirrors `_idle`, so that `append` calls no Event method.
@@ -178,7 +109,7 @@ class LedgerHandle:
         # appends of one loop iteration leave as one batch per bookie (`_send_unsent`).
         add_entries = getattr(context.ops, "add_entries", None)
         self._add_entries = add_entries if self._ensemble_size == self._write_quorum else None
-        self._unsent: list[_PendingAdd] = []  # Appended this loop iteration, not sent yet.
+        self._unsent: list[PendingAdd] = []  # Appended this loop iteration, not sent yet.
         # When `_send_unsent` runs: the pool's `defer_send` (with the other ledgers' batches,
         # written at once), else at the loop's next turn.
         self._defer_send: Callable[[Callable[[], None]], object] = (
@@ -249,7 +180,7 @@ class LedgerHandle:
         lac = self._lac
         digest = entry_digest(self.ledger_id, entry_id, lac, self._pushed_length, payload)
         future: asyncio.Future[int] = self._loop.create_future()
-        add = _PendingAdd(entry_id, lac, self._pushed_length, digest, payload, future)
+        add = PendingAdd(entry_id, lac, self._pushed_length, digest, payload, future)
         if self._is_idle:
             self._is_idle = False
             self._idle.clear()
@@ -265,7 +196,7 @@ class LedgerHandle:
             self._queue_send(add)
         return future
 
-    def _queue_send(self, add: _PendingAdd) -> None:
+    def _queue_send(self, add: PendingAdd) -> None:
         """Send a new add (in `_pending` already): with this iteration's batch, or now."""
         if self._add_entries is not None:
             unsent = self._unsent
@@ -288,31 +219,6 @@ class LedgerHandle:
             else:  # Held back by an ensemble change only; it ends by itself.
                 await asyncio.sleep(pause.next_delay())
 
-    async def close(self) -> None:
-        """Wait for pending adds, then seal the ledger: metadata CLOSED at the LAC.
-
-        Idempotent. Raises LedgerFencedError when another client recovered (or closed) the
-        ledger meanwhile; the ledger's end is then whatever that client sealed.
-        """
-        if self._closed:
-            return
-        self._closing = True
-        if self._batch_timer is not None:  # A waiting burst goes now: nothing else will come.
-            self._send_unsent(now=True)
-        await self._idle.wait()
-        if self._change_task is not None:
-            with contextlib.suppress(BKError):
-                await asyncio.shield(self._change_task)
-        self._stop_explicit_lac()
-        if isinstance(self._error, _FATAL_ADD_ERRORS):
-            self._closed = True
-            raise copy_error(self._error)
-        try:
-            await self._seal()
-        finally:
-            self._closed = True
-        self._log.info("ledger_closed", last_entry_id=self._lac, length=self._acked_length)
-
     async def __aenter__(self) -> LedgerHandle:
         return self
 
@@ -326,7 +232,7 @@ class LedgerHandle:
 
     # ----------------------------------------------------------------- the add path
 
-    def _send(self, add: _PendingAdd, mask: int) -> None:
+    def _send(self, add: PendingAdd, mask: int) -> None:
         """Send `add` to the ensemble indexes in `mask` (skipping bookies known down)."""
         down_mask = self._down_mask
         if down_mask:  # With every slot up the write set (Qw >= Qa bookies) is reachable.
@@ -387,104 +293,6 @@ class LedgerHandle:
                 callback=MethodType(self._answer_handlers[index], add),
             )
 
-    def _send_unsent(self, *, now: bool = False) -> None:
-        """Send this loop iteration's appends: one batch of ADD_ENTRIES frames per bookie.
-
-        Only for a ledger whose write set is the whole ensemble (E = Qw), so every add goes
-        to every bookie. The entries are packed once and each bookie's connection takes the
-        batch in one call; a bookie down, or one whose connection takes no ADD_ENTRIES now,
-        gets the adds one by one through `_send` instead.
-
-        With `add_batch_wait_us`, a burst (two appends or more) waits for the next append
-        first (`_wait_for_more`), unless `now` (an ensemble change, close).
-        """
-        adds = self._unsent
-        if not adds:
-            return
-        if self._batch_timer is not None:
-            if not now:
-                return  # Waiting: the next append or the timer sends it.
-            self._batch_timer.cancel()
-            self._batch_timer = None
-        elif (
-            not (now or self._batch_waited)
-            and self._batch_wait_seconds
-            and len(adds) > 1
-            and self._wait_for_more()
-        ):
-            return
-        self._batch_waited = False
-        self._unsent = []
-        if self._error is not None:
-            return  # `_fail` resolved them already.
-        mask = self._write_set_masks[0]  # E = Qw: every write set is every slot.
-        if self._down_mask:
-            for add in adds:
-                self._send(add, mask)
-            return
-        lac = adds[-1].lac  # The LAC only grows: the last add carries the highest.
-        if lac > self._max_piggybacked_lac:
-            self._max_piggybacked_lac = lac
-        pack = _pack_list
-        skip = FIXARRAY_HEADER_BYTES
-        frames = _frames_of(
-            [
-                pack([add.entry_id, add.lac, add.length, add.digest, add.payload])[skip:]
-                for add in adds
-            ]
-        )
-        add_entries = self._add_entries
-        assert add_entries is not None
-        ledger_id = self.ledger_id
-        master_key = self._master_key
-        handlers = self._answer_handlers
-        for index, bookie_id in enumerate(self._ensemble):
-            if not add_entries(
-                bookie_id, ledger_id, False, master_key, handlers[index], adds, frames
-            ):
-                for add in adds:
-                    self._send(add, 1 << index)
-        when_writable = self._when_writable
-        if when_writable is not None:
-            blocked = self._blocked_on
-            for bookie_id in self._ensemble:
-                if bookie_id not in blocked and when_writable(
-                    bookie_id, ledger_id, partial(self._writable_again, bookie_id)
-                ):
-                    blocked.add(bookie_id)
-
-    def _wait_for_more(self) -> bool:
-        """Let the unsent burst wait for the next append (at most `add_batch_wait_us`), unless
-        waiting is paused after a fruitless wait, or the handle is closing. True: it waits.
-
-        Only a burst waits: a lone append (a serial writer, a slow rate) goes at once, and so
-        does everything while a wait that caught nothing is recent (a closed loop whose next
-        append needs this one's answer would pay the whole wait every time)."""
-        if self._batch_wait_backoff > 0:
-            self._batch_wait_backoff -= 1
-            return False
-        if self._closing or self._error is not None:
-            return False
-        self._batch_timer = self._loop.call_later(self._batch_wait_seconds, self._batch_wait_over)
-        return True
-
-    def _end_batch_wait(self) -> None:
-        """An append joined the waiting burst: both go once this loop iteration's appends are
-        in (the pool's deferred send, with the other ledgers' batches)."""
-        timer = self._batch_timer
-        assert timer is not None
-        timer.cancel()
-        self._batch_timer = None
-        self._batch_waited = True
-        self._defer_send(self._send_unsent)
-
-    def _batch_wait_over(self) -> None:
-        """Nothing came while the burst waited: it goes now; the next bursts go at once."""
-        self._batch_timer = None
-        self._batch_waited = True
-        self._batch_wait_backoff = _BATCH_WAIT_BACKOFF_SENDS
-        self._defer_send(self._send_unsent)
-
     def _writable_again(self, bookie_id: str) -> None:
         """`bookie_id` takes writes again (or failed): held-back appends go on when no other
         bookie holds them."""
@@ -503,7 +311,7 @@ class LedgerHandle:
             [(ensemble[i], handlers[i]) for i in write_set] for write_set in self._write_sets
         ]
 
-    def _answer_handler(self, index: int, bookie_id: str) -> _AnswerHandler:
+    def _answer_handler(self, index: int, bookie_id: str) -> AnswerHandler:
         """What handles the answers of `bookie_id` in ensemble slot `index` to adds.
 
         Called with the add and the answer (None for OK, else the error): the pool binds the
@@ -514,7 +322,7 @@ class LedgerHandle:
         """
         bit = 1 << index
 
-        def answered(add: _PendingAdd, error: BKError | None) -> None:
+        def answered(add: PendingAdd, error: BKError | None) -> None:
             if error is not None or self._closed or self._ensemble[index] != bookie_id:
                 self._add_done(add, index, bookie_id, error)
                 return
@@ -530,9 +338,7 @@ class LedgerHandle:
 
         return answered
 
-    def _add_done(
-        self, add: _PendingAdd, index: int, bookie_id: str, error: BKError | None
-    ) -> None:
+    def _add_done(self, add: PendingAdd, index: int, bookie_id: str, error: BKError | None) -> None:
         if self._ensemble[index] != bookie_id or self._closed:
             return  # That bookie was replaced meanwhile: its answer no longer counts.
         if error is None:
@@ -544,7 +350,7 @@ class LedgerHandle:
                 if self._pending and self._pending[0] is add:
                     self._drain()
             return
-        if isinstance(error, _FATAL_ADD_ERRORS):
+        if isinstance(error, FATAL_ADD_ERRORS):
             self._fail(error)
             return
         if self._error is None and not (self._closing and self._is_idle):
@@ -557,7 +363,7 @@ class LedgerHandle:
         if self._changing:
             return
         pending = self._pending
-        last: _PendingAdd | None = None
+        last: PendingAdd | None = None
         while pending and pending[0].completed:
             last = pending.popleft()
             future = last.future
@@ -618,246 +424,8 @@ class LedgerHandle:
     def _down_bookies(self) -> list[str]:
         return [b for i, b in enumerate(self._ensemble) if self._down_mask >> i & 1]
 
-    # ----------------------------------------------------------------- ensemble change
-
-    def _bookie_failed(self, index: int, bookie_id: str, error: BKError) -> None:
-        self._note_failed(index, bookie_id, error)
-        if bookie_id in self._blocked_on:  # It failed: nothing to wait for from it. Held
-            # appends go on now, or when the ensemble change just started has ended.
-            self._writable_again(bookie_id)
-
-    def _note_failed(self, index: int, bookie_id: str, error: BKError) -> None:
-        if index in self._failed or self._down_mask >> index & 1:
-            return
-        self._log.warning(
-            "bookie_add_failed",
-            bookie_id=bookie_id,
-            ensemble_index=index,
-            error=str(error),
-            error_type=type(error).__name__,
-        )
-        self._failed[index] = bookie_id
-        self._failures.failed(bookie_id, error, self._loop.time())
-        if self._change_task is None:
-            self._changing = True
-            self._change_task = spawn_job(
-                f"ledger-{self.ledger_id}-ensemble-change",
-                self._change_ensemble,
-                kind="ensemble_change",
-                on_failure=self._job_failed,
-            )
-
     def _job_failed(self, error: BaseException) -> None:
         """A background job of this handle broke (a bug, logged by the supervisor): stop."""
         failure = BKError(f"ledger {self.ledger_id}: internal error: {type(error).__name__}")
         failure.__cause__ = error
         self._fail(failure)
-
-    async def _change_ensemble(self) -> None:
-        try:
-            while self._failed and self._error is None:
-                await self._back_off_before_change()
-                if self._error is None:
-                    await self._change_ensemble_once(dict(self._failed))
-        except BKError as error:
-            self._fail(error)
-        finally:
-            self._changing = False
-            self._change_task = None
-            if self._error is None:
-                self._drain()
-
-    async def _back_off_before_change(self) -> None:
-        """The first change in a quarantine period goes at once; later ones wait a jittered,
-        growing delay, so a flapping cluster cannot make a writer rewrite its metadata fast."""
-        now = self._loop.time()
-        last = self._last_change_at
-        if last is None or now - last >= self._failures.quarantine_seconds:
-            self._change_backoff.reset()
-        else:
-            await asyncio.sleep(self._change_backoff.next_delay())
-        self._last_change_at = self._loop.time()
-
-    async def _change_ensemble_once(self, failed: dict[int, str]) -> None:
-        # Appends not sent yet go to the ensemble they were appended under, like the rest:
-        # the re-send below then covers them as it covers every pending add.
-        self._send_unsent(now=True)
-        plan = plan_replacements(
-            placement=self._ctx.placement,
-            bookies=self._ctx.bookies(),
-            ensemble=self._ensemble,
-            failed=failed.keys(),
-            down_mask=self._down_mask,
-            write_quorum=self._write_quorum,
-            ack_quorum=self._ack_quorum,
-            failures=self._failures,
-            now=self._loop.time(),
-        )
-        for index in sorted(failed):
-            if plan.down_mask >> index & 1:
-                self._log.warning(
-                    "bookie_not_replaced", bookie_id=failed[index], ensemble_index=index
-                )
-        if not plan.ack_quorum_reachable(self._write_quorum, self._ack_quorum):
-            # Fail before writing anything: no metadata version for a change that cannot help.
-            raise not_enough_bookies(self.ledger_id, plan, self._ack_quorum, self._failures)
-        replaced = plan.replaced
-        self._down_mask = plan.down_mask
-        if replaced:
-            old = self._ensemble
-            await self._write_ensemble(list(plan.ensemble))
-            self._log.info(
-                "ensemble_changed",
-                first_entry_id=self._lac + 1,
-                replaced={old[i]: plan.ensemble[i] for i in replaced},
-            )
-        for index, bookie_id in failed.items():
-            if self._failed.get(index) == bookie_id:
-                del self._failed[index]
-        replaced_mask = sum(1 << i for i in replaced)
-        for add in list(self._pending):
-            if self._error is not None:
-                return
-            resend = self._write_set_masks[add.entry_id % self._ensemble_size] & replaced_mask
-            if resend:
-                # The new segment names the newcomer for this slot: readers look there, so
-                # an ack from the bookie it replaced no longer counts.
-                add.acked &= ~resend
-                add.completed = add.acked.bit_count() >= self._ack_quorum
-            self._send(add, resend)
-
-    async def _write_ensemble(self, new_ensemble: list[str]) -> None:
-        """CAS a segment starting at LAC + 1 with `new_ensemble` into the metadata."""
-        ledgers = self._ctx.ledgers
-        md = self._md
-        first_entry_id = self._lac + 1
-        for _attempt in range(_MAX_METADATA_ATTEMPTS):
-            if md.state is not LedgerState.OPEN:
-                raise LedgerFencedError(
-                    f"ledger {self.ledger_id} is {md.state.name} in metadata: another client "
-                    f"recovered or closed it during an ensemble change"
-                )
-            target = dataclasses.replace(
-                md, ensembles=with_new_segment(md.ensembles, first_entry_id, new_ensemble)
-            )
-            try:
-                updated = await ledgers.update(target)
-            except MetadataVersionError:
-                md = await ledgers.get(self.ledger_id)
-                continue
-            except MetadataOutcomeUnknownError:
-                md = await ledgers.get(self.ledger_id)
-                if md.state is LedgerState.OPEN and tuple(md.ensembles) == tuple(target.ensembles):
-                    updated = md
-                else:
-                    continue
-            self._md = updated
-            self._set_ensemble(new_ensemble)
-            return
-        raise MetadataError(
-            f"ledger {self.ledger_id}: ensemble change not recorded after "
-            f"{_MAX_METADATA_ATTEMPTS} compare-and-swap attempts"
-        )
-
-    # ----------------------------------------------------------------- explicit LAC
-
-    def _schedule_explicit_lac(self) -> None:
-        interval = self._ctx.config.explicit_lac_interval
-        if interval > 0 and self._lac_timer is None and not self._closed:
-            self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
-
-    def _lac_pushed(self) -> None:
-        """`explicit_lac_on_ack`: once the loop iteration whose acks moved the LAC is done,
-        WRITE_LAC unless an add sent or queued since carries the LAC (tailing readers then
-        learn of the entry without waiting for the next add)."""
-        self._lac_push_due = False
-        lac = self._lac
-        if self._batch_timer is not None and self._error is None:
-            # A burst waits for company: it leaves now carrying the new LAC, which costs
-            # no request beside it (a WRITE_LAC is three more requests, each journaled).
-            self._carry_lac(self._unsent, lac)
-            self._send_unsent(now=True)
-        latest = (
-            self._waiting[-1] if self._waiting else self._pending[-1] if self._pending else None
-        )
-        carried = max(self._max_piggybacked_lac, -1 if latest is None else latest.lac)
-        if lac <= carried or self._error is not None or self._closed:
-            return
-        self._max_piggybacked_lac = lac
-        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
-        self._lac_tasks.add(task)
-        task.add_done_callback(self._lac_tasks.discard)
-
-    def _carry_lac(self, adds: list[_PendingAdd], lac: int) -> None:
-        """Piggyback `lac` on adds no bookie has seen yet (their digest covers it)."""
-        ledger_id = self.ledger_id
-        for add in adds:
-            if add.lac < lac:
-                add.lac = lac
-                add.digest = entry_digest(ledger_id, add.entry_id, lac, add.length, add.payload)
-
-    def _explicit_lac_due(self) -> None:
-        self._lac_timer = None
-        lac = self._lac
-        if lac <= self._max_piggybacked_lac or self._error is not None or self._closed:
-            return
-        self._max_piggybacked_lac = lac
-        task = spawn_job(
-            f"ledger-{self.ledger_id}-lac",
-            partial(self._write_lac, lac),
-            kind="explicit_lac",
-            on_failure=self._job_failed,
-        )
-        self._lac_tasks.add(task)
-        task.add_done_callback(self._lac_tasks.discard)
-
-    async def _write_lac(self, lac: int) -> None:
-        """WRITE_LAC to the live bookies of the current ensemble; failures only delay readers."""
-        bookies = [b for i, b in enumerate(self._ensemble) if not self._down_mask >> i & 1]
-        results = await asyncio.gather(
-            *(self._ctx.ops.write_lac(b, self.ledger_id, self._master_key, lac) for b in bookies),
-            return_exceptions=True,
-        )
-        for bookie_id, result in zip(bookies, results, strict=True):
-            if isinstance(result, BaseException):
-                self._log.debug("explicit_lac_failed", bookie_id=bookie_id, error=str(result))
-
-    def _stop_explicit_lac(self) -> None:
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
-        for task in self._lac_tasks:
-            task.cancel()
-
-    # ----------------------------------------------------------------- close
-
-    async def _seal(self) -> None:
-        """CAS the metadata to CLOSED at (LAC, length); adopt nothing but our own close."""
-        ledgers = self._ctx.ledgers
-        md = self._md
-        outcome_unknown = False
-        while True:
-            if md.state is LedgerState.CLOSED:
-                if outcome_unknown and (md.last_entry_id, md.length) == (
-                    self._lac,
-                    self._acked_length,
-                ):
-                    self._md = md
-                    return  # Our own close landed before the store's answer was lost.
-                raise LedgerFencedError(
-                    f"ledger {self.ledger_id} was closed by another client at entry "
-                    f"{md.last_entry_id} (this writer's LAC {self._lac})"
-                )
-            if md.state is not LedgerState.OPEN:
-                raise LedgerFencedError(
-                    f"ledger {self.ledger_id} is {md.state.name}: another client is recovering it"
-                )
-            target = md.closed(self._lac, self._acked_length)
-            try:
-                self._md = await ledgers.update(target)
-                return
-            except MetadataVersionError:
-                md = await ledgers.get(self.ledger_id)
-            except MetadataOutcomeUnknownError:
-                outcome_unknown = True
-                md = await ledgers.get(self.ledger_id)

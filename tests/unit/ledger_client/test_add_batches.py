@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from bkaio.errors import BKError, BKTimeoutError, BookieUnavailableError, LedgerFencedError
+from bkaio.ledger_client.add_batching import _frames_of
 from bkaio.ledger_client.connections import BookieConnection, BookiePool
-from bkaio.ledger_client.ledger_handle import _frames_of
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol import (
     PROTOCOL_VERSION,

@@ -166,7 +166,7 @@ async def test_a_broken_ensemble_change_is_reported_counted_and_fails_the_handle
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("a bug in planning")
 
-    monkeypatch.setattr("bkaio.ledger_client.ledger_handle.plan_replacements", broken)
+    monkeypatch.setattr("bkaio.ledger_client.bookie_replacement.plan_replacements", broken)
     before = REGISTRY.get_sample_value("bkaio_task_failures_total", {"task": "ensemble_change"})
     cluster = fake_cluster(4)
     lh = await cluster.client.create_ledger(3, 3, 3)  # Needs the replacement to complete.

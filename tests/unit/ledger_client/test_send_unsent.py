@@ -16,9 +16,9 @@ from typing import Any
 
 import msgpack
 
+from bkaio.ledger_client.add_batching import _frames_of
 from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.ledger_client.connections import BookiePool
-from bkaio.ledger_client.ledger_handle import _frames_of
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES
 from tests.unit.ledger_client.fakes import FakeBookie, FakeBookieOps, FakeLedgerStore

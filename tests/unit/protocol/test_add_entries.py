@@ -13,7 +13,7 @@ import msgpack
 import pytest
 
 from bkaio.errors import ProtocolError
-from bkaio.ledger_client.ledger_handle import _frames_of
+from bkaio.ledger_client.add_batching import _frames_of
 from bkaio.protocol import (
     I64_MAX,
     U64_MAX,
@@ -452,7 +452,7 @@ def test_add_entries_frame_above_max_frame_bytes_is_refused_and_adds_nothing() -
     assert _decoded(encoder.take(), 4096) == [ReadEntryRequest(1, LEDGER, 0, Flag.NONE, None)]
 
 
-# --- ledger_handle._frames_of -------------------------------------------------------------------
+# --- add_batching._frames_of --------------------------------------------------------------------
 
 
 def _check_frames(packed: list[bytes], frames: list[tuple[int, int, list[bytes], int]]) -> None:
