@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.spark.conftest import Cluster, stream_segments, tagged_ledgers, write_stream
+from tests.spark.cluster import Cluster, stream_segments, tagged_ledgers, write_stream
+from tests.spark.queries import append_frame, batch_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,13 +28,7 @@ def test_batch_read_of_100k_entries_over_several_ledgers(
     payloads = [payload(i) for i in range(100_000)]
     write_stream(bk_cluster, namespace, "big", payloads, roll_bytes=1_500_000)
     assert len(stream_segments(bk_cluster, namespace, "big")) >= 3
-    df = (
-        spark.read.format("bkaio")
-        .option("metadata", bk_cluster.uri)
-        .option("stream", f"{namespace}/big")
-        .option("maxEntriesPerPartition", "30000")
-        .load()
-    )
+    df = batch_frame(spark, bk_cluster.uri, f"{namespace}/big", maxEntriesPerPartition="30000")
     # Checked inside Spark (collecting 100k rows costs more than reading them): every seq once,
     # each with its own payload, bound together by a CRC of payload + seq.
     summary = df.selectExpr(
@@ -62,16 +57,8 @@ def test_sink_output_equals_its_input(spark: SparkSession, bk_cluster: Cluster) 
     source = spark.range(0, 3000, numPartitions=3).selectExpr(
         "CAST(concat('row-', CAST(id AS STRING)) AS STRING) AS payload"
     )
-    source.write.format("bkaio").option("metadata", bk_cluster.uri).option(
-        "stream", f"{namespace}/out"
-    ).mode("append").save()
-    rows = (
-        spark.read.format("bkaio")
-        .option("metadata", bk_cluster.uri)
-        .option("stream", f"{namespace}/out")
-        .load()
-        .collect()
-    )
+    append_frame(source, bk_cluster.uri, f"{namespace}/out")
+    rows = batch_frame(spark, bk_cluster.uri, f"{namespace}/out").collect()
     assert sorted(r.seq for r in rows) == list(range(3000))
     by_seq = [bytes(r.payload).decode() for r in sorted(rows, key=lambda r: r.seq)]
     assert by_seq == [f"row-{i}" for i in range(3000)]  # Task order, then row order.
@@ -89,16 +76,8 @@ def test_a_task_failing_mid_write_leaves_no_partial_records(
         "IF(id = 1499, NULL, CAST(id AS STRING)) AS payload"
     )
     with pytest.raises(Exception, match="null payload"):
-        bad.write.format("bkaio").option("metadata", bk_cluster.uri).option(
-            "stream", f"{namespace}/out"
-        ).mode("append").save()
-    rows = (
-        spark.read.format("bkaio")
-        .option("metadata", bk_cluster.uri)
-        .option("stream", f"{namespace}/out")
-        .load()
-        .collect()
-    )
+        append_frame(bad, bk_cluster.uri, f"{namespace}/out")
+    rows = batch_frame(spark, bk_cluster.uri, f"{namespace}/out").collect()
     assert sorted((r.seq, bytes(r.payload)) for r in rows) == list(enumerate(before))
     # And nothing is left behind: abort deleted every ledger the job's tasks created (a task
     # cancelled after the abort deletes its own on the way out, hence the short wait).

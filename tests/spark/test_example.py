@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.spark.conftest import Cluster
+from tests.spark.cluster import Cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.spark.conftest import ROOT, Cluster, stream_segments, write_stream
+from tests.spark.cluster import Cluster, stream_segments, write_stream
+from tests.spark.queries import batch_frame, stream_to_parquet
+from tests.spark.session import worker_environment
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,12 +33,10 @@ def payload(seq: int) -> bytes:
 
 def plain_client_rows(cluster: Cluster, name: str, count: int) -> list[Row]:
     """The stream read from its start with the plain client's stream reader."""
-    from bkaio.stream import open_namespace
-
     namespace, stream = name.split("/")
 
     async def read() -> list[Row]:
-        ns = await open_namespace(await cluster.client(), namespace)
+        ns = await cluster.namespace(namespace)
         rows: list[Row] = []
         async with await ns.open_reader(stream, start="earliest") as reader:
             while len(rows) < count:
@@ -53,31 +53,19 @@ def spark_rows(rows: list[Any]) -> list[Row]:
 
 
 def batch_rows(spark: SparkSession, uri: str, name: str) -> list[Row]:
-    df = (
-        spark.read.format("bkaio")
-        .option("metadata", uri)
-        .option("stream", name)
-        .option("maxEntriesPerPartition", "700")
-        .load()
-    )
+    df = batch_frame(spark, uri, name, maxEntriesPerPartition="700")
     return spark_rows(df.collect())
 
 
-def streaming_rows(spark: SparkSession, uri: str, name: str, tmp: Path) -> list[Row]:
+def streaming_rows(
+    spark: SparkSession, uri: str, name: str, tmp: Path, *, max_entries_per_trigger: int = 900
+) -> list[Row]:
+    """Stream `name` run to its end into parquet under `tmp` (from the checkpoint there, if
+    any), and every row written there."""
     out, checkpoint = tmp / "out", tmp / "checkpoint"
-    query = (
-        spark.readStream.format("bkaio")
-        .option("metadata", uri)
-        .option("stream", name)
-        .option("maxEntriesPerTrigger", "900")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+    stream_to_parquet(
+        spark, uri, name, out, checkpoint, max_entries_per_trigger=max_entries_per_trigger
     )
-    query.awaitTermination()
     return spark_rows(spark.read.parquet(str(out)).collect())
 
 
@@ -109,21 +97,11 @@ def test_batch_and_streaming_equal_the_client_across_rolls_and_with_a_bookie_dow
 _QUERY = textwrap.dedent(
     """
     import sys, time
-    from pyspark.sql import SparkSession
     from pyspark.sql.functions import udf
-    from bkaio.spark import register
+    from tests.spark.session import local_session
 
     uri, name, out, checkpoint = sys.argv[1:5]
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("local[1]", shuffle_partitions=1)
 
     @udf("binary")
     def slowly(value):  # Each micro-batch takes seconds: time to be killed in the middle.
@@ -161,7 +139,7 @@ def test_a_streaming_query_killed_mid_batch_resumes_with_every_record_once(
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     script = tmp_path / "query.py"
     script.write_text(_QUERY)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **worker_environment()}
     command = [sys.executable, str(script), bk_cluster.uri, name, str(out), str(checkpoint)]
     query = subprocess.Popen(command, env=env, start_new_session=True)
     try:
@@ -184,19 +162,7 @@ def test_a_streaming_query_killed_mid_batch_resumes_with_every_record_once(
             query.wait()
     in_flight = _batches(checkpoint, "offsets") - _batches(checkpoint, "commits")
     assert in_flight, "the kill did not land inside a micro-batch"
-    restarted = (
-        spark.readStream.format("bkaio")
-        .option("metadata", bk_cluster.uri)
-        .option("stream", name)
-        .option("maxEntriesPerTrigger", "400")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    restarted.awaitTermination()
-    rows = spark_rows(spark.read.parquet(str(out)).collect())
+    # Restarted from its checkpoint, to the end.
+    rows = streaming_rows(spark, bk_cluster.uri, name, tmp_path, max_entries_per_trigger=400)
     assert [row[0] for row in rows] == list(range(count))  # Each seq once: no gap, no duplicate.
     assert [row[3] for row in rows] == [payload(i) for i in range(count)]
