@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bkaio.bench.loads import run_open
 from bkaio.bench.stats import percentile
-from bkaio.ledger_client import BookKeeper, ReadHandle
+from bkaio.ledger_client import BookKeeper, LedgerHandle, ReadHandle
 from bkaio.logs import configure_logging
 from tests.fixtures.bookies import BookieCluster
 
@@ -105,8 +107,14 @@ async def child(role: str, *arguments: str) -> asyncio.subprocess.Process:
     )
 
 
-async def tail(base: Path, rate: float, seconds: float) -> None:
-    directory = base / "tail"
+@contextlib.asynccontextmanager
+async def writer_and_tail_reader(
+    base: Path, name: str, entries: int
+) -> AsyncIterator[tuple[LedgerHandle, asyncio.subprocess.Process]]:
+    """3 bookies, a ledger (E3/Qw3/Qa2) open by a writer that pushes its LAC on
+    acknowledgement, and a reader of its first `entries` entries tailing it in another
+    process (`tail_reader`), ready."""
+    directory = base / name
     directory.mkdir()
     cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
     async with (
@@ -116,10 +124,16 @@ async def tail(base: Path, rate: float, seconds: float) -> None:
         ) as bk,
     ):
         lh = await bk.create_ledger(3, 3, 2, password=b"pw")
-        total = round(rate * seconds)
-        reader = await child("tail-reader", cluster.metadata_uri, str(lh.ledger_id), str(total))
+        reader = await child("tail-reader", cluster.metadata_uri, str(lh.ledger_id), str(entries))
         assert reader.stdout is not None
         assert (await reader.stdout.readline()).strip() == b"ready"
+        yield lh, reader
+
+
+async def tail(base: Path, rate: float, seconds: float) -> None:
+    total = round(rate * seconds)
+    async with writer_and_tail_reader(base, "tail", total) as (lh, reader):
+        assert reader.stdout is not None
         acked: list[float] = [0.0] * total
         clock = time.monotonic
 
@@ -151,19 +165,8 @@ async def tail(base: Path, rate: float, seconds: float) -> None:
 
 
 async def tail_path(base: Path, entries: int, gap_seconds: float) -> None:
-    directory = base / "tail-path"
-    directory.mkdir()
-    cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
-    async with (
-        cluster,
-        BookKeeper.connect(
-            cluster.metadata_uri, client_id="writer", explicit_lac_on_ack=True
-        ) as bk,
-    ):
-        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
-        reader = await child("tail-reader", cluster.metadata_uri, str(lh.ledger_id), str(entries))
+    async with writer_and_tail_reader(base, "tail-path", entries) as (lh, reader):
         assert reader.stdout is not None
-        assert (await reader.stdout.readline()).strip() == b"ready"
         acked: list[float] = []
         for _ in range(entries):
             await lh.append(PAYLOAD)
