@@ -20,7 +20,6 @@ entry's write set; the metadata does not change.
 from __future__ import annotations
 
 import enum
-import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -223,9 +222,17 @@ class Replicator:
         bookie in limbo holds part of its open tail); the CLOSED metadata."""
         key = await self._keys.master_key(metadata)
         if key is None:
-            # No live bookie ever recorded a key, so none holds an entry: fencing with a
-            # throwaway key still stops the writer (its adds become UNAUTHORIZED there).
-            key = os.urandom(32)
+            # No live bookie of the ledger recorded its key. A made-up key cannot fence: a
+            # bookie checking keys against the metadata refuses it (UNAUTHORIZED), and one
+            # that takes the first key it sees would record it and then refuse the writer's
+            # and every later recovery's adds. The bookies holding the key (and so the
+            # entries) are down or wiped: retry once one is back.
+            raise ReplicationError(
+                f"ledger {metadata.ledger_id}: no live bookie of the ledger holds its master "
+                "key, so its open tail cannot be fenced now (retried: the bookies that hold "
+                "it are down or wiped)",
+                ledger_id=metadata.ledger_id,
+            )
         log.info("open_ledger_recovery", ledger_id=metadata.ledger_id)
         closed = await LedgerRecovery(self._view.context, metadata, key).run()
         self._metrics.ledgers_recovered.inc()
