@@ -37,7 +37,7 @@ from bkaio.autorecovery.checker import LedgerChecker
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.errors import BKError
 from bkaio.ledger_client import BookKeeper
-from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, BookieProcess
 from tests.fixtures.etcd import EtcdServer
 from tests.integration.autorecovery.helpers import (
     bkaio_cli,
@@ -152,11 +152,10 @@ class Nemesis:
     async def _any_in_limbo(self) -> bool:
         for index in self.up():
             try:
-                samples = await bookie_metrics(self.cluster[index].admin_url)
+                if await _limbo_ledgers(self.cluster[index]):
+                    return True
             except OSError:
                 return True  # Not answering: assume the worst, reformat another time.
-            if metric_sum(samples, "bkaio_bookie_limbo_ledgers"):
-                return True
         return False
 
     async def decommission(self, index: int) -> None:
@@ -234,10 +233,14 @@ async def _healed(cluster: BookieCluster, checker: LedgerChecker) -> str | None:
         if short := await checker.incomplete_bookies(md):
             return f"ledger {ledger_id} short on {sorted(short)}"
     for bookie in cluster.bookies:
-        samples = await bookie_metrics(bookie.admin_url)
-        if limbo := metric_sum(samples, "bkaio_bookie_limbo_ledgers"):
+        if limbo := await _limbo_ledgers(bookie):
             return f"{bookie.bookie_id} has {limbo:.0f} ledgers in limbo"
     return None
+
+
+async def _limbo_ledgers(bookie: BookieProcess) -> float:
+    """How many ledgers the bookie holds in limbo (its metrics; OSError if it does not answer)."""
+    return metric_sum(await bookie_metrics(bookie.admin_url), "bkaio_bookie_limbo_ledgers")
 
 
 async def _seal_all(uri: str, ledgers: list[int], deadline: float) -> dict[int, int]:
