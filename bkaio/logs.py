@@ -28,7 +28,11 @@ def configure_logging(*, json: bool = True, level: str = "info", cache: bool = F
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line: PrintLogger prints the line and its newline as two writes, so a
+        # line longer than the stream's 8 KiB chunk (a traceback) left the process without its
+        # newline, and the other process sharing the log file (a bookie's parent and shard
+        # worker) could append its own line into the middle of it.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=cache,
     )
 
