@@ -45,10 +45,7 @@ class ExplicitLac(HandleState):
         carried = max(self._max_piggybacked_lac, -1 if latest is None else latest.lac)
         if lac <= carried or self._error is not None or self._closed:
             return
-        self._max_piggybacked_lac = lac
-        task = self._loop.create_task(self._write_lac(lac), name=f"ledger-{self.ledger_id}-lac")
-        self._lac_tasks.add(task)
-        task.add_done_callback(self._lac_tasks.discard)
+        self._spawn_write_lac(lac)
 
     def _carry_lac(self, adds: list[PendingAdd], lac: int) -> None:
         """Piggyback `lac` on adds no bookie has seen yet (their digest covers it)."""
@@ -63,6 +60,10 @@ class ExplicitLac(HandleState):
         lac = self._lac
         if lac <= self._max_piggybacked_lac or self._error is not None or self._closed:
             return
+        self._spawn_write_lac(lac)
+
+    def _spawn_write_lac(self, lac: int) -> None:
+        """Count `lac` as told to the bookies and WRITE_LAC it, as a supervised job."""
         self._max_piggybacked_lac = lac
         task = spawn_job(
             f"ledger-{self.ledger_id}-lac",
