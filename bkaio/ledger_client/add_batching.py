@@ -18,24 +18,23 @@ from __future__ import annotations
 from functools import partial
 
 from bkaio.ledger_client.handle_state import HandleState
+from bkaio.ledger_client.types import AddFrame
 from bkaio.protocol.encoder import ADD_ENTRIES_BATCH_BYTES, FIXARRAY_HEADER_BYTES, FrameEncoder
 
 # After a batching wait that caught nothing, this many bursts go at once (then waiting is
 # tried again): a closed loop pays the wait once in this many sends, not every time.
 _BATCH_WAIT_BACKOFF_SENDS = 256
-# (first index, end index, packed entries, their bytes): one ADD_ENTRIES frame of a batch.
-_Frame = tuple[int, int, list[bytes], int]
 # The fields of an ADD_ENTRIES entry, packed once per append for every bookie: `pack_fields`
 # done inline (`FrameEncoder.fields_packer`).
 _pack_list = FrameEncoder.fields_packer()
 
 
-def _frames_of(packed: list[bytes]) -> list[_Frame]:
+def _frames_of(packed: list[bytes]) -> list[AddFrame]:
     """`packed` cut into frames of at most ADD_ENTRIES_BATCH_BYTES (a larger entry alone)."""
     total = sum(map(len, packed))
     if total <= ADD_ENTRIES_BATCH_BYTES:
         return [(0, len(packed), packed, total)]
-    frames: list[_Frame] = []
+    frames: list[AddFrame] = []
     start = 0
     size = 0
     for index, entry_bytes in enumerate(map(len, packed)):
@@ -98,7 +97,6 @@ class AddBatching(HandleState):
             ]
         )
         add_entries = self._add_entries
-        assert add_entries is not None
         ledger_id = self.ledger_id
         master_key = self._master_key
         handlers = self._answer_handlers
@@ -109,13 +107,12 @@ class AddBatching(HandleState):
                 for add in adds:
                     self._send(add, 1 << index)
         when_writable = self._when_writable
-        if when_writable is not None:
-            blocked = self._blocked_on
-            for bookie_id in self._ensemble:
-                if bookie_id not in blocked and when_writable(
-                    bookie_id, ledger_id, partial(self._writable_again, bookie_id)
-                ):
-                    blocked.add(bookie_id)
+        blocked = self._blocked_on
+        for bookie_id in self._ensemble:
+            if bookie_id not in blocked and when_writable(
+                bookie_id, ledger_id, partial(self._writable_again, bookie_id)
+            ):
+                blocked.add(bookie_id)
 
     def _wait_for_more(self) -> bool:
         """Let the unsent burst wait for the next append (at most `add_batch_wait_us`), unless

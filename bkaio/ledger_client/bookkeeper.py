@@ -202,9 +202,7 @@ class BookKeeper:
         self._closed = True
         if self._supervisor is not None:
             await self._supervisor.stop()
-        close_ops = getattr(self._ops, "close", None)
-        if close_ops is not None:
-            await close_ops()
+        await self._ops.close()
         if self._metadata is not None:
             await self._metadata.close()
 
@@ -248,8 +246,8 @@ class BookKeeper:
         ensemble = self._context.placement.new_ensemble(self._bookies, ensemble_size, write_quorum)
         # The master key depends on the ledger id, so the id is taken before the record is
         # written: bookies check the first key they see against this record's password hash.
-        ledger_id = await self._new_ledger_id()
         ledgers = self._context.ledgers
+        ledger_id = await ledgers.next_id()
         metadata = await ledgers.create(
             LedgerMetadata(
                 ledger_id=ledger_id,
@@ -258,23 +256,12 @@ class BookKeeper:
                 ack_quorum=ack_quorum,
                 ensembles=((0, ensemble),),
                 digest_type=DigestType.CRC32C,
-                password_hash=password_hash(password, ledger_id) if ledger_id >= 0 else b"",
+                password_hash=password_hash(password, ledger_id),
                 custom_metadata=custom,
             )
         )
-        if metadata.ledger_id != ledger_id:  # A store that allocates ids itself (test fakes).
-            checked = password_hash(password, metadata.ledger_id)
-            metadata = await ledgers.update(metadata.replace(password_hash=checked))
         log.info("ledger_created", ledger_id=metadata.ledger_id, ensemble=list(ensemble))
         return LedgerHandle(self._context, metadata, master_key(password, metadata.ledger_id))
-
-    async def _new_ledger_id(self) -> int:
-        """A fresh ledger id from the store's generator, or -1 when the store has none."""
-        next_id = getattr(self._context.ledgers, "next_id", None)
-        if next_id is None:
-            return -1
-        ledger_id: int = await next_id()
-        return ledger_id
 
     async def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True

@@ -18,6 +18,10 @@ from bkaio.meta.ledger_metadata import LedgerMetadata
 class LedgerStore(Protocol):
     """The part of `bkaio.meta.LedgerManager` the client uses (docs/internal-apis.md)."""
 
+    async def next_id(self) -> int:
+        """A fresh ledger id: the master key depends on it, so it is taken before `create`."""
+        ...
+
     async def create(self, metadata: LedgerMetadata) -> LedgerMetadata: ...
 
     async def get(self, ledger_id: int) -> LedgerMetadata: ...

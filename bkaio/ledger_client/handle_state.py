@@ -71,7 +71,7 @@ class HandleState:
     _ensemble: list[str]
     _answer_handlers: list[AnswerHandler]
     _blocked_on: set[str]
-    _when_writable: Any  # `BookiePool.when_writable`, or None (test fakes may not have it).
+    _when_writable: Callable[[str, int, Callable[[], None]], bool]  # `BookieOps.when_writable`
     _lac: int
     _acked_length: int
     _pending: deque[PendingAdd]
@@ -92,9 +92,10 @@ class HandleState:
     _lac_tasks: set[asyncio.Task[None]]
     _lac_push_due: bool
     _log: structlog.typing.FilteringBoundLogger
-    _add_entries: Any  # `BookiePool.add_entries` when every add goes to every bookie, or None.
+    _add_entries: Any  # `BookieOps.add_entries`, bound (generic in the add type).
+    _batches_adds: bool  # E = Qw: appends leave in batches (`_send_unsent`).
     _unsent: list[PendingAdd]
-    _defer_send: Callable[[Callable[[], None]], object]
+    _defer_send: Callable[[Callable[[], None]], None]
     _batch_wait_seconds: float
     _batch_timer: asyncio.TimerHandle | None
     _batch_waited: bool

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from types import MethodType, TracebackType
+from types import TracebackType
 
 import structlog
 
@@ -70,7 +69,7 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         # wait until each is writable again or counts as failed, so that a bookie that falls
         # behind the ack quorum is not buried under requests it can never answer in time.
         self._blocked_on: set[str] = set()
-        self._when_writable = getattr(context.ops, "when_writable", None)
+        self._when_writable = context.ops.when_writable
         self._answer_handlers: list[AnswerHandler] = []
         self._write_set_targets: list[list[tuple[str, AnswerHandler]]] = []
         self._set_ensemble(list(metadata.ensembles[-1][1]))
@@ -103,18 +102,16 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         self._push_lac = context.config.explicit_lac_on_ack
         self._lac_push_due = False  # A `_lac_pushed` is scheduled.
         self._log = log.bind(ledger_id=self.ledger_id)
-        # `BookiePool.add_entry_many` when the context has it (test fakes may not).
-        self._add_entry_many = getattr(context.ops, "add_entry_many", None)
-        # `BookiePool.add_entries`, for a ledger whose every add goes to every bookie: the
-        # appends of one loop iteration leave as one batch per bookie (`_send_unsent`).
-        add_entries = getattr(context.ops, "add_entries", None)
-        self._add_entries = add_entries if self._ensemble_size == self._write_quorum else None
+        # Bound once: called per append.
+        self._add_entry_many = context.ops.add_entry_many
+        self._add_entries = context.ops.add_entries
+        # A ledger whose every add goes to every bookie (E = Qw) sends the appends of one loop
+        # iteration as one batch per bookie (`_send_unsent`); a striped one sends each add to
+        # its write set (`_send`).
+        self._batches_adds = self._ensemble_size == self._write_quorum
         self._unsent: list[PendingAdd] = []  # Appended this loop iteration, not sent yet.
-        # When `_send_unsent` runs: the pool's `defer_send` (with the other ledgers' batches,
-        # written at once), else at the loop's next turn.
-        self._defer_send: Callable[[Callable[[], None]], object] = (
-            getattr(context.ops, "defer_send", None) or self._loop.call_soon
-        )
+        # When `_send_unsent` runs: with the other ledgers' batches, written at once.
+        self._defer_send = context.ops.defer_send
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
@@ -198,7 +195,7 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
 
     def _queue_send(self, add: PendingAdd) -> None:
         """Send a new add (in `_pending` already): with this iteration's batch, or now."""
-        if self._add_entries is not None:
+        if self._batches_adds:
             unsent = self._unsent
             unsent.append(add)
             if len(unsent) == 1:
@@ -251,47 +248,29 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
             mask &= ~down_mask
         if add.lac > self._max_piggybacked_lac:
             self._max_piggybacked_lac = add.lac
-        ensemble = self._ensemble
-        add_entry_many = self._add_entry_many
         start = add.entry_id % self._ensemble_size
-        if add_entry_many is not None:  # The wire pool: the entry is packed once for all.
-            if mask == self._write_set_masks[start]:  # The whole write set: every new add.
-                targets = self._write_set_targets[start]
-            else:
-                handlers = self._answer_handlers
-                targets = [
-                    (ensemble[index], handlers[index])
-                    for index in self._write_sets[start]
-                    if mask >> index & 1
-                ]
-            add_entry_many(  # Positional: cheaper than matching keywords, once per append.
-                targets,
-                add,
-                self.ledger_id,
-                add.entry_id,
-                False,  # recovery
-                self._master_key,
-                add.lac,
-                add.length,
-                add.digest,
-                add.payload,
-            )
-            return
-        for index in self._write_sets[start]:
-            if not mask >> index & 1:
-                continue
-            self._ctx.ops.add_entry(
-                ensemble[index],
-                self.ledger_id,
-                add.entry_id,
-                recovery=False,
-                master_key=self._master_key,
-                lac=add.lac,
-                length=add.length,
-                digest=add.digest,
-                payload=add.payload,
-                callback=MethodType(self._answer_handlers[index], add),
-            )
+        if mask == self._write_set_masks[start]:  # The whole write set: every new add.
+            targets = self._write_set_targets[start]
+        else:
+            ensemble = self._ensemble
+            handlers = self._answer_handlers
+            targets = [
+                (ensemble[index], handlers[index])
+                for index in self._write_sets[start]
+                if mask >> index & 1
+            ]
+        self._add_entry_many(  # Positional: cheaper than matching keywords, once per append.
+            targets,
+            add,
+            self.ledger_id,
+            add.entry_id,
+            False,  # recovery
+            self._master_key,
+            add.lac,
+            add.length,
+            add.digest,
+            add.payload,
+        )
 
     def _writable_again(self, bookie_id: str) -> None:
         """`bookie_id` takes writes again (or failed): held-back appends go on when no other
@@ -314,9 +293,9 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
     def _answer_handler(self, index: int, bookie_id: str) -> AnswerHandler:
         """What handles the answers of `bookie_id` in ensemble slot `index` to adds.
 
-        Called with the add and the answer (None for OK, else the error): the pool binds the
-        add to it (`BookiePool.add_entry_many`), the other ops get it bound with MethodType;
-        either costs less than a partial (with its empty kwargs dict) per add and bookie. The
+        Called with the add and the answer (None for OK, else the error): the bookie ops bind
+        the add to it (`add_entry_many`, `add_entries`), which costs less than a partial (with
+        its empty kwargs dict) per add and bookie. The
         OK answer of a bookie still in its slot, the one that comes three times per append, is
         handled here; anything else by `_add_done`.
         """

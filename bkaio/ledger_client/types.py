@@ -8,9 +8,9 @@ Imports nothing from asyncio's transports, the codec or the metadata store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from bkaio.errors import BKError, ConfigError
 
@@ -64,6 +64,10 @@ class LacAnswer:
 
 # Called once per add request: None when the bookie confirmed, else the reason it did not.
 AddCallback = Callable[[BKError | None], None]
+# What a writer keeps per add (its `PendingAdd`): handed back to the bookie's answer handler.
+_Add = TypeVar("_Add")
+# (first index, end index, packed entries, their bytes): one ADD_ENTRIES frame of a batch.
+AddFrame = tuple[int, int, list[bytes], int]
 
 
 class BookieOps(Protocol):
@@ -84,6 +88,44 @@ class BookieOps(Protocol):
         callback: AddCallback,
     ) -> None:
         """Send one add; `callback` runs later on the loop (never inside this call)."""
+
+    def add_entry_many(
+        self,
+        targets: Sequence[tuple[str, Callable[[_Add, BKError | None], None]]],
+        add: _Add,
+        ledger_id: int,
+        entry_id: int,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+    ) -> None:
+        """`add_entry` to each (bookie, handler) of `targets`; a bookie's answer calls
+        `handler(add, None)` for OK, else `handler(add, error)` (later, on the loop)."""
+
+    def add_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        recovery: bool,
+        master_key: bytes,
+        handler: Callable[[_Add, BKError | None], None],
+        adds: Sequence[_Add],
+        frames: Sequence[AddFrame],
+    ) -> bool:
+        """Send `adds` (packed in `frames`) to one bookie as a batch, each answer to
+        `handler(add, error)`. False, having sent nothing, when that bookie takes no batch
+        now (not connected yet, an older bookie): the caller sends the adds one by one."""
+
+    def when_writable(self, bookie_id: str, ledger_id: int, callback: Callable[[], None]) -> bool:
+        """True when the bookie takes no writes now (it reads too slowly): `callback` runs
+        once it does again, or fails. False: nothing to wait for."""
+
+    def defer_send(self, send: Callable[[], None]) -> None:
+        """Run `send` (a handle's batch send) at the end of this loop iteration, with the
+        other handles' batches, then write what they queued."""
 
     async def read_entry(
         self,
@@ -134,6 +176,9 @@ class BookieOps(Protocol):
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         """WRITE_LAC: tell the bookie the writer's LAC explicitly."""
+
+    async def close(self) -> None:
+        """Close every connection; requests still out fail."""
 
 
 # A batching wait beyond 10 ms would be a delay, not a coalescing window.

@@ -16,11 +16,21 @@ Never used outside tests: nothing in production imports this package.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
-from bkaio.errors import ConfigError, DataUnknownError, NoSuchEntryError
+from bkaio.errors import BKError, ConfigError, DataUnknownError, NoSuchEntryError
 from bkaio.journal.writer import Group, JournalFileWriter
-from bkaio.ledger_client.types import AddCallback, BookieOps, EntriesAnswer, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import (
+    AddCallback,
+    AddFrame,
+    BookieOps,
+    EntriesAnswer,
+    LacAnswer,
+    StoredCopy,
+)
+
+_Add = TypeVar("_Add")
 
 
 class AckBeforeSync:
@@ -65,6 +75,46 @@ class _PassThroughOps:
             payload=payload,
             callback=callback,
         )
+
+    def add_entry_many(
+        self,
+        targets: Sequence[tuple[str, Callable[[_Add, BKError | None], None]]],
+        add: _Add,
+        ledger_id: int,
+        entry_id: int,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+    ) -> None:
+        self._ops.add_entry_many(
+            targets, add, ledger_id, entry_id, recovery, master_key, lac, length, digest, payload
+        )
+
+    def add_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        recovery: bool,
+        master_key: bytes,
+        handler: Callable[[_Add, BKError | None], None],
+        adds: Sequence[_Add],
+        frames: Sequence[AddFrame],
+    ) -> bool:
+        return self._ops.add_entries(
+            bookie_id, ledger_id, recovery, master_key, handler, adds, frames
+        )
+
+    def when_writable(self, bookie_id: str, ledger_id: int, callback: Callable[[], None]) -> bool:
+        return self._ops.when_writable(bookie_id, ledger_id, callback)
+
+    def defer_send(self, send: Callable[[], None]) -> None:
+        self._ops.defer_send(send)
+
+    async def close(self) -> None:
+        await self._ops.close()
 
     async def read_entry(
         self,

@@ -3,15 +3,23 @@
 `FakeBookie` keeps the storage semantics a real shard has (master key on first sight, fencing,
 RECOVERY_ADD, LAC = max of piggybacked and explicit); `FakeBookieOps` implements the client's
 `BookieOps` seam on top of a set of them, with knobs to take a bookie down, hang it, or hold
-its adds until released. `FakeLedgerStore` is a CAS store of `LedgerMetadata`.
+its adds until released. Its batch and fan-out calls (`add_entries`, `add_entry_many`) apply
+each add through `add_entry`, so the storage semantics and the knobs are the same on every
+path; it records each batch it takes, and a bookie in `refuse_batches` takes none (False, as the
+wire pool answers for a connection that takes no ADD_ENTRIES frames). `FakeLedgerStore` is a
+CAS store of `LedgerMetadata`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from types import MethodType
+from typing import Any
+
+import msgpack
 
 from bkaio.errors import (
     BKTimeoutError,
@@ -24,9 +32,15 @@ from bkaio.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from bkaio.ledger_client.types import AddCallback, EntriesAnswer, LacAnswer, StoredCopy
+from bkaio.ledger_client.types import (
+    AddCallback,
+    AddFrame,
+    EntriesAnswer,
+    LacAnswer,
+    StoredCopy,
+)
 from bkaio.meta.bookies import BookieInfo
-from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.errors import LedgerExistsError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata
 from bkaio.protocol.records import pack_record
 
@@ -124,6 +138,9 @@ class FakeBookieOps:
         self.range_reads: list[tuple[str, int, int]] = []  # (bookie, first entry, entries got).
         self.range_bytes: list[int] = []  # Payload bytes of each range answer, in order.
         self.entry_reads = 0
+        self.batches: list[tuple[str, list[int], list[int]]] = []  # bookie, entry ids, frame sizes
+        self.refuse_batches: set[str] = set()
+        self.closed = False
 
     def hold(self, bookie_id: str) -> None:
         self.held.setdefault(bookie_id, [])
@@ -176,6 +193,65 @@ class FakeBookieOps:
             self.held[bookie_id].append(apply)
         else:
             loop.call_soon(apply)
+
+    def add_entry_many(
+        self,
+        targets: Sequence[tuple[str, Callable[[Any, Any], None]]],
+        add: object,
+        ledger_id: int,
+        entry_id: int,
+        recovery: bool,
+        master_key: bytes,
+        lac: int,
+        length: int,
+        digest: int,
+        payload: bytes,
+    ) -> None:
+        for bookie_id, handler in targets:
+            self.add_entry(
+                bookie_id, ledger_id, entry_id, recovery=recovery, master_key=master_key, lac=lac,
+                length=length, digest=digest, payload=payload, callback=MethodType(handler, add),
+            )  # fmt: skip
+
+    def add_entries(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        recovery: bool,
+        master_key: bytes,
+        handler: Callable[[Any, Any], None],
+        adds: Sequence[Any],
+        frames: Sequence[AddFrame],
+    ) -> bool:
+        if bookie_id in self.refuse_batches:
+            return False
+        entries = [
+            msgpack.unpackb(b"\x95" + packed) for _, _, packed_entries, _ in frames
+            for packed in packed_entries
+        ]  # fmt: skip
+        assert len(entries) == len(adds)
+        self.batches.append(
+            (
+                bookie_id,
+                [entry[0] for entry in entries],
+                [end - start for start, end, _, _ in frames],
+            )
+        )
+        for add, (entry_id, lac, length, digest, payload) in zip(adds, entries, strict=True):
+            self.add_entry(
+                bookie_id, ledger_id, entry_id, recovery=recovery, master_key=master_key, lac=lac,
+                length=length, digest=digest, payload=payload, callback=MethodType(handler, add),
+            )  # fmt: skip
+        return True
+
+    def when_writable(self, bookie_id: str, ledger_id: int, callback: Callable[[], None]) -> bool:
+        return False  # Every fake bookie reads as fast as it is written to.
+
+    def defer_send(self, send: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_soon(send)
+
+    async def close(self) -> None:
+        self.closed = True
 
     async def _gate(self, bookie_id: str) -> None:
         await asyncio.sleep(0)
@@ -296,9 +372,19 @@ class FakeLedgerStore:
         self.unknown_outcome_next_update = False  # Apply the next update, then "lose" the reply.
         self.updates = 0
 
-    async def create(self, metadata: LedgerMetadata) -> LedgerMetadata:
+    async def next_id(self) -> int:
         await asyncio.sleep(0)
-        stored = metadata.replace(ledger_id=next(self._ids), version=next(self._versions))
+        return next(self._ids)
+
+    async def create(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        """As `LedgerManager.create`: an unassigned id (-1) is allocated, a given one must be
+        free."""
+        await asyncio.sleep(0)
+        if metadata.ledger_id < 0:
+            metadata = metadata.replace(ledger_id=next(self._ids))
+        if metadata.ledger_id in self.records:
+            raise LedgerExistsError(f"ledger {metadata.ledger_id} already exists")
+        stored = metadata.with_version(next(self._versions))
         self.records[stored.ledger_id] = stored
         return stored
 

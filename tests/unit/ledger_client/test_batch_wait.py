@@ -17,16 +17,15 @@ import pytest
 from bkaio.errors import ConfigError
 from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.ledger_client.types import ClientConfig
-from tests.unit.ledger_client.fakes import FakeBookie, FakeLedgerStore
-from tests.unit.ledger_client.test_send_unsent import FakeBatchOps
+from tests.unit.ledger_client.fakes import FakeBookie, FakeBookieOps, FakeLedgerStore
 
 PASSWORD = b"batch-wait"
 HOUR_US = 3_600_000_000
 
 
-def _client(wait_us: int, **options: Any) -> tuple[BookKeeper, FakeBatchOps]:
+def _client(wait_us: int, **options: Any) -> tuple[BookKeeper, FakeBookieOps]:
     ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(3)]
-    ops = FakeBatchOps([FakeBookie(bookie_id) for bookie_id in ids])
+    ops = FakeBookieOps([FakeBookie(bookie_id) for bookie_id in ids])
     config = ClientConfig(add_timeout=5.0, read_timeout=5.0, add_batch_wait_us=wait_us, **options)
     client = BookKeeper(ledgers=FakeLedgerStore(), ops=ops, config=config, rng=random.Random(1))
     client.set_bookies([ops.info(bookie_id) for bookie_id in ids])
@@ -43,7 +42,7 @@ async def _iterations(count: int = 5) -> None:
         await asyncio.sleep(0)
 
 
-def _batches_per_bookie(ops: FakeBatchOps) -> dict[str, list[list[int]]]:
+def _batches_per_bookie(ops: FakeBookieOps) -> dict[str, list[list[int]]]:
     per_bookie: dict[str, list[list[int]]] = {}
     for bookie, entry_ids, _ in ops.batches:
         per_bookie.setdefault(bookie, []).append(entry_ids)

@@ -1,20 +1,16 @@
 """A ledger handle's batch path: one loop iteration's appends leave as one batch per bookie.
 
-`FakeBatchOps` adds `add_entries` (the wire pool's batch call) to the fake bookies: it records
-each batch and applies its adds one by one through the fake `add_entry`, so storage semantics and
-fault knobs stay those of the fakes. A bookie in `refuse_batches` answers False, as the pool does
-for a connection that takes no ADD_ENTRIES frames; the handle must then send those adds one by one.
+The fake bookies' `add_entries` (the wire pool's batch call) records each batch and applies its
+adds one by one through the fake `add_entry`, so storage semantics and fault knobs stay those of
+the fakes. A bookie in `refuse_batches` answers False, as the pool does for a connection that
+takes no ADD_ENTRIES frames; the handle must then send those adds one by one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
-from types import MethodType
-from typing import Any
-
-import msgpack
+from collections.abc import Callable
 
 from bkaio.ledger_client.add_batching import _frames_of
 from bkaio.ledger_client.bookkeeper import BookKeeper
@@ -26,49 +22,9 @@ from tests.unit.ledger_client.fakes import FakeBookie, FakeBookieOps, FakeLedger
 PASSWORD = b"batch-password"
 
 
-class FakeBatchOps(FakeBookieOps):
-    """FakeBookieOps with the pool's `add_entries`; records every batch it takes."""
-
-    def __init__(self, bookies: list[FakeBookie]) -> None:
-        super().__init__(bookies)
-        self.batches: list[tuple[str, list[int], list[int]]] = []  # bookie, entry ids, frame sizes
-        self.refuse_batches: set[str] = set()
-
-    def add_entries(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        recovery: bool,
-        master_key: bytes,
-        handler: Callable[[Any, Any], None],
-        adds: Sequence[Any],
-        frames: Sequence[tuple[int, int, list[bytes], int]],
-    ) -> bool:
-        if bookie_id in self.refuse_batches:
-            return False
-        entries = [
-            msgpack.unpackb(b"\x95" + packed) for _, _, packed_entries, _ in frames
-            for packed in packed_entries
-        ]  # fmt: skip
-        assert len(entries) == len(adds)
-        self.batches.append(
-            (
-                bookie_id,
-                [entry[0] for entry in entries],
-                [end - start for start, end, _, _ in frames],
-            )
-        )
-        for add, (entry_id, lac, length, digest, payload) in zip(adds, entries, strict=True):
-            self.add_entry(
-                bookie_id, ledger_id, entry_id, recovery=recovery, master_key=master_key, lac=lac,
-                length=length, digest=digest, payload=payload, callback=MethodType(handler, add),
-            )  # fmt: skip
-        return True
-
-
-def _client(bookies: int = 3) -> tuple[BookKeeper, FakeBatchOps]:
+def _client(bookies: int = 3) -> tuple[BookKeeper, FakeBookieOps]:
     ids = [f"127.0.0.1:{3181 + 10 * i}" for i in range(bookies)]
-    ops = FakeBatchOps([FakeBookie(bookie_id) for bookie_id in ids])
+    ops = FakeBookieOps([FakeBookie(bookie_id) for bookie_id in ids])
     # No batching wait: these tests look at what one loop iteration sends (test_batch_wait.py
     # has the wait).
     config = ClientConfig(add_timeout=0.5, read_timeout=0.5, add_batch_wait_us=0)
@@ -187,8 +143,8 @@ async def test_the_pool_runs_deferred_sends_once_each_in_order_at_the_iterations
     assert ran[-1] == "next"
 
 
-class FakeSlowBookieOps(FakeBatchOps):
-    """FakeBatchOps whose `when_writable` reports the bookies in `unwritable` as not taking
+class FakeSlowBookieOps(FakeBookieOps):
+    """FakeBookieOps whose `when_writable` reports the bookies in `unwritable` as not taking
     writes, as the pool does for a connection whose transport paused writing."""
 
     def __init__(self, bookies: list[FakeBookie]) -> None:
