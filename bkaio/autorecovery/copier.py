@@ -9,7 +9,9 @@ set, checks its digest, and writes the same bytes to the destination with RECOVE
   entries each); an entry no range brought is read alone with fail-over, then ranges go on;
 - E > Qw (each bookie holds a stripe): entry by entry, `_READERS` reads in flight.
 The first failure stops the copy and is raised alone (never an ExceptionGroup):
-EntryUnreadableError when no source has a valid copy of an entry, CopyRefusedError when the
+EntryUnreadableError when every source answered that it has no valid copy of an entry (none, or
+a bad digest), EntrySourcesUnavailableError when some source could not answer (down, timed
+out, in limbo: it may hold a copy, so this is transient), CopyRefusedError when the
 destination refused or lost an add.
 """
 
@@ -22,7 +24,7 @@ from functools import partial
 
 import structlog
 
-from bkaio.errors import BKError
+from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata
@@ -31,7 +33,12 @@ from bkaio.protocol.records import record_fields, scan_records
 
 from .cluster import ClusterView
 from .concurrency import first_failure
-from .fragments import EntryUnreadableError, Fragment, fragment_entries
+from .fragments import (
+    EntrySourcesUnavailableError,
+    EntryUnreadableError,
+    Fragment,
+    fragment_entries,
+)
 from .metrics import AutorecoveryMetrics
 
 log = structlog.get_logger(__name__)
@@ -253,11 +260,14 @@ class FragmentCopier:
         md = job.metadata
         sources = self._sources(job, write_set(entry_id, md.ensemble_size, md.write_quorum))
         failures: list[str] = []
+        unanswered = 0  # Sources that could not say whether they hold a copy.
         for source in sources:
             try:
                 copy = await self._view.pool.read_entry(source, md.ledger_id, entry_id)
             except BKError as error:
                 failures.append(f"{source}: {type(error).__name__}")
+                if not isinstance(error, NoSuchEntryError | NoSuchLedgerError):
+                    unanswered += 1
                 continue
             if copy.entry_id != entry_id or not digest_ok(md, copy):
                 log.warning(
@@ -269,6 +279,13 @@ class FragmentCopier:
                 failures.append(f"{source}: bad digest")
                 continue
             return copy
+        if unanswered:
+            raise EntrySourcesUnavailableError(
+                f"ledger {md.ledger_id}: entry {entry_id} could not be read now: {unanswered} "
+                f"of {sources} did not answer ({failures}); retried later",
+                ledger_id=md.ledger_id,
+                entry_id=entry_id,
+            )
         raise EntryUnreadableError(
             f"ledger {md.ledger_id}: entry {entry_id} is readable from none of "
             f"{sources or 'its write set (every other bookie of it is gone)'}"

@@ -12,10 +12,13 @@ is fenced or marked:
 - an unknown bookie id (UnknownBookieError: not registered, no cookie, named by no ledger);
 - `recover` of a bookie that is registered and alive, unless `force` (BookieAliveError):
   recovering a live bookie's ledgers fences their writers.
-A ledger with an entry no surviving bookie can serve is reported at once (`on_failure`) and
-left (marked, for the workers); other failures (a replacement that timed out, none writable
-now) are retried in later rounds, with a backoff, until `timeout_seconds`, when what is left
-is reported. `skip_open_ledgers` leaves ledgers that are not closed alone (nothing fenced).
+A ledger with an entry every surviving bookie says it has no valid copy of is reported at once
+(`on_failure`) and left (marked, for the workers); other failures (an entry whose bookies do
+not answer now, a replacement that timed out, none writable now) are retried in later rounds,
+with a backoff, until `timeout_seconds`, when what is left is reported. The mark of a ledger
+the drain moved off its bookie is completed only when every copy it asks for is there: an
+incomplete bookie (the ledger check's) that is not registered now is left in the mark for
+the workers. `skip_open_ledgers` leaves ledgers that are not closed alone (nothing fenced).
 `decommission` records the bookie as decommissioned first: the bookie turns read-only (so
 writers move their open ledgers off it by ensemble change) and stays so, also across restarts,
 until `recommission_bookie`.
@@ -381,7 +384,8 @@ class _Drain:
                         why = self._last_error.get(ledger_id, "no attempt succeeded")
                         self._give_up(ledger_id, f"not moved within {timeout_seconds} s: {why}")
                     break
-                self._registered = replicator.registered()
+                # The registry itself: a lagging watch must not make a live bookie look gone.
+                self._registered = {info.bookie_id for info in await self._meta.bookies.list()}
                 self._decommissioned = await self._meta.decommissioned.ids()
                 before = (self._done, len(self._failed))
                 await self._round(pending, replicator, lease)
@@ -466,18 +470,35 @@ class _Drain:
         completed = False
         try:
             recover_now = time.monotonic() - self._started >= self._open_grace
-            incomplete = [b for b in claimed.incomplete_bookies if b in self._registered]
+            missing = self._missing(claimed)
+            incomplete = [
+                b for b in claimed.incomplete_bookies if b in self._registered and b not in missing
+            ]
+            unreachable = [
+                b
+                for b in claimed.incomplete_bookies
+                if b not in self._registered and b not in missing
+            ]
             if incomplete:  # Completing the mark must not forget what the ledger check found.
                 await replicator.fill_ledger_in_place(ledger_id, incomplete)
             result = await replicator.replicate_ledger(
-                ledger_id, self._missing(claimed), recover_open_tail=recover_now
+                ledger_id, missing, recover_open_tail=recover_now
             )
             self._fragments += result.fragments
             self._entries += result.entries
             self._bytes += result.bytes
             self._recovered += int(result.recovered)
             if result.outcome is not Outcome.DEFERRED:
-                completed = await underreplication.complete(claimed)
+                if unreachable and result.outcome is Outcome.DONE:
+                    # Off our bookie, but copies on a bookie not registered now are still
+                    # missing: the mark stays for the workers.
+                    log.warning(
+                        "drain_mark_kept_bookie_unregistered",
+                        ledger_id=ledger_id,
+                        incomplete_bookies=unreachable,
+                    )
+                else:
+                    completed = await underreplication.complete(claimed)
                 self._replicated += int(result.outcome is Outcome.DONE)
                 self._done += 1
         except EntryUnreadableError as error:
