@@ -23,6 +23,7 @@ from .admin import (
     who_is_auditor,
 )
 from .auditor import Auditor, AuditReport
+from .checker import LedgerCheck, LedgerChecker
 from .drain import (
     BookieAliveError,
     LedgerFailure,
@@ -35,7 +36,12 @@ from .drain import (
     plan_recovery,
     recover_bookie,
 )
-from .fragments import EntryUnreadableError, Fragment, ReplicationError
+from .fragments import (
+    EntrySourcesUnavailableError,
+    EntryUnreadableError,
+    Fragment,
+    ReplicationError,
+)
 from .metrics import AutorecoveryMetrics
 from .replicator import LedgerReplication, Outcome, Replicator
 from .service import AutorecoveryService, run_autorecovery
@@ -48,8 +54,11 @@ __all__ = [
     "AutorecoveryService",
     "AutorecoveryStatus",
     "BookieAliveError",
+    "EntrySourcesUnavailableError",
     "EntryUnreadableError",
     "Fragment",
+    "LedgerCheck",
+    "LedgerChecker",
     "LedgerFailure",
     "LedgerReplication",
     "LostBookieDelay",

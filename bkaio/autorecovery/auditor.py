@@ -17,8 +17,16 @@ marked with it as missing. A decommissioned bookie is lost at once. An operator'
 request marks the ledgers of every lost bookie without waiting out the delay (BookKeeper's
 triggerAudit). Then every existing mark nobody holds the lock of is re-evaluated: bookies that
 came back, or that the ledger no longer names, leave it, and a mark left with no missing
-bookie (or whose ledger was deleted) is dropped. Counters count ledgers: a ledger already
-marked is not counted again. Nothing happens while autorecovery is disabled.
+bookie (or whose ledger was deleted) is dropped. An incomplete bookie (the ledger check's) stays
+while the ledger names it, registered or not: one momentarily unregistered (a lease lost and
+re-registered) still lacks its entries when it is back; one gone for good is marked missing
+after the delay and moved off, and then no longer named.
+
+The ledger check (with a `LedgerChecker`) asks the registry which bookies exist at its start,
+never a watch-fed view. A ledger it could not check completely (a bookie gave no entry list) is
+remembered and checked again on its own after a jittered, growing delay, until it is checked.
+Counters count ledgers: a ledger already marked is not counted again. Nothing happens while
+autorecovery is disabled.
 """
 
 from __future__ import annotations
@@ -32,13 +40,13 @@ from dataclasses import dataclass
 import structlog
 
 from bkaio.backoff import Backoff
-from bkaio.errors import BKError
+from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.meta import EventKind, LedgerMetadata, Metadata, UnderreplicatedLedger, WatchEvent
 from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICATED_PREFIX
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 
-from .checker import LedgerChecker
+from .checker import LedgerCheck, LedgerChecker
 from .concurrency import first_failure
 from .metrics import AutorecoveryMetrics
 
@@ -48,6 +56,7 @@ _LEDGER_CHECKERS = 8  # Ledgers the ledger check looks at concurrently.
 _MIN_AUDIT_GAP_SECONDS = 0.2  # A storm of registry changes still audits a few times a second.
 _DISABLED_RECHECK_SECONDS = 30.0  # The switch is watched; this only bounds a missed event.
 _WATCH_RETRY = (0.5, 10.0)  # Backoff of a failed watch: initial and maximum seconds.
+_RECHECK_BACKOFF = (5.0, 300.0)  # Re-checks of ledgers a check could not finish: seconds.
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,14 @@ class Auditor:
         self._reasons: set[str] = {"elected"}
         self._next_periodic = clock()
         self._next_ledger_check = clock() + ledger_check_interval_seconds
+        self._unchecked: set[int] = set()  # Ledgers the last check could not check completely.
+        self._recheck = Backoff(*_RECHECK_BACKOFF)
+        self._next_recheck = 0.0
+
+    @property
+    def unchecked_ledgers(self) -> set[int]:
+        """Ledgers the ledger check could not check completely; they are checked again."""
+        return set(self._unchecked)
 
     def trigger(self, reason: str = "requested") -> None:
         """Audit soon (the bookie set changed, or an operator asked: then without the delay)."""
@@ -138,7 +155,7 @@ class Auditor:
         # so a ledger missing from the scan was deleted (not created behind the scan's back).
         marks = [record async for record in underreplication.list()]
         locked = await underreplication.locked()
-        registered = {info.bookie_id for info in await self._metadata.bookies.list()}
+        registered = await self._registered()
         decommissioned = await self._metadata.decommissioned.ids()
         override = await underreplication.lost_bookie_delay()
         self._delay = self._configured_delay if override is None else override
@@ -164,7 +181,7 @@ class Auditor:
         for ledger_id in sorted(missing_by_ledger):
             result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
             created += int(result.created)
-        narrowed, dropped = await self._reevaluate(marks, locked, index, lost, registered)
+        narrowed, dropped = await self._reevaluate(marks, locked, index, lost)
         under_replicated = len(marks) + created - dropped
         if created:
             self._metrics.ledgers_marked.inc(created)
@@ -190,11 +207,11 @@ class Auditor:
         locked: set[int],
         index: dict[str, set[int]],
         lost: set[str],
-        registered: set[str],
     ) -> tuple[int, int]:
         """Narrow or drop marks whose bookies came back or were moved off; (narrowed, dropped).
-        Incomplete bookies stay while they are registered and named (a lost one is marked
-        missing instead). A locked mark is left to its holder, which re-checks before copying."""
+        Incomplete bookies stay while they are named (a lost one is also marked missing after
+        the delay, moved off, and then no longer named). A locked mark is left to its holder,
+        which re-checks before copying."""
         narrowed = dropped = 0
         for record in marks:
             if record.ledger_id in locked:
@@ -206,10 +223,11 @@ class Auditor:
                 if ledger_id in index.get(bookie_id, ())
                 and (bookie_id in lost or bookie_id in record.forced_bookies)
             }
+            # Kept while named, registered or not (see the module docstring).
             still_incomplete = {
                 bookie_id
                 for bookie_id in record.incomplete_bookies
-                if ledger_id in index.get(bookie_id, ()) and bookie_id in registered
+                if ledger_id in index.get(bookie_id, ())
             }
             if still == set(record.missing_bookies) and still_incomplete == set(
                 record.incomplete_bookies
@@ -235,12 +253,14 @@ class Auditor:
     async def check_ledgers(self) -> int:
         """The ledger check: mark every closed ledger whose live bookies lack entries of
         their fragments, those bookies as incomplete (the workers copy the entries they lack
-        back to them). Ledgers newly marked."""
+        back to them). Ledgers it could not check completely are checked again later
+        (`recheck_ledgers`). Ledgers newly marked."""
         assert self._checker is not None
-        checker = self._checker
         started = time.monotonic()
+        registered = await self._registered()
         ledgers = all_ledgers(self._metadata)
         created = checked = 0
+        unchecked: set[int] = set()
         lock = asyncio.Lock()  # One reader of the shared ledger iterator at a time.
 
         async def next_closed() -> LedgerMetadata | None:
@@ -254,30 +274,75 @@ class Auditor:
             nonlocal created, checked
             while (md := await next_closed()) is not None:
                 checked += 1
-                incomplete = await checker.incomplete_bookies(md)
-                if not incomplete:
-                    continue
-                result = await self._metadata.underreplication.mark(
-                    md.ledger_id, incomplete, incomplete=True
-                )
-                created += int(result.created)
-                log.warning(
-                    "ledger_check_incomplete",
-                    ledger_id=md.ledger_id,
-                    missing={bookie: len(ids) for bookie, ids in incomplete.items()},
-                    first_missing={bookie: ids[0] for bookie, ids in incomplete.items()},
-                )
+                created += await self._check_one(md, registered, unchecked)
 
         try:
             await first_failure([check_some() for _ in range(_LEDGER_CHECKERS)])
         finally:
             await ledgers.aclose()
+        self._unchecked = unchecked
+        self._recheck.reset()
+        self._next_recheck = self._clock() + self._recheck.next_delay()
+        self._metrics.ledgers_unchecked.set(len(unchecked))
         if created:
             self._metrics.ledgers_marked.inc(created)
         self._metrics.audit_seconds.observe(time.monotonic() - started)
         self._next_ledger_check = self._clock() + self._check_interval
-        log.info("ledger_check_done", ledgers_checked=checked, ledgers_marked=created)
+        log.info(
+            "ledger_check_done",
+            ledgers_checked=checked,
+            ledgers_marked=created,
+            ledgers_unchecked=len(unchecked),
+        )
         return created
+
+    async def recheck_ledgers(self) -> int:
+        """Check again the ledgers the last check could not check completely; those that still
+        cannot be are tried again after a longer (jittered) delay. Ledgers newly marked."""
+        assert self._checker is not None
+        registered = await self._registered()
+        created = 0
+        unchecked: set[int] = set()
+        for ledger_id in sorted(self._unchecked):
+            try:
+                md = await self._metadata.ledgers.get(ledger_id)
+            except NoSuchLedgerError:
+                continue  # Deleted: nothing to check.
+            created += await self._check_one(md, registered, unchecked)
+        self._unchecked = unchecked
+        self._next_recheck = self._clock() + self._recheck.next_delay()
+        self._metrics.ledgers_unchecked.set(len(unchecked))
+        if created:
+            self._metrics.ledgers_marked.inc(created)
+        log.info("ledger_recheck_done", ledgers_marked=created, ledgers_unchecked=len(unchecked))
+        return created
+
+    async def _registered(self) -> set[str]:
+        """The registered bookies, from the registry itself (not a watch that may lag)."""
+        return {info.bookie_id for info in await self._metadata.bookies.list()}
+
+    async def _check_one(
+        self, md: LedgerMetadata, registered: set[str], unchecked: set[int]
+    ) -> int:
+        """Check one ledger, mark its incomplete bookies, note it in `unchecked` when some
+        bookie gave no verdict; 1 when the ledger was newly marked."""
+        assert self._checker is not None
+        result: LedgerCheck = await self._checker.check(md, registered)
+        if result.unchecked:
+            unchecked.add(md.ledger_id)
+        if not result.incomplete:
+            return 0
+        incomplete = result.incomplete
+        marked = await self._metadata.underreplication.mark(
+            md.ledger_id, incomplete, incomplete=True
+        )
+        log.warning(
+            "ledger_check_incomplete",
+            ledger_id=md.ledger_id,
+            missing={bookie: len(ids) for bookie, ids in incomplete.items()},
+            first_missing={bookie: ids[0] for bookie, ids in incomplete.items()},
+        )
+        return int(marked.created)
 
     def next_wait(self) -> float:
         """Seconds until an audit is due without any event: the periodic one, or sooner when a
@@ -286,6 +351,8 @@ class Auditor:
         wait = max(0.0, self._next_periodic - now)
         if self._checker is not None:
             wait = min(wait, max(0.0, self._next_ledger_check - now))
+            if self._unchecked:
+                wait = min(wait, max(0.0, self._next_recheck - now))
         for since in self._lost_since.values():
             due = since + self._delay
             if due > now:
@@ -327,6 +394,9 @@ class Auditor:
                     if self._checker is not None and self._clock() >= self._next_ledger_check:
                         self._metrics.audits.labels(reason="ledger_check").inc()
                         await self.check_ledgers()
+                    elif self._unchecked and self._clock() >= self._next_recheck:
+                        self._metrics.audits.labels(reason="ledger_recheck").inc()
+                        await self.recheck_ledgers()
                     wait = self.next_wait()
                 else:
                     wait = _DISABLED_RECHECK_SECONDS

@@ -76,6 +76,23 @@ class AutorecoveryMetrics:
             "Ledgers marked under-replicated after the auditor's last audit",
             registry=r,
         )
+        self.ledger_check_skipped = Counter(
+            "bkaio_autorecovery_ledger_check_skipped",
+            "Bookies of a ledger the ledger check got no entry list from (checked again later)",
+            ["reason"],
+            registry=r,
+        )
+        self.ledgers_unchecked = Gauge(
+            "bkaio_autorecovery_ledgers_unchecked",
+            "Ledgers the auditor's ledger check could not check completely and will check again",
+            registry=r,
+        )
+        self.marks_kept = Counter(
+            "bkaio_autorecovery_marks_kept",
+            "Marks a worker gave back instead of completing: a copy on a bookie it could not "
+            "reach (not registered now, or still short after the copy) is still missing",
+            registry=r,
+        )
         self.audit_seconds = Histogram(
             "bkaio_autorecovery_audit_seconds",
             "Duration of one auditor scan of the ledger metadata",

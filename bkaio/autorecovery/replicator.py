@@ -14,7 +14,9 @@ The caller holds the ledger's under-replication lock while this runs.
 
 `fill_in_place` is the other repair: a live bookie whose fragments lack entries (found by the
 ledger check, or a bookie leaving limbo) gets them copied back from the other bookies of each
-entry's write set; the metadata does not change.
+entry's write set; the metadata does not change. `fill_ledger_in_place` (the workers' and the
+drain's) then asks each bookie for its entry list (LIST_ENTRIES, `LedgerChecker`) and fails
+while any entry is still lacking or a bookie cannot say: a mark is never completed on faith.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 
+from .checker import LedgerChecker
 from .cluster import ClusterView, MasterKeys
 from .copier import CopyJob, CopyRefusedError, FragmentCopier
 from .fragments import (
@@ -85,6 +88,7 @@ class Replicator:
         self._keys = keys
         self._metrics = metrics
         self._copier = FragmentCopier(view, metrics, entries_in_flight=entries_in_flight)
+        self._checker = LedgerChecker(view, metrics)
 
     def registered(self) -> set[str]:
         """Ids of the bookies registered now (writable or read-only)."""
@@ -158,20 +162,31 @@ class Replicator:
     async def fill_ledger_in_place(
         self, ledger_id: int, bookie_ids: Collection[str]
     ) -> tuple[int, int]:
-        """`fill_in_place` on the ledger's current metadata (nothing when it was deleted); one
-        ReplicationError when it fails."""
+        """`fill_in_place` on the ledger's current metadata (nothing when it was deleted), then
+        a check that each bookie now holds every entry of its closed fragments; one
+        ReplicationError when either fails (an entry still lacking, a bookie that cannot give
+        its entry list)."""
         try:
             metadata = await self._view.metadata.ledgers.get(ledger_id)
         except NoSuchLedgerError:
             return 0, 0
         try:
-            return await self.fill_in_place(metadata, bookie_ids)
+            copied = await self.fill_in_place(metadata, bookie_ids)
+            check = await self._checker.check(metadata, bookie_ids)
         except ReplicationError:
             raise
         except BKError as error:
             raise ReplicationError(
                 f"ledger {ledger_id}: {type(error).__name__}: {error}", ledger_id=ledger_id
             ) from error
+        if check.incomplete or check.unchecked:
+            lacking = {bookie: len(ids) for bookie, ids in check.incomplete.items()}
+            raise ReplicationError(
+                f"ledger {ledger_id}: after copying, entries still lacking {lacking}, "
+                f"entry lists not given {check.unchecked}",
+                ledger_id=ledger_id,
+            )
+        return copied
 
     async def fill_in_place(
         self, metadata: LedgerMetadata, bookie_ids: Collection[str]

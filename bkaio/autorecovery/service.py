@@ -133,7 +133,7 @@ class AutorecoveryService:
                 self.metrics,
                 lost_bookie_delay_seconds=config.lost_bookie_delay_seconds,
                 audit_interval_seconds=config.audit_interval_seconds,
-                checker=LedgerChecker(self.view),
+                checker=LedgerChecker(self.view, self.metrics),
                 ledger_check_interval_seconds=config.ledger_check_interval_seconds,
             )
             self.auditor = auditor

@@ -7,9 +7,18 @@ the ledger's fragments off the bookies still missing (`Replicator`), copies to i
 bookies (live ones whose fragments lack entries: the ledger check) the entries they lack, and
 drops the mark when that is done.
 
-Before copying, the mark is checked against the cluster as it is now: a bookie that is
-registered again (and was neither decommissioned nor forced out by an operator) is not
-missing any more, and a mark left with none is dropped without copying anything.
+Before copying, the mark is checked against the cluster as it is now, read from the registry
+itself (a watch-fed view can lag: a bookie re-registering after a lost lease would look gone):
+a bookie that is registered again (and was neither decommissioned nor forced out by an
+operator) is not missing any more, and a mark left with none is dropped without copying
+anything.
+
+A mark is completed only when every copy it asks for is there (BookKeeper's ReplicationWorker
+re-checks the ledger before it marks it replicated): an incomplete bookie is filled and then
+its entry list is checked (`Replicator.fill_ledger_in_place`); one that is not registered now
+(and is not being moved off) cannot be filled, so the mark is given back, kept, counted
+(`bkaio_autorecovery_marks_kept_total`) and retried after the per-ledger backoff below, until the
+bookie is back (filled then) or, lost for good, is marked missing and moved off.
 
 An open ledger whose last segment names a missing bookie is left to its writer for
 `open_ledger_grace_seconds` after it was marked (the writer's own ensemble change moves it):
@@ -181,10 +190,11 @@ class ReplicationWorker:
                 continue
             await self._process(claimed)
 
-    async def _still_missing(self, claimed: UnderreplicatedLedger) -> list[str]:
+    async def _still_missing(
+        self, claimed: UnderreplicatedLedger, registered: set[str]
+    ) -> list[str]:
         """The mark's bookies that are missing now: not registered, decommissioned, or forced
         out by an operator."""
-        registered = self._replicator.registered()
         decommissioned = await self._metadata.decommissioned.ids()
         return [
             bookie_id
@@ -200,10 +210,16 @@ class ReplicationWorker:
         ledger_id = claimed.ledger_id
         completed = False
         try:
-            missing = await self._still_missing(claimed)
-            registered = self._replicator.registered()
-            incomplete = [b for b in claimed.incomplete_bookies if b in registered]
-            if not missing and not incomplete:
+            registered = await self._registered()
+            missing = await self._still_missing(claimed, registered)
+            moving = set(missing)
+            incomplete = [
+                b for b in claimed.incomplete_bookies if b in registered and b not in moving
+            ]
+            unreachable = [
+                b for b in claimed.incomplete_bookies if b not in registered and b not in moving
+            ]
+            if not missing and not incomplete and not unreachable:
                 completed = await underreplication.complete(claimed)
                 log.info(
                     "mark_dropped_bookies_back",
@@ -211,25 +227,34 @@ class ReplicationWorker:
                     missing_bookies=list(claimed.missing_bookies),
                 )
                 return
-            if incomplete:
+            if incomplete:  # Filled and then checked: raises while any entry is lacking.
                 await self._replicator.fill_ledger_in_place(ledger_id, incomplete)
-            if not missing:
-                completed = await underreplication.complete(claimed)
-                self._skips.pop(ledger_id, None)
-                self._metrics.ledgers_replicated.inc()
-                return
-            waited_ms = now_ms() - claimed.ctime_ms
-            result = await self._replicator.replicate_ledger(
-                ledger_id, missing, recover_open_tail=waited_ms >= self._grace_ms
-            )
-            if result.outcome is Outcome.DEFERRED:
-                # Only the open tail is left: its writer has the rest of the grace period.
-                remaining = max(0.0, (self._grace_ms - waited_ms) / 1000) + 0.05
-                self._skips[ledger_id] = _Skip(self._clock() + remaining, None)
+            outcome = Outcome.DONE
+            if missing:
+                waited_ms = now_ms() - claimed.ctime_ms
+                result = await self._replicator.replicate_ledger(
+                    ledger_id, missing, recover_open_tail=waited_ms >= self._grace_ms
+                )
+                outcome = result.outcome
+                if outcome is Outcome.DEFERRED:
+                    # Only the open tail is left: its writer has the rest of the grace period.
+                    remaining = max(0.0, (self._grace_ms - waited_ms) / 1000) + 0.05
+                    self._skips[ledger_id] = _Skip(self._clock() + remaining, None)
+                    return
+            if unreachable and outcome is not Outcome.DELETED:
+                # Their copies are still missing: never complete the mark over them.
+                self._metrics.marks_kept.inc()
+                delay = self._back_off(ledger_id)
+                log.warning(
+                    "mark_kept_bookie_unregistered",
+                    ledger_id=ledger_id,
+                    incomplete_bookies=unreachable,
+                    retry_seconds=round(delay, 2),
+                )
                 return
             completed = await underreplication.complete(claimed)
             self._skips.pop(ledger_id, None)
-            if result.outcome is Outcome.DONE:
+            if outcome is Outcome.DONE:
                 self._metrics.ledgers_replicated.inc()
         except BKError as error:
             self._metrics.replication_failures.inc()
@@ -246,6 +271,10 @@ class ReplicationWorker:
             if not completed:
                 with contextlib.suppress(BKError):
                     await underreplication.release(ledger_id)
+
+    async def _registered(self) -> set[str]:
+        """The registered bookies, read from the registry (never only the watch-fed view)."""
+        return {info.bookie_id for info in await self._metadata.bookies.list()}
 
     def _back_off(self, ledger_id: int) -> float:
         skip = self._skips.get(ledger_id)

@@ -1,7 +1,9 @@
-"""The replication worker's claim loop against a fake replicator, on SQLite metadata: a ledger
-that cannot be copied gives its lock back, is backed off and does not stop the others; marks
-whose bookies are back are dropped without copying; a bug restarts the worker under its
-supervisor."""
+"""The replication worker's claim loop against a fake replicator, on SQLite metadata (its
+bookie registry is real: registrations with leases): a ledger that cannot be copied gives its
+lock back, is backed off and does not stop the others; marks whose bookies are back are dropped
+without copying; the registry, not the replicator's watch-fed view, says which bookies exist;
+a mark is never completed over an incomplete bookie that could not be filled; a bug restarts
+the worker under its supervisor."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from bkaio.autorecovery import (
     ReplicationError,
     ReplicationWorker,
 )
-from bkaio.meta import Metadata, open_metadata
+from bkaio.meta import BookieInfo, BookieRegistration, Metadata, open_metadata
 from bkaio.supervision import Restart, Supervisor
 
 
@@ -33,17 +35,27 @@ async def meta(sqlite_metadata_uri: str) -> AsyncIterator[Metadata]:
 
 
 class FakeReplicator:
-    """Stands in for `Replicator` (its whole public interface: `registered` and
-    `replicate_ledger`); fails the ledgers in `failing`, raises `bug` once if set."""
+    """Stands in for `Replicator` (its whole interface the worker and the drain use:
+    `registered`, `replicate_ledger`, `fill_ledger_in_place`); `registered` is a watch-fed
+    view that may lag; fails the ledgers in `failing`, raises `bug` once if set."""
 
     def __init__(self, registered: set[str], failing: set[int]) -> None:
         self._registered = registered
         self.failing = failing
         self.calls: list[int] = []
+        self.fills: list[tuple[int, list[str]]] = []
         self.bug: BaseException | None = None
 
     def registered(self) -> set[str]:
         return set(self._registered)
+
+    async def fill_ledger_in_place(
+        self, ledger_id: int, bookie_ids: Collection[str]
+    ) -> tuple[int, int]:
+        self.fills.append((ledger_id, sorted(bookie_ids)))
+        if ledger_id in self.failing:
+            raise ReplicationError(f"ledger {ledger_id}: still short", ledger_id=ledger_id)
+        return 10, 100
 
     async def replicate_ledger(
         self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
@@ -84,8 +96,8 @@ async def _until(condition: Callable[[], Awaitable[bool]], seconds: float) -> No
 
 async def test_a_failing_ledger_is_released_backed_off_and_others_go_on(meta: Metadata) -> None:
     """Defect 2: one failing copy ended the worker's loop for good."""
-    await meta.underreplication.mark(1, ["dead:1"])
-    await meta.underreplication.mark(2, ["dead:1"])
+    await meta.underreplication.mark(1, [DEAD])
+    await meta.underreplication.mark(2, [DEAD])
     replicator = FakeReplicator(registered=set(), failing={1})
     metrics = AutorecoveryMetrics()
     task = asyncio.create_task(_worker(meta, replicator, metrics).run())
@@ -130,11 +142,22 @@ async def test_a_failing_ledger_is_released_backed_off_and_others_go_on(meta: Me
     assert registry.get_sample_value("bkaio_autorecovery_ledgers_replicated_total") == 2
 
 
+BACK = "127.0.0.1:3181"
+DEAD = "127.0.0.1:3999"
+
+
+async def _register(meta: Metadata, bookie_id: str) -> BookieRegistration:
+    host, port = bookie_id.rsplit(":", 1)
+    return await meta.bookies.register(BookieInfo.for_address(host, int(port)), 30.0)
+
+
 async def test_a_mark_whose_bookies_are_back_is_dropped_without_copying(meta: Metadata) -> None:
-    await meta.underreplication.mark(5, ["back:1"])
-    await meta.underreplication.mark(6, ["back:1", "dead:1"])
-    await meta.underreplication.mark(7, ["back:1"], forced=True)
-    replicator = FakeReplicator(registered={"back:1"}, failing=set())
+    """Back per the registry, although the replicator's view does not show it yet."""
+    registration = await _register(meta, BACK)
+    await meta.underreplication.mark(5, [BACK])
+    await meta.underreplication.mark(6, [BACK, DEAD])
+    await meta.underreplication.mark(7, [BACK], forced=True)
+    replicator = FakeReplicator(registered=set(), failing=set())
     task = asyncio.create_task(_worker(meta, replicator, AutorecoveryMetrics()).run())
     try:
 
@@ -145,11 +168,76 @@ async def test_a_mark_whose_bookies_are_back_is_dropped_without_copying(meta: Me
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await registration.deregister()
     assert sorted(replicator.calls) == [6, 7]  # 5 only named a bookie that is back.
 
 
+async def test_an_incomplete_bookie_the_view_lags_on_is_filled_not_written_off(
+    meta: Metadata,
+) -> None:
+    """Suspect 2 of the soak failure: a bookie registered (the registry says so) but not in the
+    worker's watch-fed view (re-registering after a lost lease, a lagging watch) was dropped
+    from the mark, and the mark completed without its entries copied."""
+    registration = await _register(meta, BACK)
+    await meta.underreplication.mark(11, [BACK], incomplete=True)
+    replicator = FakeReplicator(registered=set(), failing=set())  # The view lags.
+    task = asyncio.create_task(_worker(meta, replicator, AutorecoveryMetrics()).run())
+    try:
+
+        async def done() -> bool:
+            return await meta.underreplication.get(11) is None
+
+        await _until(done, 10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await registration.deregister()
+    assert replicator.fills == [(11, [BACK])]
+
+
+async def test_a_mark_is_kept_while_an_incomplete_bookie_is_not_registered(
+    meta: Metadata,
+) -> None:
+    """An incomplete bookie that is not registered now cannot be filled: the mark is given
+    back (counted, backed off), never completed, and filled once the bookie is back. A fill
+    that leaves entries lacking (the fake's `failing`) does not complete it either."""
+    await meta.underreplication.mark(12, [BACK], incomplete=True)
+    replicator = FakeReplicator(registered={BACK}, failing={12})  # The view says registered.
+    metrics = AutorecoveryMetrics()
+    task = asyncio.create_task(_worker(meta, replicator, metrics).run())
+    registration = None
+    try:
+
+        async def kept_twice() -> bool:
+            kept = metrics.registry.get_sample_value("bkaio_autorecovery_marks_kept_total")
+            return (kept or 0) >= 2
+
+        await _until(kept_twice, 10.0)
+        assert replicator.fills == []  # Never filled, nor written off.
+        record = await meta.underreplication.get(12)
+        assert record is not None and record.incomplete_bookies == (BACK,)
+        registration = await _register(meta, BACK)
+
+        async def fill_failed() -> bool:
+            return len(replicator.fills) >= 2
+
+        await _until(fill_failed, 10.0)
+        assert await meta.underreplication.get(12) is not None  # Still short: kept.
+        replicator.failing.clear()
+
+        async def done() -> bool:
+            return await meta.underreplication.get(12) is None
+
+        await _until(done, 10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if registration is not None:
+            await registration.deregister()
+
+
 async def test_a_bug_in_the_worker_is_reported_and_the_worker_restarted(meta: Metadata) -> None:
-    await meta.underreplication.mark(9, ["dead:1"])
+    await meta.underreplication.mark(9, [DEAD])
     replicator = FakeReplicator(registered=set(), failing=set())
     replicator.bug = RuntimeError("a bug")
     registry = CollectorRegistry()
