@@ -14,6 +14,12 @@ every acknowledged entry reads back with its payload, every ledger is sealed at 
 last acknowledged entry, and every entry is on every bookie of its write set.
 
     BKAIO_SOAK=1 BKAIO_SOAK_MINUTES=30 BKAIO_SEED=7 .venv/bin/python -m pytest tests/soak -s
+
+When the heal check fails it leaves evidence: the bookies' logs are copied to
+$BKAIO_SOAK_EVIDENCE (default /tmp/bkaio-soak-<seed>-<time>/, outside pytest's tmp dirs, which
+later runs delete), and the failure message lists the marks still present (with their
+missing and incomplete bookies and locks), the short ledger's segments and the entries it
+lacks, and each bookie's autorecovery counters (skipped checks, marks kept, failures).
 """
 
 from __future__ import annotations
@@ -21,19 +27,22 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bkaio.autorecovery import (
+    AutorecoveryMetrics,
+    LedgerChecker,
     decommission_bookie,
     list_under_replicated,
     recommission_bookie,
 )
-from bkaio.autorecovery.checker import LedgerChecker
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.errors import BKError
 from bkaio.ledger_client import BookKeeper
@@ -230,12 +239,70 @@ async def _healed(cluster: BookieCluster, checker: LedgerChecker) -> str | None:
         missing = {b for _, ensemble in md.ensembles for b in ensemble} - registered
         if missing:
             return f"ledger {ledger_id} names {sorted(missing)}, not registered"
-        if short := await checker.incomplete_bookies(md):
-            return f"ledger {ledger_id} short on {sorted(short)}"
+        check = await checker.check(md, registered)
+        if check.incomplete:
+            lacking = {b: (len(ids), ids[:5]) for b, ids in check.incomplete.items()}
+            return (
+                f"ledger {ledger_id} short on {sorted(check.incomplete)}: (count, first ids) "
+                f"{lacking}; segments {list(md.ensembles)}, E{md.ensemble_size}/"
+                f"Qw{md.write_quorum}/Qa{md.ack_quorum}, last entry {md.last_entry_id}"
+            )
+        if check.unchecked:
+            return f"ledger {ledger_id} could not be checked: {check.unchecked}"
     for bookie in cluster.bookies:
         if limbo := await _limbo_ledgers(bookie):
             return f"{bookie.bookie_id} has {limbo:.0f} ledgers in limbo"
     return None
+
+
+_EVIDENCE_METRICS = (
+    "bkaio_autorecovery_ledger_check_skipped_total",
+    "bkaio_autorecovery_ledgers_unchecked",
+    "bkaio_autorecovery_marks_kept_total",
+    "bkaio_autorecovery_replication_failures_total",
+    "bkaio_autorecovery_ledgers_marked_total",
+    "bkaio_autorecovery_is_auditor",
+    "bkaio_task_failures_total",
+)
+
+
+async def _evidence(cluster: BookieCluster) -> str:
+    """What a failed heal check leaves for diagnosis: the marks still present, each bookie's
+    autorecovery counters, and where its log was copied to (kept after the run)."""
+    meta = await cluster.metadata()
+    lines = []
+    locked = await meta.underreplication.locked()
+    marks = [record async for record in meta.underreplication.list()]
+    lines.append(f"under-replication marks left: {len(marks)}")
+    for record in marks[:50]:
+        lines.append(
+            f"  ledger {record.ledger_id}: missing {list(record.missing_bookies)} incomplete "
+            f"{list(record.incomplete_bookies)} forced {list(record.forced_bookies)} "
+            f"locked {record.ledger_id in locked}"
+        )
+    default = f"/tmp/bkaio-soak-{SEED}-{time.strftime('%Y%m%dT%H%M%S')}"
+    keep = Path(os.environ.get("BKAIO_SOAK_EVIDENCE", default))
+    kept = await asyncio.to_thread(_keep_logs, keep, [b.log_path for b in cluster.bookies])
+    for bookie, copied in zip(cluster.bookies, kept, strict=True):
+        counters: dict[str, object]
+        try:
+            sample = await bookie_metrics(bookie.admin_url)
+            counters = {name: metric_sum(sample, name) for name in _EVIDENCE_METRICS}
+        except OSError as error:
+            counters = {"metrics": f"unavailable: {error!r}"}
+        lines.append(f"  {bookie.bookie_id}: log {bookie.log_path} (kept as {copied}); {counters}")
+    return "\n".join(lines)
+
+
+def _keep_logs(keep: Path, logs: list[Path]) -> list[Path]:
+    keep.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for index, log_path in enumerate(logs):
+        copied = keep / f"bookie-{index}.log"
+        if log_path.exists():
+            shutil.copyfile(log_path, copied)
+        kept.append(copied)
+    return kept
 
 
 async def _limbo_ledgers(bookie: BookieProcess) -> float:
@@ -298,9 +365,12 @@ async def test_autorecovery_soak_loses_nothing_and_heals(
     view = ClusterView(meta)
     await view.start()
     try:
-        checker = LedgerChecker(view)
+        checker = LedgerChecker(view, AutorecoveryMetrics())
         while (why := await _healed(cluster, checker)) is not None:
-            assert time.monotonic() < settle_deadline, f"BKAIO_SEED={SEED}: not healed: {why}"
+            if time.monotonic() >= settle_deadline:
+                evidence = await _evidence(cluster)
+                print(f"soak not healed: {why}\n{evidence}")
+                raise AssertionError(f"BKAIO_SEED={SEED}: not healed: {why}\n{evidence}")
             await asyncio.sleep(2.0)
     finally:
         await view.close()
