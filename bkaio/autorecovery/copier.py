@@ -9,10 +9,10 @@ set, checks its digest, and writes the same bytes to the destination with RECOVE
   entries each); an entry no range brought is read alone with fail-over, then ranges go on;
 - E > Qw (each bookie holds a stripe): entry by entry, `_READERS` reads in flight.
 The first failure stops the copy and is raised alone (never an ExceptionGroup):
-EntryUnreadableError when every source answered that it has no valid copy of an entry (none, or
-a bad digest), EntrySourcesUnavailableError when some source could not answer (down, timed
-out, in limbo: it may hold a copy, so this is transient), CopyRefusedError when the
-destination refused or lost an add.
+EntryUnreadableError when no surviving source has a valid copy of an entry (each answered none,
+or a bad digest, or is not registered: dead), EntrySourcesUnavailableError when a registered
+source could not answer (timed out, busy, restarting, in limbo: it may hold a copy, so this is
+transient), CopyRefusedError when the destination refused or lost an add.
 """
 
 from __future__ import annotations
@@ -260,14 +260,15 @@ class FragmentCopier:
         md = job.metadata
         sources = self._sources(job, write_set(entry_id, md.ensemble_size, md.write_quorum))
         failures: list[str] = []
-        unanswered = 0  # Sources that could not say whether they hold a copy.
+        unanswered = 0  # Registered sources that could not say whether they hold a copy.
         for source in sources:
             try:
                 copy = await self._view.pool.read_entry(source, md.ledger_id, entry_id)
             except BKError as error:
                 failures.append(f"{source}: {type(error).__name__}")
-                if not isinstance(error, NoSuchEntryError | NoSuchLedgerError):
-                    unanswered += 1
+                answered = isinstance(error, NoSuchEntryError | NoSuchLedgerError)
+                if not answered and source in self._view.registered():
+                    unanswered += 1  # Alive, and may hold a copy: ask again later.
                 continue
             if copy.entry_id != entry_id or not digest_ok(md, copy):
                 log.warning(
@@ -282,7 +283,7 @@ class FragmentCopier:
         if unanswered:
             raise EntrySourcesUnavailableError(
                 f"ledger {md.ledger_id}: entry {entry_id} could not be read now: {unanswered} "
-                f"of {sources} did not answer ({failures}); retried later",
+                f"registered bookie(s) of {sources} did not answer ({failures}); retried",
                 ledger_id=md.ledger_id,
                 entry_id=entry_id,
             )

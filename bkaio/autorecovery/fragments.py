@@ -33,8 +33,8 @@ class ReplicationError(BKError):
 
 class EntryUnreadableError(ReplicationError):
     """No surviving bookie of the entry's write set returned a digest-valid copy of it: each
-    one that was asked answered that it has none, or a copy with a bad digest (or none is left
-    to ask).
+    one asked answered that it has none or a copy with a bad digest, or is not registered
+    (dead), or none is left to ask.
 
     Retrying soon rarely helps (it helps when a bookie holding a copy comes back), so an
     admin `recover` reports the ledger at once and goes on with the others."""
@@ -45,9 +45,9 @@ class EntryUnreadableError(ReplicationError):
 
 
 class EntrySourcesUnavailableError(ReplicationError):
-    """No copy of an entry could be read now, but only because the bookies that may hold it
-    did not answer (unavailable, timed out, in limbo): transient, unlike
-    `EntryUnreadableError`; retried (by a drain until its timeout, by the workers always)."""
+    """No copy of an entry could be read now, but a registered bookie that may hold one did not
+    answer (timed out, busy, restarting, in limbo): transient, unlike `EntryUnreadableError`;
+    retried (by a drain until its timeout, by the workers always)."""
 
     def __init__(self, message: str, *, ledger_id: int, entry_id: int) -> None:
         super().__init__(message, ledger_id=ledger_id)
