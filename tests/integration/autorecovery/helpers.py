@@ -43,6 +43,14 @@ AUTORECOVERY_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
+def autorecovery_config(**autorecovery: Any) -> dict[str, dict[str, Any]]:
+    """AUTORECOVERY_CONFIG with some of its [autorecovery] settings changed."""
+    return {
+        **AUTORECOVERY_CONFIG,
+        "autorecovery": {**AUTORECOVERY_CONFIG["autorecovery"], **autorecovery},
+    }
+
+
 async def write_ledgers(
     uri: str, count: int, entries: int, payload_bytes: int, *, close: bool = True
 ) -> dict[int, list[bytes]]:
@@ -66,6 +74,22 @@ async def write_ledgers(
 
         written = await asyncio.gather(*(one(i) for i in range(count)))
     return dict(written)
+
+
+async def write_short_on(
+    cluster: BookieCluster, uri: str, index: int, payloads: list[bytes]
+) -> int:
+    """A closed E3/Qw3/Qa2 ledger on a three-bookie cluster whose second half of `payloads` was
+    written while bookie `index` was killed: no bookie could replace it, so the writer went on
+    at Qa and that bookie's fragment is short. Its id; the bookie is left down."""
+    half = len(payloads) // 2
+    async with BookKeeper.connect(uri, add_timeout=30.0) as bk:
+        handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        await asyncio.gather(*(handle.append(p) for p in payloads[:half]))
+        cluster.kill9(index)
+        await asyncio.gather(*(handle.append(p) for p in payloads[half:]))
+        await handle.close()
+    return handle.ledger_id
 
 
 async def wait_for(

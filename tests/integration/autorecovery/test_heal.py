@@ -6,7 +6,6 @@ bookie that holds the only other copy of some entries instead of giving them up.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from bkaio.autorecovery import RecoveryProgress, list_under_replicated, recover_bookie
 from bkaio.ledger_client import BookKeeper
@@ -16,20 +15,15 @@ from tests.fixtures.etcd import EtcdServer
 from .helpers import (
     AUTORECOVERY_CONFIG,
     PASSWORD,
+    autorecovery_config,
     bookie_metrics,
     entries_held,
     ledgers_naming,
     metric_sum,
     verify_full_replication,
     wait_for,
+    write_short_on,
 )
-
-
-def _config(**autorecovery: Any) -> dict[str, dict[str, Any]]:
-    return {
-        **AUTORECOVERY_CONFIG,
-        "autorecovery": {**AUTORECOVERY_CONFIG["autorecovery"], **autorecovery},
-    }
 
 
 async def test_a_mark_over_an_unregistered_incomplete_bookie_is_kept_until_it_is_filled(
@@ -43,35 +37,32 @@ async def test_a_mark_over_an_unregistered_incomplete_bookie_is_kept_until_it_is
     cluster = await bookie_cluster_factory(
         count=3,
         metadata_uri=etcd_server.uri,
-        config=_config(lost_bookie_delay_seconds=3600.0, ledger_check_interval_seconds=0.0),
+        config=autorecovery_config(
+            lost_bookie_delay_seconds=3600.0, ledger_check_interval_seconds=0.0
+        ),
     )
     meta = await cluster.metadata()
     payloads = [b"entry-%d" % i for i in range(40)]
-    async with BookKeeper.connect(etcd_server.uri, add_timeout=30.0) as bk:
-        handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
-        await asyncio.gather(*(handle.append(p) for p in payloads[:20]))
-        cluster.kill9(2)  # No writable bookie left to replace it: the writer goes on at Qa.
-        await asyncio.gather(*(handle.append(p) for p in payloads[20:]))
-        await handle.close()
+    ledger_id = await write_short_on(cluster, etcd_server.uri, 2, payloads)
     b2 = cluster.bookie_ids[2]
     await cluster.wait_until_deregistered(2)
-    await meta.underreplication.mark(handle.ledger_id, [b2], incomplete=True)
+    await meta.underreplication.mark(ledger_id, [b2], incomplete=True)
 
     async def kept() -> bool:
         samples = [await bookie_metrics(b.admin_url) for b in cluster.bookies[:2]]
         return sum(metric_sum(s, "bkaio_autorecovery_marks_kept_total") for s in samples) >= 2
 
     await wait_for(kept, 60, "a worker gave the mark back instead of completing it")
-    record = await meta.underreplication.get(handle.ledger_id)
+    record = await meta.underreplication.get(ledger_id)
     assert record is not None and record.incomplete_bookies == (b2,)
     await cluster.start(2)  # Without entries 20..39.
 
     async def filled() -> bool:
-        held = await entries_held(cluster, b2, handle.ledger_id)
+        held = await entries_held(cluster, b2, ledger_id)
         return held == len(payloads) and not await list_under_replicated(meta)
 
-    await wait_for(filled, 60, f"ledger {handle.ledger_id}'s entries filled back into {b2}")
-    await verify_full_replication(cluster, await meta.ledgers.get(handle.ledger_id), payloads)
+    await wait_for(filled, 60, f"ledger {ledger_id}'s entries filled back into {b2}")
+    await verify_full_replication(cluster, await meta.ledgers.get(ledger_id), payloads)
 
 
 async def test_a_drain_waits_out_the_bookie_holding_the_only_other_copy(

@@ -6,7 +6,6 @@ the others (2); marks of a bookie that came back are dropped (3)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from bkaio.autorecovery import list_under_replicated, who_is_auditor
 from bkaio.ledger_client import BookKeeper
@@ -14,8 +13,8 @@ from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
 from tests.fixtures.etcd import EtcdServer
 
 from .helpers import (
-    AUTORECOVERY_CONFIG,
     PASSWORD,
+    autorecovery_config,
     bookie_metrics,
     entries_held,
     ledgers_naming,
@@ -23,14 +22,8 @@ from .helpers import (
     verify_full_replication,
     wait_for,
     write_ledgers,
+    write_short_on,
 )
-
-
-def _config(**autorecovery: Any) -> dict[str, dict[str, Any]]:
-    return {
-        **AUTORECOVERY_CONFIG,
-        "autorecovery": {**AUTORECOVERY_CONFIG["autorecovery"], **autorecovery},
-    }
 
 
 def _no_tracebacks(cluster: BookieCluster) -> None:
@@ -48,7 +41,7 @@ async def test_auditor_audits_on_events_only_and_counts_each_ledger_once(
     cluster = await bookie_cluster_factory(
         count=4,
         metadata_uri=etcd_server.uri,
-        config=_config(lost_bookie_delay_seconds=1.0, audit_interval_seconds=3600.0),
+        config=autorecovery_config(lost_bookie_delay_seconds=1.0, audit_interval_seconds=3600.0),
     )
     meta = await cluster.metadata()
     written = await write_ledgers(etcd_server.uri, 6, 50, 64)
@@ -93,7 +86,7 @@ async def test_unreadable_ledger_fails_alone_and_the_worker_goes_on(
     (write set b0, b1) has no copy left, R is readable from b2. R is re-replicated while U
     keeps failing; no worker dies."""
     cluster = await bookie_cluster_factory(
-        count=5, metadata_uri=etcd_server.uri, config=_config(retry_backoff_seconds=0.5)
+        count=5, metadata_uri=etcd_server.uri, config=autorecovery_config(retry_backoff_seconds=0.5)
     )
     meta = await cluster.metadata()
     await cluster.stop(3)
@@ -145,7 +138,9 @@ async def test_marks_of_a_bookie_that_came_back_are_dropped(
     failed with "readable from none of []". Three bookies, E3: with one gone there is no
     replacement, so the marks stay until it returns; then the auditor drops them."""
     cluster = await bookie_cluster_factory(
-        count=3, metadata_uri=etcd_server.uri, config=_config(lost_bookie_delay_seconds=0.0)
+        count=3,
+        metadata_uri=etcd_server.uri,
+        config=autorecovery_config(lost_bookie_delay_seconds=0.0),
     )
     meta = await cluster.metadata()
     written = await write_ledgers(etcd_server.uri, 3, 20, 64)
@@ -180,25 +175,22 @@ async def test_entries_missing_on_a_live_bookie_are_found_and_filled_in(
     cluster = await bookie_cluster_factory(
         count=3,
         metadata_uri=etcd_server.uri,
-        config=_config(lost_bookie_delay_seconds=3600.0, ledger_check_interval_seconds=2.0),
+        config=autorecovery_config(
+            lost_bookie_delay_seconds=3600.0, ledger_check_interval_seconds=2.0
+        ),
     )
     meta = await cluster.metadata()
     payloads = [b"entry-%d" % i for i in range(40)]
-    async with BookKeeper.connect(etcd_server.uri, add_timeout=30.0) as bk:
-        handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
-        await asyncio.gather(*(handle.append(p) for p in payloads[:20]))
-        cluster.kill9(2)  # No writable bookie left to replace it: the writer goes on at Qa.
-        await asyncio.gather(*(handle.append(p) for p in payloads[20:]))
-        await handle.close()
+    ledger_id = await write_short_on(cluster, etcd_server.uri, 2, payloads)
     b2 = cluster.bookie_ids[2]
     await cluster.start(2)  # Without entries 20..39: it was down while they were written.
 
     async def filled() -> bool:
-        held = await entries_held(cluster, b2, handle.ledger_id)
+        held = await entries_held(cluster, b2, ledger_id)
         return held == len(payloads) and not await list_under_replicated(meta)
 
-    await wait_for(filled, 60, f"ledger {handle.ledger_id}'s entries filled back into {b2}")
-    md = await meta.ledgers.get(handle.ledger_id)
+    await wait_for(filled, 60, f"ledger {ledger_id}'s entries filled back into {b2}")
+    md = await meta.ledgers.get(ledger_id)
     assert b2 in md.ensembles[0][1]  # Filled in place: the metadata did not change.
     await verify_full_replication(cluster, md, payloads)
     samples = [await bookie_metrics(b.admin_url) for b in cluster.bookies]

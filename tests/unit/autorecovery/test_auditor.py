@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +12,7 @@ from bkaio.meta import (
     BookieRegistration,
     LedgerMetadata,
     Metadata,
-    initialise_cluster_at,
-    open_metadata,
 )
-
-
-@pytest.fixture
-async def meta(tmp_path: Path) -> AsyncIterator[Metadata]:
-    uri = f"sqlite://{tmp_path / 'meta.db'}"
-    await initialise_cluster_at(uri)
-    metadata = await open_metadata(uri)
-    try:
-        yield metadata
-    finally:
-        await metadata.close()
 
 
 async def _register(meta: Metadata, port: int) -> BookieRegistration:

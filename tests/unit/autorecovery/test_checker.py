@@ -5,16 +5,13 @@ registration of a bookie address nobody listens on, the real bookie client)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from structlog.testing import capture_logs
 
 from bkaio.autorecovery import Auditor, AutorecoveryMetrics, LedgerChecker
 from bkaio.autorecovery.checker import missing_entries
 from bkaio.autorecovery.cluster import ClusterView
-from bkaio.meta import BookieInfo, LedgerMetadata, Metadata, initialise_cluster_at, open_metadata
+from bkaio.meta import BookieInfo, LedgerMetadata, Metadata
 
 
 def test_missing_entries_against_inclusive_ranges() -> None:
@@ -23,17 +20,6 @@ def test_missing_entries_against_inclusive_ranges() -> None:
     assert missing_entries([1, 4, 7, 11], held) == []
     assert missing_entries(range(3), []) == [0, 1, 2]
     assert missing_entries([], held) == []
-
-
-@pytest.fixture
-async def meta(tmp_path: Path) -> AsyncIterator[Metadata]:
-    uri = f"sqlite://{tmp_path / 'meta.db'}"
-    await initialise_cluster_at(uri)
-    metadata = await open_metadata(uri)
-    try:
-        yield metadata
-    finally:
-        await metadata.close()
 
 
 def _closed_port() -> int:

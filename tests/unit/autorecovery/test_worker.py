@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from bkaio.autorecovery import (
@@ -21,17 +20,8 @@ from bkaio.autorecovery import (
     ReplicationError,
     ReplicationWorker,
 )
-from bkaio.meta import BookieInfo, BookieRegistration, Metadata, open_metadata
+from bkaio.meta import BookieInfo, BookieRegistration, Metadata
 from bkaio.supervision import Restart, Supervisor
-
-
-@pytest.fixture
-async def meta(sqlite_metadata_uri: str) -> AsyncIterator[Metadata]:
-    metadata = await open_metadata(sqlite_metadata_uri)
-    try:
-        yield metadata
-    finally:
-        await metadata.close()
 
 
 class FakeReplicator:
