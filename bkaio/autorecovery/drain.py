@@ -12,9 +12,10 @@ is fenced or marked:
 - an unknown bookie id (UnknownBookieError: not registered, no cookie, named by no ledger);
 - `recover` of a bookie that is registered and alive, unless `force` (BookieAliveError):
   recovering a live bookie's ledgers fences their writers.
-A ledger with an entry every surviving bookie says it has no valid copy of is reported at once
-(`on_failure`) and left (marked, for the workers); other failures (an entry whose bookies do
-not answer now, a replacement that timed out, none writable now) are retried in later rounds,
+A ledger with an entry no surviving bookie has a valid copy of (each answered none or a bad
+digest, or is not registered) is reported at once (`on_failure`) and left (marked, for the
+workers); other failures (an entry a registered bookie may hold but does not answer for now, a
+replacement that timed out, none writable now) are retried in later rounds,
 with a backoff, until `timeout_seconds`, when what is left is reported. The mark of a ledger
 the drain moved off its bookie is completed only when every copy it asks for is there: an
 incomplete bookie (the ledger check's) that is not registered now is left in the mark for
