@@ -46,7 +46,7 @@ from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICA
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 
-from .checker import LedgerCheck, LedgerChecker
+from .checker import LedgerCheck, LedgerChecker, UncheckedLedgers
 from .concurrency import first_failure
 from .metrics import AutorecoveryMetrics
 
@@ -260,7 +260,7 @@ class Auditor:
         registered = await self._registered()
         ledgers = all_ledgers(self._metadata)
         created = checked = 0
-        unchecked: set[int] = set()
+        unchecked = UncheckedLedgers()
         lock = asyncio.Lock()  # One reader of the shared ledger iterator at a time.
 
         async def next_closed() -> LedgerMetadata | None:
@@ -280,10 +280,10 @@ class Auditor:
             await first_failure([check_some() for _ in range(_LEDGER_CHECKERS)])
         finally:
             await ledgers.aclose()
-        self._unchecked = unchecked
+        self._unchecked = unchecked.ledgers
         self._recheck.reset()
         self._next_recheck = self._clock() + self._recheck.next_delay()
-        self._metrics.ledgers_unchecked.set(len(unchecked))
+        self._metrics.ledgers_unchecked.set(len(unchecked.ledgers))
         if created:
             self._metrics.ledgers_marked.inc(created)
         self._metrics.audit_seconds.observe(time.monotonic() - started)
@@ -292,8 +292,9 @@ class Auditor:
             "ledger_check_done",
             ledgers_checked=checked,
             ledgers_marked=created,
-            ledgers_unchecked=len(unchecked),
+            ledgers_unchecked=len(unchecked.ledgers),
         )
+        unchecked.report("ledger_check_unchecked")
         return created
 
     async def recheck_ledgers(self) -> int:
@@ -302,19 +303,22 @@ class Auditor:
         assert self._checker is not None
         registered = await self._registered()
         created = 0
-        unchecked: set[int] = set()
+        unchecked = UncheckedLedgers()
         for ledger_id in sorted(self._unchecked):
             try:
                 md = await self._metadata.ledgers.get(ledger_id)
             except NoSuchLedgerError:
                 continue  # Deleted: nothing to check.
             created += await self._check_one(md, registered, unchecked)
-        self._unchecked = unchecked
+        self._unchecked = unchecked.ledgers
         self._next_recheck = self._clock() + self._recheck.next_delay()
-        self._metrics.ledgers_unchecked.set(len(unchecked))
+        self._metrics.ledgers_unchecked.set(len(unchecked.ledgers))
         if created:
             self._metrics.ledgers_marked.inc(created)
-        log.info("ledger_recheck_done", ledgers_marked=created, ledgers_unchecked=len(unchecked))
+        log.info(
+            "ledger_recheck_done", ledgers_marked=created, ledgers_unchecked=len(unchecked.ledgers)
+        )
+        unchecked.report("ledger_recheck_unchecked")
         return created
 
     async def _registered(self) -> set[str]:
@@ -322,14 +326,14 @@ class Auditor:
         return {info.bookie_id for info in await self._metadata.bookies.list()}
 
     async def _check_one(
-        self, md: LedgerMetadata, registered: set[str], unchecked: set[int]
+        self, md: LedgerMetadata, registered: set[str], unchecked: UncheckedLedgers
     ) -> int:
         """Check one ledger, mark its incomplete bookies, note it in `unchecked` when some
         bookie gave no verdict; 1 when the ledger was newly marked."""
         assert self._checker is not None
         result: LedgerCheck = await self._checker.check(md, registered)
         if result.unchecked:
-            unchecked.add(md.ledger_id)
+            unchecked.add(md.ledger_id, result.unchecked)
         if not result.incomplete:
             return 0
         incomplete = result.incomplete

@@ -10,9 +10,11 @@ the entries the bookie's fragments must hold.
 Which bookies are registered is the caller's to say (the auditor reads the registry itself for
 each check): a watch-fed view that lags would leave a live bookie unchecked without anyone
 knowing. A bookie that cannot give its list (the ledger in limbo there: DATA_UNKNOWN; down,
-busy, timed out) gives no verdict: the check reports it as *unchecked*, logs it at WARNING and
-counts it (`bkaio_autorecovery_ledger_check_skipped_total{reason}`), and the auditor checks that
-ledger again later (BookKeeper's checker counts the ledgers it could not check, too).
+busy, timed out) gives no verdict: the check reports it as *unchecked* and counts it
+(`bkaio_autorecovery_ledger_check_skipped_total{reason}`), and the auditor checks that ledger
+again later and says at WARNING, once per pass, which bookies left how many ledgers unchecked
+(BookKeeper's checker counts the ledgers it could not check, too). Per ledger it is a debug
+line: a bookie down for a minute would otherwise write one warning per ledger it holds.
 """
 
 from __future__ import annotations
@@ -54,6 +56,32 @@ class LedgerCheck:
     incomplete: dict[str, list[int]] = field(default_factory=dict)
     # Registered bookies that gave no verdict -> why (in limbo, unavailable, ...).
     unchecked: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class UncheckedLedgers:
+    """What one pass of the ledger check could not check: the ledgers, and per bookie how many
+    of them it gave no verdict on and the last reason it gave."""
+
+    ledgers: set[int] = field(default_factory=set)
+    by_bookie: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def add(self, ledger_id: int, unchecked: dict[str, str]) -> None:
+        self.ledgers.add(ledger_id)
+        for bookie_id, why in unchecked.items():
+            self.by_bookie[bookie_id] = self.by_bookie.get(bookie_id, 0) + 1
+            self.reasons[bookie_id] = why
+
+    def report(self, event: str) -> None:
+        """One WARNING for the pass, when it left anything unchecked."""
+        if self.ledgers:
+            log.warning(
+                event,
+                ledgers_unchecked=len(self.ledgers),
+                ledgers_by_bookie=self.by_bookie,
+                last_reason_by_bookie=self.reasons,
+            )
 
 
 class LedgerChecker:
@@ -101,7 +129,7 @@ class LedgerChecker:
             except BKError as error:  # In limbo, down, busy: no verdict on it now.
                 reason = "in_limbo" if isinstance(error, DataUnknownError) else "no_answer"
                 self._metrics.ledger_check_skipped.labels(reason=reason).inc()
-                log.warning(
+                log.debug(
                     "ledger_check_skipped",
                     ledger_id=metadata.ledger_id,
                     bookie_id=bookie_id,

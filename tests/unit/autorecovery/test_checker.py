@@ -85,8 +85,10 @@ async def test_a_bookie_without_an_entry_list_is_logged_counted_and_its_ledger_r
         assert auditor.unchecked_ledgers == {md.ledger_id}
         assert _skipped(metrics) == 1
         assert metrics.registry.get_sample_value("bkaio_autorecovery_ledgers_unchecked") == 1
-        (line,) = [entry for entry in logs if entry["event"] == "ledger_check_skipped"]
-        assert line["log_level"] == "warning" and line["bookie_id"] == silent.bookie_id
+        (line,) = [entry for entry in logs if entry["log_level"] == "warning"]
+        assert line["event"] == "ledger_check_unchecked" and line["ledgers_unchecked"] == 1
+        assert line["ledgers_by_bookie"] == {silent.bookie_id: 1}
+        assert line["last_reason_by_bookie"][silent.bookie_id].startswith("no_answer")
         assert 0 < auditor.next_wait() <= 5.0  # Soon, not in a day.
         clock.now += 5.0
         await auditor.recheck_ledgers()
