@@ -82,6 +82,8 @@ class AutorecoveryMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("in_limbo", "no_answer"):  # Exported (as 0) before the first skip.
+            self.ledger_check_skipped.labels(reason=reason)
         self.ledgers_unchecked = Gauge(
             "bkaio_autorecovery_ledgers_unchecked",
             "Ledgers the auditor's ledger check could not check completely and will check again",
