@@ -1,7 +1,8 @@
 """What the 30-minute soak (tests/soak) found missing, against real bookie processes and a real
 etcd: a mark is never completed over a live bookie's copies that were not filled (a bookie
-momentarily unregistered keeps its mark and is filled once back), and a drain waits out a
-bookie that holds the only other copy of some entries instead of giving them up."""
+momentarily unregistered keeps its mark and is filled once back; a drain keeps it too), and a
+drain waits out a bookie that holds the only other copy of some entries instead of giving them
+up."""
 
 from __future__ import annotations
 
@@ -117,3 +118,33 @@ async def test_a_drain_waits_out_the_bookie_holding_the_only_other_copy(
     assert report.complete and not report.unreadable, (report.failed, report.unreadable)
     assert not await ledgers_naming(meta, victim_id)
     await verify_full_replication(cluster, await meta.ledgers.get(handle.ledger_id), payloads)
+
+
+async def test_a_drain_keeps_the_mark_over_an_unregistered_incomplete_bookie(
+    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
+) -> None:
+    """The ledger is marked with b2 incomplete (its fragment is short: the writer went on at Qa
+    while it was down) and b2 is not registered now. `recover` of b0 moves b0's fragment to
+    b3 and used to complete the mark, writing b2's missing copies off; now the drain finishes
+    (nothing names b0) and leaves the mark, b2 still incomplete in it, for the workers."""
+    config = {**AUTORECOVERY_CONFIG, "autorecovery": {"enabled": False}}  # The drain alone.
+    cluster = await bookie_cluster_factory(count=4, metadata_uri=etcd_server.uri, config=config)
+    meta = await cluster.metadata()
+    b0, _, b2, _ = cluster.bookie_ids
+    await cluster.stop(3)  # So that no bookie can replace b2 while the ledger is written.
+    await cluster.wait_until_deregistered(3)
+    payloads = [b"entry-%d" % i for i in range(40)]
+    ledger_id = await write_short_on(cluster, etcd_server.uri, 2, payloads)
+    await cluster.wait_until_deregistered(2)
+    await meta.underreplication.mark(ledger_id, [b2], incomplete=True)  # The ledger check's.
+    await cluster.start(3)  # The replacement for b0.
+    await cluster.stop(0)
+    await cluster.wait_until_deregistered(0)
+    report = await recover_bookie(
+        etcd_server.uri, b0, admin_token=cluster.admin_token, timeout_seconds=300.0
+    )
+    assert report.complete and report.ledgers_replicated == 1, report
+    assert not await ledgers_naming(meta, b0)
+    record = await meta.underreplication.get(ledger_id)
+    assert record is not None, "the drain completed the mark over b2's missing copies"
+    assert record.incomplete_bookies == (b2,), record
