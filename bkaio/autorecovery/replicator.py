@@ -200,7 +200,10 @@ class Replicator:
         for fragment in fragments_on(metadata, bookie_ids):
             if fragment.open_tail:
                 continue  # Its writer's: never written behind a live writer's back.
-            if not any(fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum)):
+            # Whether it has an entry at all: `any` over the ids would skip a fragment holding
+            # entry 0 only (a one-entry ledger), whose mark was then completed without the copy.
+            entries_of = fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum)
+            if next(entries_of, None) is None:
                 continue
             if key is None:
                 key = await self._keys.master_key(metadata)

@@ -154,3 +154,32 @@ async def test_a_fill_whose_bookie_cannot_list_its_entries_fails_the_ledger(
     with pytest.raises(ReplicationError, match=unknown):
         await setup.replicator.fill_ledger_in_place(setup.ledger_id, [BOOKIES[2]])
     assert _held(setup.short, setup.ledger_id) == list(range(ENTRIES))
+
+
+async def test_a_one_entry_ledger_is_filled(meta: Metadata) -> None:
+    """A closed ledger whose only entry (id 0) one bookie lacks: the fill copies it. The
+    30-minute soak found such ledgers never filled (a check for "has entries" took entry id 0
+    for none) and, since the check after the fill, their marks never completed."""
+    md = await meta.ledgers.create(
+        LedgerMetadata(ensemble_size=3, write_quorum=3, ack_quorum=2, ensembles=((0, BOOKIES),))
+    )
+    bookies = [FakeBookie(bookie_id) for bookie_id in BOOKIES]
+    payload = b"the only entry"
+    digest = entry_digest(md.ledger_id, 0, -1, len(payload), payload)
+    for bookie in bookies[:2]:
+        bookie.add(md.ledger_id, StoredCopy(0, -1, len(payload), digest, payload), KEY, False)
+    await meta.ledgers.update(md.closed(0, len(payload)))
+    view = ClusterView(meta)
+    real_pool, view.pool = view.pool, FakeBookiePool(bookies)  # type: ignore[assignment]
+    await real_pool.close()
+    replicator = Replicator(
+        view,
+        FakeMasterKeysEveryBookieGives(view, "token"),
+        AutorecoveryMetrics(CollectorRegistry()),
+    )
+    try:
+        entries, _ = await replicator.fill_ledger_in_place(md.ledger_id, [BOOKIES[2]])
+        assert entries == 1
+        assert _held(bookies[2], md.ledger_id) == [0]
+    finally:
+        await view.close()
