@@ -160,7 +160,7 @@ async def recommission_bookie(metadata: str | Metadata, bookie_id: str) -> bool:
 async def check_known_bookie(meta: Metadata, bookie_id: str, named: bool) -> bool:
     """Whether `bookie_id` is registered now; UnknownBookieError when nothing knows it
     (`named`: some ledger's metadata names it)."""
-    registered = {info.bookie_id for info in await meta.bookies.list()}
+    registered = await meta.bookies.ids()
     if bookie_id in registered:
         return True
     if named:

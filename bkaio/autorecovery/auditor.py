@@ -155,7 +155,7 @@ class Auditor:
         # so a ledger missing from the scan was deleted (not created behind the scan's back).
         marks = [record async for record in underreplication.list()]
         locked = await underreplication.locked()
-        registered = await self._registered()
+        registered = await self._metadata.bookies.ids()
         decommissioned = await self._metadata.decommissioned.ids()
         override = await underreplication.lost_bookie_delay()
         self._delay = self._configured_delay if override is None else override
@@ -257,7 +257,7 @@ class Auditor:
         (`recheck_ledgers`). Ledgers newly marked."""
         assert self._checker is not None
         started = time.monotonic()
-        registered = await self._registered()
+        registered = await self._metadata.bookies.ids()
         ledgers = all_ledgers(self._metadata)
         created = checked = 0
         unchecked = UncheckedLedgers()
@@ -301,7 +301,7 @@ class Auditor:
         """Check again the ledgers the last check could not check completely; those that still
         cannot be are tried again after a longer (jittered) delay. Ledgers newly marked."""
         assert self._checker is not None
-        registered = await self._registered()
+        registered = await self._metadata.bookies.ids()
         created = 0
         unchecked = UncheckedLedgers()
         for ledger_id in sorted(self._unchecked):
@@ -320,10 +320,6 @@ class Auditor:
         )
         unchecked.report("ledger_recheck_unchecked")
         return created
-
-    async def _registered(self) -> set[str]:
-        """The registered bookies, from the registry itself (not a watch that may lag)."""
-        return {info.bookie_id for info in await self._metadata.bookies.list()}
 
     async def _check_one(
         self, md: LedgerMetadata, registered: set[str], unchecked: UncheckedLedgers

@@ -386,7 +386,7 @@ class _Drain:
                         self._give_up(ledger_id, f"not moved within {timeout_seconds} s: {why}")
                     break
                 # The registry itself: a lagging watch must not make a live bookie look gone.
-                self._registered = {info.bookie_id for info in await self._meta.bookies.list()}
+                self._registered = await self._meta.bookies.ids()
                 self._decommissioned = await self._meta.decommissioned.ids()
                 before = (self._done, len(self._failed))
                 await self._round(pending, replicator, lease)

@@ -210,7 +210,7 @@ class ReplicationWorker:
         ledger_id = claimed.ledger_id
         completed = False
         try:
-            registered = await self._registered()
+            registered = await self._metadata.bookies.ids()
             missing = await self._still_missing(claimed, registered)
             moving = set(missing)
             incomplete = [
@@ -271,10 +271,6 @@ class ReplicationWorker:
             if not completed:
                 with contextlib.suppress(BKError):
                     await underreplication.release(ledger_id)
-
-    async def _registered(self) -> set[str]:
-        """The registered bookies, read from the registry (never only the watch-fed view)."""
-        return {info.bookie_id for info in await self._metadata.bookies.list()}
 
     def _back_off(self, ledger_id: int) -> float:
         skip = self._skips.get(ledger_id)

@@ -328,7 +328,7 @@ class StandaloneCluster:
         try:
             while True:
                 self._check_children()
-                registered = {info.bookie_id for info in await meta.bookies.list()}
+                registered = await meta.bookies.ids()
                 if expected <= registered:
                     return
                 if time.monotonic() > deadline:

@@ -241,6 +241,11 @@ class BookieRegistry:
         snapshot = await self._store.snapshot_prefix(BOOKIES_PREFIX)
         return _merge({kv.key: kv for kv in snapshot.kvs})
 
+    async def ids(self) -> set[str]:
+        """The ids of every registered bookie, writable and read-only, as the registry has them
+        now (a watch-fed view may lag behind it)."""
+        return {info.bookie_id for info in await self.list()}
+
     async def writable(self) -> builtins.list[BookieInfo]:
         return [info for info in await self.list() if not info.read_only]
 

@@ -110,15 +110,20 @@ async def setup(meta: Metadata) -> AsyncIterator[Setup]:
             bookie.add(md.ledger_id, copy, KEY, recovery=False)
     await meta.ledgers.update(md.closed(ENTRIES - 1, length))
     pool = FakeBookiePool(bookies)
-    view = ClusterView(meta)
-    real_pool, view.pool = view.pool, pool  # type: ignore[assignment]  # The fake stands in.
-    await real_pool.close()
-    keys = FakeMasterKeysEveryBookieGives(view, "token")
-    replicator = Replicator(view, keys, AutorecoveryMetrics(CollectorRegistry()))
+    replicator, view = await _replicator(meta, pool)
     try:
         yield Setup(replicator, pool, bookies[2], md.ledger_id)
     finally:
         await view.close()
+
+
+async def _replicator(meta: Metadata, pool: FakeBookiePool) -> tuple[Replicator, ClusterView]:
+    """The real Replicator, its view's pool replaced by `pool`; the caller closes the view."""
+    view = ClusterView(meta)
+    real_pool, view.pool = view.pool, pool  # type: ignore[assignment]  # The fake stands in.
+    await real_pool.close()
+    keys = FakeMasterKeysEveryBookieGives(view, "token")
+    return Replicator(view, keys, AutorecoveryMetrics(CollectorRegistry())), view
 
 
 def _held(bookie: FakeBookie, ledger_id: int) -> list[int]:
@@ -169,14 +174,7 @@ async def test_a_one_entry_ledger_is_filled(meta: Metadata) -> None:
     for bookie in bookies[:2]:
         bookie.add(md.ledger_id, StoredCopy(0, -1, len(payload), digest, payload), KEY, False)
     await meta.ledgers.update(md.closed(0, len(payload)))
-    view = ClusterView(meta)
-    real_pool, view.pool = view.pool, FakeBookiePool(bookies)  # type: ignore[assignment]
-    await real_pool.close()
-    replicator = Replicator(
-        view,
-        FakeMasterKeysEveryBookieGives(view, "token"),
-        AutorecoveryMetrics(CollectorRegistry()),
-    )
+    replicator, view = await _replicator(meta, FakeBookiePool(bookies))
     try:
         entries, _ = await replicator.fill_ledger_in_place(md.ledger_id, [BOOKIES[2]])
         assert entries == 1
