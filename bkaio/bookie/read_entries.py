@@ -87,6 +87,28 @@ def notify_lac_early(
         waiters.notify(ledger_id, lac)
 
 
+async def _until_journaled(
+    server: ShardServer, ledger_id: int, first: int, stride: int, last: int, max_count: int
+) -> None:
+    """Wait (at most `server.long_poll_in_flight_wait_seconds`) for the entries this poll
+    answers with that this shard is still journaling.
+
+    The LAC says an ack quorum has them; when this bookie was the slowest of the write quorum,
+    some may still be in its journal's next group. Answering without them would cost the
+    reader a second round trip (a range read) about as long as that group's sync, which was
+    the slowest part of a tail's deliveries; waiting for the group brings them in this answer.
+    A journal that stalls only delays this answer by the bound, then it goes with what is there.
+    """
+    wait = server.limits.long_poll_in_flight_wait_seconds
+    if wait <= 0:
+        return
+    in_flight = server.storage.adds_in_flight(
+        ledger_id, range(first, min(last, first + (max_count - 1) * stride) + 1, stride)
+    )
+    if in_flight:
+        await asyncio.wait(in_flight, timeout=wait)  # wait(): never cancels the adds.
+
+
 def _lac_of(server: ShardServer, ledger_id: int) -> int:
     try:
         return server.storage.last_add_confirmed(ledger_id)
@@ -116,6 +138,7 @@ async def read_entries(
             # Nothing confirmed past the poll's start, no entries wanted (a poll for the LAC
             # alone), or no such ledger yet: the LAC alone.
             return ReadEntriesResponse(request.request_id, Status.OK, ledger_id, lac, first, ())
+        await _until_journaled(server, ledger_id, first, request.stride, last, max_count)
     run = await server.storage.read_records(
         ledger_id, first, last, request.stride, max_count, max_bytes
     )

@@ -365,17 +365,20 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         ledger_id: int,
         record: JournalRecord,
         apply: Callable[[asyncio.Future[JournalMark]], bool] | None = None,
+        *,
+        lazy: bool = False,
     ) -> asyncio.Future[JournalMark]:
         """Journal a record; `apply` runs once it is durable (or failed), in journal order.
 
         Records whose effect is applied in memory before they are durable (keys, fences,
-        LACs) pass no `apply`: their mark counts as applied once durable."""
+        LACs) pass no `apply`: their mark counts as applied once durable. `lazy`: the
+        journal's lazy record (no group of its own), for a record nobody waits for."""
         journal_index = self.config.journal_of(ledger_id)
         self._groups[journal_index] = None  # Later adds go after this record: a new group.
         marks = self._marks[journal_index]
         slot = marks.begin()
         try:
-            future = self._journals[journal_index].append(record)
+            future = self._journals[journal_index].append(record, lazy=lazy)
         except BaseException:
             marks.finish(slot, None)
             raise
@@ -469,7 +472,12 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> None:
-        """Store an explicit LAC (WRITE_LAC); durable when it returns."""
+        """Store an explicit LAC (WRITE_LAC): applied when it returns, journaled lazily.
+
+        The record goes with the journal's next group (or after `lazy_record_delay_ms`), so a
+        LAC push costs no write and sync of its own; BookKeeper syncs it before answering. A
+        crash before then only lowers this bookie's LAC to an earlier one, a lower bound as
+        every bookie's LAC is: readers keep the highest they saw, and recovery reads past it."""
         self._check_open()
         _check_ids(ledger_id, 0)
         await self._journal_of(ledger_id).wait_for_room()
@@ -482,7 +490,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
                 "recorded one"
             )
         self._apply_lac(ledger_id, lac)
-        await asyncio.shield(self._append_record(ledger_id, LacRecord(ledger_id, lac)))
+        self._append_record(ledger_id, LacRecord(ledger_id, lac), lazy=True)
 
     async def force(self, ledger_id: int) -> None:
         """Everything added to the ledger before this call is durable when it returns."""

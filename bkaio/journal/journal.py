@@ -14,6 +14,8 @@ next burst then shares its write, its sync and its answers, which at moderate ra
 fixed costs per append. A single record (a serial writer, or 1k/s) never waits, and a wait that
 caught nothing (the client was waiting for this answer) turns waiting off for
 `_HOLD_BACKOFF_GROUPS` groups, so a closed loop does not pay for it again and again.
+A lazy record (a WRITE_LAC's LAC) is no trigger: it goes with the next group something else
+causes, or once `lazy_record_delay_ms` has passed, so a LAC push costs no write and sync of its own.
 
 Limits: at most two groups exist (one being written, one filling), and the filling one is
 bounded by `max_group_bytes` (plus the one record that crossed it) and `max_group_entries`
@@ -111,6 +113,10 @@ class Journal(GroupRoom):
         self._hold_seconds = config.adaptive_wait_us / 1e6
         self._hold_timer: asyncio.TimerHandle | None = None  # The filling group waits (`_hold`).
         self._hold_backoff = 0  # Groups still to go at once after a fruitless wait.
+        # Lazy records (`append(..., lazy=True)`) wait for a group an eager record causes.
+        self._lazy_seconds = config.lazy_record_delay_ms / 1000
+        self._group_eager = False  # The filling group holds a record that must go soon.
+        self._lazy_timer: asyncio.TimerHandle | None = None  # A lazy-only group's deadline.
         self._force_waiters: list[tuple[JournalMark, asyncio.Future[JournalMark]]] = []
         # Appenders waiting for a group with room (room.py).
         self._room_waiters = deque()
@@ -184,12 +190,17 @@ class Journal(GroupRoom):
 
     # -- Appending ------------------------------------------------------------------------
 
-    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]:
+    def append(self, record: JournalRecord, *, lazy: bool = False) -> asyncio.Future[JournalMark]:
         """Queue `record`; the future resolves to the mark after it once it is durable.
 
         For keys, fences, LACs and tests; ledger storage journals entries with
-        `append_entries`, which costs no future and no record object per entry."""
-        return self.append_encoded(encode_record(record))
+        `append_entries`, which costs no future and no record object per entry.
+
+        `lazy`: the record need not be durable soon (a WRITE_LAC's LAC, whose loss in a crash
+        only lowers this bookie's LAC to a lower bound): it causes no group of its own, but goes
+        with the next group an eager record or entry causes, or after `lazy_record_delay_ms`
+        when none comes (at once when that is 0)."""
+        return self._enqueue(encode_record(record), lazy)
 
     def append_entries(
         self, ledger_id: int, entries: Sequence[JournalEntry]
@@ -235,6 +246,7 @@ class Journal(GroupRoom):
             del ends[ends_before:]
             raise
         self._tail_offset = offset
+        self._group_eager = True
         appended = len(ends) - ends_before
         if appended == 1:
             self._waiters.append(None)
@@ -261,7 +273,7 @@ class Journal(GroupRoom):
             )
         return self._enqueue(data)
 
-    def _enqueue(self, data: bytes) -> asyncio.Future[JournalMark]:
+    def _enqueue(self, data: bytes, lazy: bool = False) -> asyncio.Future[JournalMark]:
         """Add one encoded record to the filling group (`append`, `append_encoded`).
 
         Raises JournalFullError when the group is at a bound (await `wait_for_room`), and the
@@ -282,6 +294,11 @@ class Journal(GroupRoom):
         self._ends.append(self._tail_offset)
         waiter: asyncio.Future[JournalMark] = self._loop.create_future()
         self._waiters.append(waiter)
+        if lazy and not self._group_eager and self._lazy_seconds > 0.0:
+            if self._lazy_timer is None:
+                self._lazy_timer = self._loop.call_later(self._lazy_seconds, self._lazy_due)
+            return waiter
+        self._group_eager = True
         if not self._writing:
             if not self._handoff_scheduled:
                 self._handoff_scheduled = True
@@ -306,6 +323,10 @@ class Journal(GroupRoom):
             waiter.set_result(self._durable)
         else:
             self._force_waiters.append((target, waiter))
+            if self._ends and not self._group_eager:  # Only lazy records fill: they go now.
+                if self._lazy_timer is not None:
+                    self._lazy_timer.cancel()
+                self._lazy_due()
         return waiter
 
     @property
@@ -372,6 +393,10 @@ class Journal(GroupRoom):
             shared=self._shared,
         )
         self._data, self._ends, self._waiters, self._shared = bytearray(), [], [], None
+        self._group_eager = False
+        if self._lazy_timer is not None:  # Its lazy records leave with this group.
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         self._writing = True
         self._executor.post(self._commit_on_writer_thread, group)
         if self._room_waiters:
@@ -400,6 +425,16 @@ class Journal(GroupRoom):
         self.metrics.holds_fruitless += 1
         self._hold_backoff = _HOLD_BACKOFF_GROUPS
         self._hand_off(waited=True, timed_out=True)
+
+    def _lazy_due(self) -> None:
+        """The filling group, lazy records only, is due (their delay ran out, or a force):
+        it goes like any group, now or when the writer is free."""
+        self._lazy_timer = None
+        if not self._ends or self._failure is not None:
+            return
+        self._group_eager = True
+        if not self._writing and not self._handoff_scheduled:
+            self._hand_off(waited=True, timed_out=True)
 
     def _trigger(self, timed_out: bool) -> str:
         """Why the group goes now (BookKeeper's triggers), counted."""
@@ -436,9 +471,9 @@ class Journal(GroupRoom):
             return
         self.metrics.count_group(group, sync_seconds, synced=self._config.sync)
         self._durable = JournalMark(group.file_id, group.ends[-1])
-        if self._ends and not self._handoff_scheduled:
+        if self._ends and self._group_eager and not self._handoff_scheduled:
             # Keep the disk busy before waking anyone; a group that formed during a sync has
-            # waited already.
+            # waited already. (Lazy records alone wait for company or their delay.)
             self._hand_off(waited=True)
         file_id = group.file_id
         # The shared future first: its callbacks (the adds' apply and answer) then run before
@@ -485,6 +520,9 @@ class Journal(GroupRoom):
         waiters += [waiter for _target, waiter in self._force_waiters]
         self._data, self._ends, self._waiters, self._force_waiters = bytearray(), [], [], []
         self._shared = None
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         for waiter in waiters:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(_copy_error(failure))

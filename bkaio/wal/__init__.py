@@ -63,8 +63,9 @@ class ReplayReader(Protocol):
 class JournalLike(Protocol):
     """The journal of one directory as ledger storage uses it; stand-ins implement all of it."""
 
-    def append(self, record: JournalRecord) -> asyncio.Future[JournalMark]:
-        """Queue a record (a key, a fence, a LAC); the future: its mark once durable."""
+    def append(self, record: JournalRecord, *, lazy: bool = False) -> asyncio.Future[JournalMark]:
+        """Queue a record (a key, a fence, a LAC); the future: its mark once durable. A `lazy`
+        record causes no group of its own: it goes with the next one (or after a delay)."""
         ...
 
     def append_entries(

@@ -11,6 +11,8 @@ from bkaio.errors import ConfigError
 MIN_FILE_BYTES = 4096
 # Adaptive wait beyond 10 ms would be a fixed delay, not a coalescing window.
 MAX_ADAPTIVE_WAIT_US = 10_000
+# A lazy record waits at most this long for company; longer would be a durability setting.
+MAX_LAZY_RECORD_DELAY_MS = 10_000
 # Zero-filling ahead writes and syncs this much at a time (`bkaio.journal.zero_fill`).
 ZERO_FILL_CHUNK_BYTES = 256 * 1024
 
@@ -35,6 +37,9 @@ class JournalConfig:
     next append, at most this long: at moderate rates the next burst shares its write, sync and
     answers. A single record never waits, and a wait that catches nothing turns waiting off
     for a while (bkaio.journal.journal).
+    `lazy_record_delay_ms`: how long a record appended as lazy (an explicit LAC from WRITE_LAC)
+    may wait in the filling group for a group that other records cause, before it goes alone.
+    Such a record's loss in a crash only lowers the bookie's LAC; 0 commits it like any other.
     `sync`: False skips fdatasync. UNSAFE: an acknowledged record can be lost on power failure
     or kill -9 of the host. For tests only.
     `preallocate_next_file`: zero-fill and sync the *next* file in a background thread, so that
@@ -50,6 +55,7 @@ class JournalConfig:
     max_group_entries: int = 10_000
     max_file_bytes: int = 256 * 1024 * 1024
     adaptive_wait_us: int = 0
+    lazy_record_delay_ms: int = 200
     sync: bool = True
     preallocate_next_file: bool = False
     preallocate_ahead_bytes: int = 4 * 1024 * 1024
@@ -84,6 +90,11 @@ class JournalConfig:
         if self.max_group_entries <= 0:
             raise ConfigError(
                 f"journal.max_group_entries={self.max_group_entries} must be positive"
+            )
+        if not 0 <= self.lazy_record_delay_ms <= MAX_LAZY_RECORD_DELAY_MS:
+            raise ConfigError(
+                f"journal.lazy_record_delay_ms={self.lazy_record_delay_ms} must be in "
+                f"[0, {MAX_LAZY_RECORD_DELAY_MS}] (0 = commit at once)"
             )
         if not 0 <= self.adaptive_wait_us <= MAX_ADAPTIVE_WAIT_US:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from bkaio.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from bkaio.journal import Journal, JournalConfig, open_journal
 from bkaio.journal.files import SUFFIX
 from bkaio.journal.records import JournalMark
 from tests.fixtures.storage import add_entry, read_entry
@@ -145,6 +147,37 @@ async def test_lac_piggyback_and_explicit(open_storage: OpenStorage) -> None:
     assert storage.last_add_confirmed(4) == 2
     await storage.fence(4, KEY)
     assert storage.last_add_confirmed(4) == 2
+
+
+async def test_an_explicit_lac_costs_no_journal_group_of_its_own(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    """WRITE_LAC's LAC is applied at once and journaled lazily: it goes with the next add's
+    group (no write and sync of its own), and replay restores it."""
+    journals: list[Journal] = []
+
+    async def keep_journal(config: JournalConfig, directory: Path) -> Journal:
+        journals.append(await open_journal(config, directory))
+        return journals[-1]
+
+    config = make_config(tmp_path)
+    config = dataclasses.replace(
+        config, journal=dataclasses.replace(config.journal, lazy_record_delay_ms=10_000)
+    )
+    storage = await open_storage(config, journal_factory=keep_journal)
+    await add_entry(storage, make_entry(4, 0, lac=-1), KEY)
+    stats = journals[0].metrics
+    groups, records = stats.groups, stats.records
+    await storage.write_lac(4, KEY, 0)
+    assert storage.last_add_confirmed(4) == 0
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert (stats.groups, stats.records) == (groups, records)
+    await add_entry(storage, make_entry(4, 1, lac=-1), KEY)
+    assert (stats.groups, stats.records) == (groups + 1, records + 2)
+    await storage.close(checkpoint=False)  # Only the journal holds the LAC now.
+    reopened = await open_storage(config)
+    assert reopened.last_add_confirmed(4) == 0
 
 
 async def test_delete_ledger(open_storage: OpenStorage, tmp_path: Path) -> None:
