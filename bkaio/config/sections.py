@@ -61,7 +61,7 @@ class ServerConfig:
     max_long_poll_waiters_per_connection: int = 1000  # ... and per connection, likewise.
     # A long poll answering with entries this shard is still journaling (it was the slowest of
     # the write quorum) waits at most this long for them, rather than answer without them.
-    long_poll_in_flight_wait_seconds: float = 0.02
+    long_poll_in_flight_wait_seconds: float = 0.005
     max_read_range_count: int = 10_000  # READ_RANGE answers at most this many entries.
     max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
     drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.

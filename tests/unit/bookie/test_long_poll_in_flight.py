@@ -75,7 +75,9 @@ def entry_ids(answer: object) -> list[int]:
 async def test_a_poll_answers_with_an_entry_once_this_bookie_journaled_it(
     tmp_path: Path,
 ) -> None:
-    async with shard_with_held_sync(tmp_path) as (server, storage, gate):
+    # The longest wait allowed: nothing but the released sync may end it in this test.
+    options = "long_poll_in_flight_wait_seconds = 1.0\n"
+    async with shard_with_held_sync(tmp_path, options) as (server, storage, gate):
         adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
         assert await asyncio.to_thread(gate.entered.wait, 30)  # Entry 0's sync is held.
         await storage.write_lac(LEDGER, KEY, 0)  # The ack quorum has it: LAC 0.
