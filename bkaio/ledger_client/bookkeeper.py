@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import random
 import ssl
+import weakref
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from functools import partial
 from types import TracebackType
@@ -92,6 +93,9 @@ class BookKeeper:
         # Runs the registry watch (`_start_bookie_watch`); the handles' one-shot jobs run
         # under `bkaio.supervision.spawn_job` on their own.
         self._supervisor: Supervisor | None = None
+        # Write handles still referenced: close stops their explicit-LAC timers and jobs, the
+        # only work a handle starts on its own (a LAC push after close would outlive the pool).
+        self._write_handles: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
         self._closed = False
 
     # ----------------------------------------------------------------- connecting
@@ -200,6 +204,8 @@ class BookKeeper:
         if self._closed:
             return
         self._closed = True
+        for handle in list(self._write_handles):
+            await handle.stop_explicit_lac()
         if self._supervisor is not None:
             await self._supervisor.stop()
         await self._ops.close()
@@ -261,7 +267,9 @@ class BookKeeper:
             )
         )
         log.info("ledger_created", ledger_id=metadata.ledger_id, ensemble=list(ensemble))
-        return LedgerHandle(self._context, metadata, master_key(password, metadata.ledger_id))
+        handle = LedgerHandle(self._context, metadata, master_key(password, metadata.ledger_id))
+        self._write_handles.add(handle)
+        return handle
 
     async def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True

@@ -25,7 +25,7 @@ class ExplicitLac(HandleState):
 
     def _schedule_explicit_lac(self) -> None:
         interval = self._ctx.config.explicit_lac_interval
-        if interval > 0 and self._lac_timer is None and not self._closed:
+        if interval > 0 and self._lac_timer is None and not self._closed and not self._lac_stopped:
             self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
 
     def _lac_pushed(self) -> None:
@@ -65,6 +65,8 @@ class ExplicitLac(HandleState):
     def _spawn_write_lac(self, lac: int) -> None:
         """Count `lac` as told to the bookies and WRITE_LAC it, as a supervised job."""
         self._max_piggybacked_lac = lac
+        if self._lac_stopped:
+            return
         task = spawn_job(
             f"ledger-{self.ledger_id}-lac",
             partial(self._write_lac, lac),
@@ -86,8 +88,16 @@ class ExplicitLac(HandleState):
                 self._log.debug("explicit_lac_failed", bookie_id=bookie_id, error=str(result))
 
     def _stop_explicit_lac(self) -> None:
+        self._lac_stopped = True
         if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
         for task in self._lac_tasks:
             task.cancel()
+
+    async def stop_explicit_lac(self) -> None:
+        """No more WRITE_LACs from this handle, and none still running when this returns (its
+        client is closing; close of the handle does the same)."""
+        self._stop_explicit_lac()
+        if self._lac_tasks:
+            await asyncio.wait(list(self._lac_tasks))

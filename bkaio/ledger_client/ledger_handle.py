@@ -99,6 +99,7 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         self._max_piggybacked_lac = -1
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_tasks: set[asyncio.Task[None]] = set()
+        self._lac_stopped = False
         self._push_lac = context.config.explicit_lac_on_ack
         self._lac_push_due = False  # A `_lac_pushed` is scheduled.
         self._log = log.bind(ledger_id=self.ledger_id)

@@ -191,3 +191,28 @@ async def test_explicit_lac_reaches_the_bookies_after_the_interval() -> None:
     await asyncio.sleep(0.1)
     assert await reader.read_last_add_confirmed() == 2
     await lh.close()
+
+
+def _lac_pushes(ledger_id: int) -> list[asyncio.Task[object]]:
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if task.get_name() == f"ledger-{ledger_id}-lac" and not task.done()
+    ]
+
+
+async def test_closing_the_client_ends_the_explicit_lac_pushes_of_its_open_handles() -> None:
+    """A handle left open (its writer failed, say) when its client closes: its LAC push in
+    flight is stopped and no later one starts; one left pending would outlive the client's
+    connections and die with the loop ("Task was destroyed but it is pending")."""
+    cluster = fake_cluster(explicit_lac_interval=0.005)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await lh.append(b"0")
+    cluster.ops.stalled_reads.update(cluster.ops.bookies)  # WRITE_LACs never answered.
+    await lh.append(b"1")  # LAC 1, above what the adds carried: a push is due.
+    await asyncio.sleep(0.05)  # Past the interval's timer, which runs first: the push started.
+    assert _lac_pushes(lh.ledger_id)
+    await cluster.client.close()
+    assert not _lac_pushes(lh.ledger_id)
+    await asyncio.sleep(0.03)  # Several intervals: no push starts after the close.
+    assert not _lac_pushes(lh.ledger_id)
