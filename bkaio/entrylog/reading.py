@@ -15,7 +15,8 @@ from bkaio.entrylog.types import StoredEntry
 from bkaio.errors import BookieIOError, NoSuchEntryError
 
 
-def _ranges(ids: list[int]) -> list[tuple[int, int]]:
+def entry_ranges(ids: list[int]) -> list[tuple[int, int]]:
+    """Ascending entry ids as ascending inclusive ranges (LIST_ENTRIES' answer)."""
     ranges: list[tuple[int, int]] = []
     for entry_id in ids:
         if ranges and ranges[-1][1] == entry_id - 1:
@@ -151,7 +152,7 @@ class StorageReads(StorageState):
         ids = set(indexed)
         ids.update(self._active.entry_ids(ledger_id))
         ids.update(self._flushing.entry_ids(ledger_id))
-        return _ranges(sorted(ids))
+        return entry_ranges(sorted(ids))
 
     def disk_readers(self) -> list[tuple[LedgerIndex, EntryLogDirectory]]:
         """Each disk's index and entry logs, for the consistency scrubber

@@ -25,7 +25,7 @@ class ExplicitLac(HandleState):
 
     def _schedule_explicit_lac(self) -> None:
         interval = self._ctx.config.explicit_lac_interval
-        if interval > 0 and self._lac_timer is None and not self._closed and not self._lac_stopped:
+        if interval > 0 and self._lac_timer is None and not self._lac_stopped:
             self._lac_timer = self._loop.call_later(interval, self._explicit_lac_due)
 
     def _lac_pushed(self) -> None:
@@ -36,14 +36,14 @@ class ExplicitLac(HandleState):
         lac = self._lac
         if self._batch_timer is not None and self._error is None:
             # A burst waits for company: it leaves now carrying the new LAC, which costs
-            # no request beside it (a WRITE_LAC is three more requests, each journaled).
+            # no request beside it (a WRITE_LAC is three more requests and answers).
             self._carry_lac(self._unsent, lac)
             self._send_unsent(now=True)
         latest = (
             self._waiting[-1] if self._waiting else self._pending[-1] if self._pending else None
         )
         carried = max(self._max_piggybacked_lac, -1 if latest is None else latest.lac)
-        if lac <= carried or self._error is not None or self._closed:
+        if lac <= carried or self._error is not None or self._lac_stopped:
             return
         self._spawn_write_lac(lac)
 
@@ -58,15 +58,13 @@ class ExplicitLac(HandleState):
     def _explicit_lac_due(self) -> None:
         self._lac_timer = None
         lac = self._lac
-        if lac <= self._max_piggybacked_lac or self._error is not None or self._closed:
+        if lac <= self._max_piggybacked_lac or self._error is not None or self._lac_stopped:
             return
         self._spawn_write_lac(lac)
 
     def _spawn_write_lac(self, lac: int) -> None:
         """Count `lac` as told to the bookies and WRITE_LAC it, as a supervised job."""
         self._max_piggybacked_lac = lac
-        if self._lac_stopped:
-            return
         task = spawn_job(
             f"ledger-{self.ledger_id}-lac",
             partial(self._write_lac, lac),

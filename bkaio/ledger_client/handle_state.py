@@ -90,7 +90,7 @@ class HandleState:
     _max_piggybacked_lac: int
     _lac_timer: asyncio.TimerHandle | None
     _lac_tasks: set[asyncio.Task[None]]
-    _lac_stopped: bool  # Explicit LAC pushes are over (the handle or its client closed).
+    _lac_stopped: bool  # No more LAC pushes: the handle is closing, or its client closed.
     _lac_push_due: bool
     _log: structlog.typing.FilteringBoundLogger
     _add_entries: Any  # `BookieOps.add_entries`, bound (generic in the add type).

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from bkaio.autorecovery import AutorecoveryMetrics, ReplicationError
 from bkaio.autorecovery.cluster import ClusterView, MasterKeys
 from bkaio.autorecovery.replicator import Replicator
+from bkaio.entrylog.reading import entry_ranges
 from bkaio.errors import DataUnknownError
 from bkaio.ledger_client.types import AddCallback, StoredCopy
 from bkaio.meta import LedgerMetadata, Metadata
@@ -67,13 +68,7 @@ class FakeBookiePool(FakeBookieOps):
         if ledger_id in bookie.limbo:
             raise DataUnknownError(f"{bookie_id}: ledger {ledger_id} is in limbo")
         ledger = bookie.ledgers.get(ledger_id)
-        ranges: list[tuple[int, int]] = []
-        for entry_id in sorted(ledger.entries) if ledger is not None else []:
-            if ranges and ranges[-1][1] == entry_id - 1:
-                ranges[-1] = (ranges[-1][0], entry_id)
-            else:
-                ranges.append((entry_id, entry_id))
-        return ranges
+        return entry_ranges(sorted(ledger.entries) if ledger is not None else [])
 
 
 class FakeMasterKeysEveryBookieGives(MasterKeys):

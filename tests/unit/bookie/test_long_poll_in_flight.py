@@ -58,6 +58,16 @@ async def shard_with_held_sync(
             gate.release()
 
 
+async def entry_0_journaling_at_lac_0(
+    storage: ShardStorage, gate: FakeGatedSync
+) -> asyncio.Task[None]:
+    """Entry 0 added with its sync held, and LAC 0 (the ack quorum has it): the add's task."""
+    adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
+    assert await asyncio.to_thread(gate.entered.wait, 30)  # Entry 0's sync is held.
+    await storage.write_lac(LEDGER, KEY, 0)
+    return adding
+
+
 def poll(previous_lac: int, timeout_ms: int = 10_000) -> ReadEntriesRequest:
     return ReadEntriesRequest(
         1, LEDGER, previous_lac + 1, I64_MAX, 1, 100, 1 << 20, Flag.LONG_POLL, previous_lac,
@@ -78,9 +88,7 @@ async def test_a_poll_answers_with_an_entry_once_this_bookie_journaled_it(
     # The longest wait allowed: nothing but the released sync may end it in this test.
     options = "long_poll_in_flight_wait_seconds = 1.0\n"
     async with shard_with_held_sync(tmp_path, options) as (server, storage, gate):
-        adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
-        assert await asyncio.to_thread(gate.entered.wait, 30)  # Entry 0's sync is held.
-        await storage.write_lac(LEDGER, KEY, 0)  # The ack quorum has it: LAC 0.
+        adding = await entry_0_journaling_at_lac_0(storage, gate)
         answer = asyncio.create_task(read_entries(server, poll(previous_lac=-1)))
         for _ in range(10):
             await asyncio.sleep(0)
@@ -97,9 +105,7 @@ async def test_the_wait_is_bounded_and_then_the_answer_goes_without_the_entry(
 ) -> None:
     options = "long_poll_in_flight_wait_seconds = 0.01\n"
     async with shard_with_held_sync(tmp_path, options) as (server, storage, gate):
-        adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
-        assert await asyncio.to_thread(gate.entered.wait, 30)
-        await storage.write_lac(LEDGER, KEY, 0)
+        adding = await entry_0_journaling_at_lac_0(storage, gate)
         answer = await read_entries(server, poll(previous_lac=-1))
         assert entry_ids(answer) == [] and isinstance(answer, ReadEntriesResponse)
         assert answer.lac == 0 and answer.next_entry_id == 1  # The reader reads it elsewhere.
