@@ -7,7 +7,9 @@ is framed around those buffers without copying them (`FrameEncoder.add_read_entr
 count and byte limits are the smaller of the request's and the bookie's
 (`server.max_read_range_count` / `max_read_range_bytes`), so one request holds the shard's loop
 and the reader pool for a bounded time. A long poll waits like READ_LAC's (`wait_for_lac`),
-then reads only up to the LAC it answers with.
+then reads only up to the LAC it answers with, including entries of it still being journaled
+here (the LAC says an ack quorum holds them durably; BookKeeper's bookie serves them from its
+write cache): the answer never waits for this bookie's own sync.
 """
 
 from __future__ import annotations
@@ -87,28 +89,6 @@ def notify_lac_early(
         waiters.notify(ledger_id, lac)
 
 
-async def _until_journaled(
-    server: ShardServer, ledger_id: int, first: int, stride: int, last: int, max_count: int
-) -> None:
-    """Wait (at most `server.long_poll_in_flight_wait_seconds`) for the entries this poll
-    answers with that this shard is still journaling.
-
-    The LAC says an ack quorum has them; when this bookie was the slowest of the write quorum,
-    some may still be in its journal's next group. Answering without them would cost the
-    reader a second round trip (a range read) about as long as that group's sync, which was
-    the slowest part of a tail's deliveries; waiting for the group brings them in this answer.
-    A journal that stalls only delays this answer by the bound, then it goes with what is there.
-    """
-    wait = server.limits.long_poll_in_flight_wait_seconds
-    if wait <= 0:
-        return
-    in_flight = server.storage.adds_in_flight(
-        ledger_id, range(first, min(last, first + (max_count - 1) * stride) + 1, stride)
-    )
-    if in_flight:
-        await asyncio.wait(in_flight, timeout=wait)  # wait(): never cancels the adds.
-
-
 def _lac_of(server: ShardServer, ledger_id: int) -> int:
     try:
         return server.storage.last_add_confirmed(ledger_id)
@@ -131,6 +111,9 @@ async def read_entries(
         server.metrics.limit_hit("max_read_range_bytes")
     first = request.first_entry_id
     last = request.last_entry_id
+    # A long poll's LAC covers entries this bookie may still be journaling (it was the
+    # slowest of the write quorum): they come from memory, as an ack quorum holds them.
+    journaling_up_to = -1
     if request.long_poll:
         lac = await wait_for_lac(server, ledger_id, request.previous_lac, request.timeout_ms, owner)
         last = min(last, lac)
@@ -138,10 +121,11 @@ async def read_entries(
             # Nothing confirmed past the poll's start, no entries wanted (a poll for the LAC
             # alone), or no such ledger yet: the LAC alone.
             return ReadEntriesResponse(request.request_id, Status.OK, ledger_id, lac, first, ())
-        await _until_journaled(server, ledger_id, first, request.stride, last, max_count)
+        journaling_up_to = lac
     run = await server.storage.read_records(
-        ledger_id, first, last, request.stride, max_count, max_bytes
-    )
+        ledger_id, first, last, request.stride, max_count, max_bytes,
+        journaling_up_to=journaling_up_to,
+    )  # fmt: skip
     server.metrics.read_entry_bytes.inc(run.payload_bytes)
     if not request.long_poll:
         lac = _lac_of(server, ledger_id)  # As of the answer (a long poll's: the one it waited for).

@@ -59,9 +59,6 @@ class ServerConfig:
     idle_timeout_seconds: float = 600.0  # A connection with nothing in flight is closed after this.
     max_long_poll_waiters: int = 10_000  # Per shard; more long polls get TOO_MANY_REQUESTS.
     max_long_poll_waiters_per_connection: int = 1000  # ... and per connection, likewise.
-    # A long poll answering with entries this shard is still journaling (it was the slowest of
-    # the write quorum) waits at most this long for them, rather than answer without them.
-    long_poll_in_flight_wait_seconds: float = 0.005
     max_read_range_count: int = 10_000  # READ_RANGE answers at most this many entries.
     max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
     drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.
@@ -107,11 +104,6 @@ class ServerConfig:
         for name in positive_floats:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
-        if not 0 <= self.long_poll_in_flight_wait_seconds <= 1.0:
-            raise ConfigError(
-                "server.long_poll_in_flight_wait_seconds="
-                f"{self.long_poll_in_flight_wait_seconds} must be in [0, 1] (0 = never wait)"
-            )
         if not 0 <= self.auth_failure_delay_seconds <= self.auth_failure_max_delay_seconds:
             raise ConfigError(
                 f"server.auth_failure_delay_seconds={self.auth_failure_delay_seconds} must be in "

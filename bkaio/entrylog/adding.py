@@ -98,20 +98,6 @@ class StorageAdds(StorageState):
                         return
         self._add_later(batch, on_durable)
 
-    def adds_in_flight(self, ledger_id: int, entry_ids: range) -> list[asyncio.Future[JournalMark]]:
-        """The journal futures (one per group) of the ledger's adds `entry_ids` that are
-        journaled but not durable yet: once they resolve, those entries are readable. The
-        caller bounds the range (each id is looked up)."""
-        pending = self._pending
-        futures: list[asyncio.Future[JournalMark]] = []
-        if not pending:
-            return futures
-        for entry_id in entry_ids:
-            found = pending.get((ledger_id, entry_id))
-            if found is not None and (not futures or futures[-1] is not found[1]):
-                futures.append(found[1])
-        return futures
-
     def holds_key(self, ledger_id: int) -> bool:
         ledger = self._ledgers.get(ledger_id)
         return ledger is not None and bool(ledger.master_key)

@@ -7,14 +7,12 @@ entry is a range of one, the last one `read_range(ledger, -1, 1, ...)`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from bkaio.entrylog.record_reads import RecordRun
 from bkaio.entrylog.types import AddBatch, DiskUsage, LedgerState, StoredEntry
 from bkaio.errors import BKError
-from bkaio.wal.records import JournalMark
 
 __all__ = ["AddsDone", "LedgerStorage"]
 
@@ -64,14 +62,13 @@ class LedgerStorage(Protocol):
         stride: int,
         max_count: int,
         max_bytes: int,
+        *,
+        journaling_up_to: int = -1,
     ) -> RecordRun:
         """Entries first, first + stride, ... <= last stored here, as entry records (as on
         disk): at most `max_count` and, but for the first, `max_bytes` of payload; the run says
-        where it stopped looking. NoSuchLedgerError for a ledger not here."""
-        ...
-
-    def adds_in_flight(self, ledger_id: int, entry_ids: range) -> list[asyncio.Future[JournalMark]]:
-        """Futures of the adds `entry_ids` being journaled (readable once they resolve)."""
+        where it stopped looking. Entries <= `journaling_up_to` still being journaled here come
+        too (a long poll's LAC covers them). NoSuchLedgerError for a ledger not here."""
         ...
 
     def ledger_state(self, ledger_id: int) -> LedgerState | None: ...

@@ -128,18 +128,52 @@ class StorageReads(StorageState):
         stride: int,
         max_count: int,
         max_bytes: int,
+        *,
+        journaling_up_to: int = -1,
     ) -> RecordRun:
         """The entries first, first + stride, ... <= last stored here, as entry records read
         from disk as they are (record_reads.py); at most `max_count` and, but for the first,
-        `max_bytes` of payload. NoSuchLedgerError for a ledger not here."""
+        `max_bytes` of payload. NoSuchLedgerError for a ledger not here.
+
+        Entries up to `journaling_up_to` that were added here and are still being journaled
+        come too, from memory: a long poll passes the LAC it answers with, which says an ack
+        quorum holds them durably (BookKeeper's bookie serves them from its write cache,
+        which it fills before the journal syncs). Otherwise only entries durable here."""
         self._check_open()
         self._ledger(ledger_id)
         disk = self.config.disk_of(ledger_id)
+        cached = [
+            found
+            for cache in (self._active, self._flushing)
+            if (found := cache.entries_of(ledger_id))
+        ]
+        last_journaling = min(last_entry_id, journaling_up_to)
+        if last_journaling >= first_entry_id and self._pending:
+            # At most max_count lookups: the entries past them would not fit the answer.
+            last_journaling = min(last_journaling, first_entry_id + (max_count - 1) * stride)
+            journaling = self.journaling_entries(
+                ledger_id, range(first_entry_id, last_journaling + 1, stride)
+            )
+            if journaling:
+                cached.append(journaling)
         return await read_records(
             self._loop, self._reader_pool, self._indexes[disk], self._logs[disk],
-            (self._active, self._flushing), ledger_id, first_entry_id, last_entry_id, stride,
-            max_count, max_bytes,
+            cached, ledger_id, first_entry_id, last_entry_id, stride, max_count, max_bytes,
         )  # fmt: skip
+
+    def journaling_entries(self, ledger_id: int, entry_ids: range) -> dict[int, StoredEntry]:
+        """The ledger's entries among `entry_ids` that were added here and are still being
+        journaled (not durable here yet), by id. The caller bounds the range (each id is
+        looked up)."""
+        pending = self._pending
+        found: dict[int, StoredEntry] = {}
+        if not pending:
+            return found
+        for entry_id in entry_ids:
+            journaling = pending.get((ledger_id, entry_id))
+            if journaling is not None:
+                found[entry_id] = journaling[0]
+        return found
 
     async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
         """The entries of the ledger stored here, as ascending inclusive ranges."""

@@ -5,15 +5,15 @@ The entries wanted are first, first + stride, ... <= last. Those in the entry lo
 with one index walk (`LedgerIndex.scan`) and read with one `pread` per run of records
 (`EntryLogDirectory.read_records`), both on the reader pool, and sent as read: the answer's
 records are the entry logs' own bytes. Those still in the write caches (not yet flushed) are
-packed from the cached entries. The caches are taken before the index walk: an entry a flush
-moves from a cache to the index meanwhile is still in the cache object taken (caches are
-swapped, never emptied), so no entry present when the read started is missed.
+packed from the cached entries, as are those a long poll may take while they are still being
+journaled. The caches are taken before the index walk: an entry a flush moves from a cache to
+the index meanwhile is still in the cache object taken (caches are swapped, never emptied), so
+no entry present when the read started is missed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -21,7 +21,6 @@ from bkaio.entry_records import RECORD_HEAD_BYTES, pack_record
 from bkaio.entrylog.entry_log import EntryLogDirectory
 from bkaio.entrylog.index import IndexScan, LedgerIndex
 from bkaio.entrylog.types import StoredEntry
-from bkaio.entrylog.write_cache import WriteCache
 from bkaio.errors import BookieIOError
 
 # A read whose entry logs keep vanishing under compaction gives up after this many tries.
@@ -58,7 +57,7 @@ async def read_records(
     pool: Executor,
     index: LedgerIndex,
     logs: EntryLogDirectory,
-    caches: Sequence[WriteCache],
+    cached: list[dict[int, StoredEntry]],
     ledger_id: int,
     first_entry_id: int,
     last_entry_id: int,
@@ -67,9 +66,10 @@ async def read_records(
     max_bytes: int,
 ) -> RecordRun:
     """The wanted entries stored here (see the module docstring): at most `max_count`, and
-    past the first at most `max_bytes` of payload. Runs on the event loop (the caches are the
-    loop's); the disk work goes to `pool`."""
-    cached = [found for cache in caches if (found := cache.entries_of(ledger_id))]
+    past the first at most `max_bytes` of payload. `cached`: the ledger's entries by id in
+    each write cache (`WriteCache.entries_of`) and any held in memory otherwise (entries being
+    journaled, for a long poll). Runs on the event loop (the caches are the loop's); the disk
+    work goes to `pool`."""
     if cached:
         recent = _from_cache_alone(
             cached, first_entry_id, last_entry_id, stride, max_count, max_bytes

@@ -3,8 +3,11 @@
 A *piece* is a run of consecutive entries inside one segment, read as a unit and returned in
 entry order. It is read as *streams*, each one range request (READ_ENTRIES) to one bookie at a
 time:
-- ensemble == write quorum (every bookie holds every entry): one stream, the whole piece;
-  consecutive pieces start at different bookies, so a sequential read uses the whole ensemble;
+- ensemble == write quorum (every bookie holds every entry): one stream, the whole piece,
+  asked first of the reader's *sticky* bookie (`ClientConfig.sticky_reads`: one bookie per
+  ledger, so the others keep their CPU and disk for the writer's ack quorum and a bookie's
+  read-ahead serves the next request), else of a different bookie for each consecutive piece
+  (a sequential read uses the whole ensemble);
 - ensemble > write quorum (striped: entry e is on ensemble indexes (e + k) % E, k < Qw): E
   streams, stream j being the piece's entries first + j, first + j + E, ... (a stride-E
   request), asked of the first bookie of their write set. The streams' answers are merged.
@@ -77,9 +80,12 @@ def plan_pieces(
     first_entry_id: int,
     last_entry_id: int,
     entries_per_request: int,
+    sticky: int | None = None,
 ) -> Iterator[Piece]:
     """The pieces of first..last in entry order: each within one segment, of at most
-    `entries_per_request` entries per stream."""
+    `entries_per_request` entries per stream. A segment whose every bookie holds every entry
+    asks ensemble index `sticky` % E first for each of its pieces, or (`sticky` None) the
+    next index for each consecutive piece."""
     turn = 0
     for index, (segment_start, bookies) in enumerate(ensembles):
         segment_end = ensembles[index + 1][0] - 1 if index + 1 < len(ensembles) else last_entry_id
@@ -89,7 +95,7 @@ def plan_pieces(
         per_piece = entries_per_request * (1 if size == write_quorum else size)
         while first <= last:
             end = min(last, first + per_piece - 1)
-            yield Piece(first, end, bookies, turn % size)
+            yield Piece(first, end, bookies, (turn if sticky is None else sticky) % size)
             turn += 1
             first = end + 1
 

@@ -56,6 +56,8 @@ class ReadHandle:
         )
         self._ranges = RangeReader(context, metadata.ledger_id, metadata.write_quorum, self._reader)
         self._poller = TailPoller(context, metadata.ledger_id, metadata.write_quorum)
+        # The ensemble index an E = Qw segment's range reads ask first (`sticky_reads`).
+        self._sticky = metadata.ledger_id if context.config.sticky_reads else None
         # Entries a tail poll brought beyond what `wait_for_entries` returned (contiguous).
         self._tail: deque[Entry] = deque()
         self._lac = metadata.last_entry_id if metadata.is_closed else -1
@@ -230,6 +232,7 @@ class ReadHandle:
             first_entry_id,
             last_entry_id,
             batch_entries or config.read_batch_entries,
+            self._sticky,
         )
         batches = read_ahead(pieces, md.write_quorum, config, self._request_bytes, self._read_piece)
         try:
@@ -286,6 +289,7 @@ class ReadHandle:
                     piece.first_entry_id,
                     piece.last_entry_id,
                     piece.entry_count,
+                    self._sticky,
                 )
             )
             if [p.bookies for p in again] == [piece.bookies]:
@@ -298,7 +302,8 @@ class ReadHandle:
     async def _read_one(self, entry_id: int) -> Entry:
         _, bookies = segment_for_entry(self._md.ensembles, entry_id)
         (entry,) = await self._read_piece(
-            Piece(entry_id, entry_id, bookies, 0), self._request_bytes(1)
+            Piece(entry_id, entry_id, bookies, (self._sticky or 0) % len(bookies)),
+            self._request_bytes(1),
         )
         return entry
 

@@ -232,6 +232,12 @@ class ClientConfig:
     # range requests in flight, and payload bytes asked for or fetched and not yet consumed.
     read_ahead_requests: int = 16
     read_ahead_bytes: int = 32 * 1024 * 1024
+    # A ledger whose every bookie holds every entry (E = Qw) is read from one bookie of each
+    # segment, chosen by the ledger id (failing over per request as always), rather than from
+    # each in turn: a catch-up read then loads one bookie, and the writer's ack quorum (Qa < Qw)
+    # is formed by the others; a bookie's read-ahead serves its next request. BookKeeper's
+    # stickyReadsEnabled, on by default as in Pulsar. False: a sequential read rotates.
+    sticky_reads: bool = True
     # Entries read one by one at a time by a range read: those a bookie's range answer lacked
     # (or had corrupt), and all of them from bookies without range reads.
     read_window: int = 64

@@ -1,7 +1,8 @@
 """A tail's long poll and the entries its bookie is still journaling: the LAC (from the other
-bookies of the ack quorum) may pass an entry this bookie has not synced yet; the poll waits for
-it (bounded by `server.long_poll_in_flight_wait_seconds`) and answers with it, instead of
-answering without it and costing the reader a second round trip."""
+bookies of the ack quorum) may pass an entry this bookie has not synced yet; the poll answers
+with it at once, from memory (the ack quorum holds it durably), neither waiting for this
+bookie's sync nor costing the reader a second round trip. Reads that are not long polls
+still see only what is durable here."""
 
 from __future__ import annotations
 
@@ -11,14 +12,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pytest
-
 from bkaio.bookie.read_entries import read_entries
 from bkaio.bookie.server import ShardServer
-from bkaio.config import build_bookie_config
 from bkaio.entrylog.shard_storage import ShardStorage
 from bkaio.entrylog.types import StoredEntry
-from bkaio.errors import ConfigError
 from bkaio.journal import Journal, JournalConfig
 from bkaio.protocol import I64_MAX, Flag, ReadEntriesRequest, ReadEntriesResponse, Status
 from bkaio.protocol.digest import entry_digest
@@ -82,41 +79,61 @@ def entry_ids(answer: object) -> list[int]:
     return scan.entry_ids
 
 
-async def test_a_poll_answers_with_an_entry_once_this_bookie_journaled_it(
+def plain_read(first: int, last: int) -> ReadEntriesRequest:
+    return ReadEntriesRequest(2, LEDGER, first, last, 1, 100, 1 << 20, Flag.NONE, -1, 0)
+
+
+async def test_a_poll_answers_with_an_entry_this_bookie_is_still_journaling(
     tmp_path: Path,
 ) -> None:
-    # The longest wait allowed: nothing but the released sync may end it in this test.
-    options = "long_poll_in_flight_wait_seconds = 1.0\n"
-    async with shard_with_held_sync(tmp_path, options) as (server, storage, gate):
+    async with shard_with_held_sync(tmp_path) as (server, storage, gate):
         adding = await entry_0_journaling_at_lac_0(storage, gate)
+        answered = await read_entries(server, poll(previous_lac=-1))
+        assert entry_ids(answered) == [0]  # Its sync still held.
+        assert isinstance(answered, ReadEntriesResponse) and answered.lac == 0
+        assert answered.next_entry_id == 1
+        assert not adding.done()
+        gate.release()
+        await adding
+
+
+async def test_a_poll_waiting_for_the_lac_answers_with_the_entry_it_covers(
+    tmp_path: Path,
+) -> None:
+    async with shard_with_held_sync(tmp_path) as (server, storage, gate):
+        adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
+        assert await asyncio.to_thread(gate.entered.wait, 30)
         answer = asyncio.create_task(read_entries(server, poll(previous_lac=-1)))
         for _ in range(10):
             await asyncio.sleep(0)
-        assert not answer.done()  # Waiting for entry 0, not answering without it.
+        assert not answer.done()  # No LAC covers entry 0 yet.
+        await storage.write_lac(LEDGER, KEY, 0)
+        server.lac_waiters.notify(LEDGER, 0)  # What the WRITE_LAC handler does.
+        assert entry_ids(await answer) == [0]
         gate.release()
         await adding
-        answered = await answer
-        assert entry_ids(answered) == [0]
-        assert isinstance(answered, ReadEntriesResponse) and answered.lac == 0
 
 
-async def test_the_wait_is_bounded_and_then_the_answer_goes_without_the_entry(
+async def test_reads_other_than_long_polls_see_only_what_is_durable_here(
     tmp_path: Path,
 ) -> None:
-    options = "long_poll_in_flight_wait_seconds = 0.01\n"
-    async with shard_with_held_sync(tmp_path, options) as (server, storage, gate):
+    async with shard_with_held_sync(tmp_path) as (server, storage, gate):
         adding = await entry_0_journaling_at_lac_0(storage, gate)
-        answer = await read_entries(server, poll(previous_lac=-1))
-        assert entry_ids(answer) == [] and isinstance(answer, ReadEntriesResponse)
-        assert answer.lac == 0 and answer.next_entry_id == 1  # The reader reads it elsewhere.
+        answer = await read_entries(server, plain_read(0, 0))
+        assert entry_ids(answer) == []  # Not durable here yet (a recovery may ask).
+        run = await storage.read_records(LEDGER, 0, 0, 1, 10, 1 << 20)
+        assert run.count == 0
+        run = await storage.read_records(LEDGER, 0, 0, 1, 10, 1 << 20, journaling_up_to=0)
+        assert run.count == 1
         gate.release()
         await adding
+        assert entry_ids(await read_entries(server, plain_read(0, 0))) == [0]
 
 
-@pytest.mark.parametrize("seconds", [-0.1, 1.5])
-def test_a_wait_out_of_range_is_refused(seconds: float) -> None:
-    with pytest.raises(ConfigError, match="long_poll_in_flight_wait_seconds"):
-        build_bookie_config(
-            {"bookie": {"shards": 1}, "server": {"long_poll_in_flight_wait_seconds": seconds}},
-            env={},
-        )
+async def test_entries_past_the_lac_are_not_taken_from_the_journal(tmp_path: Path) -> None:
+    async with shard_with_held_sync(tmp_path) as (_server, storage, gate):
+        adding = await entry_0_journaling_at_lac_0(storage, gate)
+        run = await storage.read_records(LEDGER, 0, 5, 1, 10, 1 << 20, journaling_up_to=-1)
+        assert run.count == 0
+        gate.release()
+        await adding

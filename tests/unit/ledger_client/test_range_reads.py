@@ -33,8 +33,8 @@ def payloads(count: int, first: int = 0) -> list[bytes]:
     return [payload(i) for i in range(first, first + count)]
 
 
-async def test_a_long_read_is_a_few_range_requests_spread_over_the_ensemble() -> None:
-    cluster = fake_cluster(3, read_batch_entries=50)
+async def test_unsticky_long_read_is_a_few_requests_spread_over_the_ensemble() -> None:
+    cluster = fake_cluster(3, read_batch_entries=50, sticky_reads=False)
     ledger_id = await closed_ledger(cluster, 120)
     rh = await cluster.client.open_ledger(ledger_id)
     entries = await rh.read(0, 119)
@@ -45,6 +45,34 @@ async def test_a_long_read_is_a_few_range_requests_spread_over_the_ensemble() ->
     assert [(first, got) for _b, first, got in asked] == [(0, 50), (50, 50), (100, 20)]
     assert len({bookie for bookie, _f, _g in asked}) == 3  # One piece per bookie.
     assert cluster.ops.entry_reads == 0
+
+
+async def test_sticky_reads_ask_one_bookie_chosen_by_the_ledger_id() -> None:
+    cluster = fake_cluster(3, read_batch_entries=50)
+    ledger_ids = [await closed_ledger(cluster, 120) for _ in range(3)]
+    chosen = []
+    for ledger_id in ledger_ids:
+        cluster.ops.range_reads.clear()
+        rh = await cluster.client.open_ledger(ledger_id)
+        assert [e.payload for e in await rh.read(0, 119)] == payloads(120)
+        assert [e.payload async for e in rh.read_iter(0, 119)] == payloads(120)
+        assert [e.payload for e in await rh.read(7, 7)] == payloads(1, first=7)
+        sticky = rh.metadata.ensembles[0][1][ledger_id % 3]
+        assert {bookie for bookie, _f, _g in cluster.ops.range_reads} == {sticky}
+        chosen.append(ledger_id % 3)
+    assert len(set(chosen)) == 3  # Consecutive ledgers load different bookies.
+
+
+async def test_the_sticky_bookie_down_costs_no_entry() -> None:
+    cluster = fake_cluster(3, read_batch_entries=10)
+    ledger_id = await closed_ledger(cluster, 100)
+    rh = await cluster.client.open_ledger(ledger_id)
+    bookies = rh.metadata.ensembles[0][1]
+    cluster.ops.down.add(bookies[ledger_id % 3])
+    assert [e.payload for e in await rh.read(0, 99)] == payloads(100)
+    assert [e.payload for e in await rh.read(42, 42)] == payloads(1, first=42)
+    assert cluster.ops.entry_reads == 0  # Each request went on to the next bookie.
+    assert {bookie for bookie, _f, _g in cluster.ops.range_reads} == {bookies[(ledger_id + 1) % 3]}
 
 
 @pytest.mark.parametrize(("ensemble", "qw"), SHAPES)
@@ -92,8 +120,8 @@ async def test_a_corrupt_copy_is_read_from_another_replica(ensemble: int, qw: in
     ledger_id = await closed_ledger(cluster, 40, ensemble, qw)
     rh = await cluster.client.open_ledger(ledger_id)
     bookies = rh.metadata.ensembles[0][1]
-    # The bookie asked for entry 5: the first piece's (E = Qw), else the first of its write set.
-    primary = bookies[0 if ensemble == qw else 5 % ensemble]
+    # The bookie asked for entry 5: the sticky one (E = Qw), else the first of its write set.
+    primary = bookies[ledger_id % ensemble if ensemble == qw else 5 % ensemble]
     cluster.bookie(primary).corrupt(ledger_id, 5)
     assert [e.payload for e in await rh.read(0, 39)] == payloads(40)
     assert cluster.ops.entry_reads == 1  # Entry 5 alone, from another replica.
@@ -103,7 +131,7 @@ async def test_a_bookie_missing_entries_has_only_those_read_elsewhere() -> None:
     cluster = fake_cluster(3, read_batch_entries=100)
     ledger_id = await closed_ledger(cluster, 30)
     rh = await cluster.client.open_ledger(ledger_id)
-    first_bookie = rh.metadata.ensembles[0][1][0]  # The first piece is asked of it.
+    first_bookie = rh.metadata.ensembles[0][1][ledger_id % 3]  # The sticky bookie.
     del cluster.bookie(first_bookie).ledgers[ledger_id].entries[10]  # Qa=2: it may lag.
     assert [e.payload for e in await rh.read(0, 29)] == payloads(30)
     assert cluster.ops.range_reads == [(first_bookie, 0, 29)]
