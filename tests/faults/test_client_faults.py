@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from bkaio.errors import NoSuchEntryError, NotEnoughBookiesError
 from bkaio.ledger_client import BookKeeper
@@ -160,7 +161,8 @@ async def test_a_corrupt_copy_on_disk_is_skipped_for_another_copy(
         lh = await bk.create_ledger(3, 3, 2, password=b"pw")
         await lh.append(marker)
         await lh.close()
-        first = cluster.bookie_ids.index(lh.metadata.ensembles[0][1][0])  # Read first.
+        # Read first: the sticky bookie (ClientConfig.sticky_reads), ledger id % E.
+        first = cluster.bookie_ids.index(lh.metadata.ensembles[0][1][lh.ledger_id % 3])
         await asyncio.sleep(0.5)  # Past a flush: the entry is in an entry-log file.
         await cluster.stop(first)
         flipped = 0
@@ -175,4 +177,7 @@ async def test_a_corrupt_copy_on_disk_is_skipped_for_another_copy(
         await cluster.start(first)
         await cluster.wait_until_registered(first)
         rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
-        assert (await rh.read(0, 0))[0].payload == marker
+        with capture_logs() as logs:
+            assert (await rh.read(0, 0))[0].payload == marker
+    # The corrupt copy was met (and skipped), not merely left unread.
+    assert [e["corrupt"] for e in logs if e["event"] == "range_read_bad_records"] == [[0]]

@@ -89,7 +89,9 @@ async def test_a_stopped_bookie_is_raced_by_speculative_reads(
     ) as bk:
         rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
         await rh.read(0, COUNT - 1)  # Every connection is up before the bookie stops.
-        slow = cluster.bookie_ids.index(rh.metadata.ensembles[0][1][0])
+        # The bookie asked first: the sticky one (E = Qw: ledger id % E), else entry 0's.
+        first = ledger_id % shape[0] if shape[0] == shape[1] else 0
+        slow = cluster.bookie_ids.index(rh.metadata.ensembles[0][1][first])
         cluster.sigstop(slow)
         try:
             # Without speculation every request to the stopped bookie would wait 120 s.
@@ -107,9 +109,11 @@ async def test_a_copy_corrupt_on_disk_is_read_from_another_replica(
     ledger_id, payloads = await write_ledger(cluster, shape)
     async with BookKeeper.connect(cluster.metadata_uri) as bk:
         md = await bk.get_ledger_metadata(ledger_id)
-    # The bookie asked for entry 7 first: the first piece's (E = Qw), else its write set's.
+    # The bookie asked for entry 7 first: the sticky one (E = Qw: ledger id % E), else the
+    # first of its write set.
     ensemble = md.ensembles[0][1]
-    index = cluster.bookie_ids.index(ensemble[0 if shape[0] == shape[1] else 7 % shape[0]])
+    first = ledger_id % shape[0] if shape[0] == shape[1] else 7 % shape[0]
+    index = cluster.bookie_ids.index(ensemble[first])
     await cluster.stop(index)  # Flushes: entry 7 is in an entry log, not in a cache.
     corrupt_on_disk(cluster.bookies[index].directory, payloads[7])
     await cluster.start(index)
