@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bkaio.errors import BKError, ConfigError
 
-__all__ = ["DataLossError", "SparkOptionError"]
+__all__ = ["DataLossError", "SparkJobAbortedError", "SparkOptionError"]
 
 
 class SparkOptionError(ConfigError):
@@ -17,3 +17,7 @@ class SparkOptionError(ConfigError):
 class DataLossError(BKError):
     """Data a query asked for is gone (truncated stream, deleted ledger) and failOnDataLoss is
     true; set failOnDataLoss=false to skip what is missing instead."""
+
+
+class SparkJobAbortedError(BKError):
+    """A sink task's job was aborted before the task wrote anything: its ledger is deleted."""

@@ -4,9 +4,12 @@ Each Spark task appends its rows to a ledger of its own (created lazily, so an e
 creates none), closes (seals) it and reports `(ledger_id, last_entry_id, bytes)`. Until the
 driver publishes them, those ledgers are invisible: no stream record names them. A task that
 fails deletes its own ledger before re-raising; `abort` deletes whatever the successful tasks
-reported; a task killed outright leaves an unnamed ledger behind, tagged with
-`bkaio.spark.job` in its custom metadata so an operator (or GC) can find it. Readers never see
-any of it.
+reported, and every ledger the job registry names. A task still running when its job is
+aborted (Spark cancels it, and may start it late) can register its ledger after the abort read
+the registry: so the abort first leaves a tombstone, and a task that finds it right after
+registering deletes its ledger and fails. A task killed outright between creating its ledger and
+that check leaves an unnamed ledger behind, tagged with `bkaio.spark.job` in its custom metadata
+so an operator (or GC) can find it. Readers never see any of it.
 
 `publish` appends the sealed ledgers as closed segments at the end of the stream in one
 compare-and-swap of the stream record, in task order. Like `open_writer`, it first recovers
@@ -36,6 +39,7 @@ import structlog
 from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.spark.errors import SparkJobAbortedError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
@@ -47,6 +51,10 @@ log = structlog.get_logger(__name__)
 SINKS_PREFIX = "/spark/sinks/"
 JOBS_PREFIX = "/spark/jobs/"  # /spark/jobs/<job id>/<ledger id>: ledgers a job's tasks created.
 JOB_METADATA_KEY = "bkaio.spark.job"
+# /spark/aborted/<job id>: the job was aborted. Bound to a lease that nobody keeps alive, so it
+# expires on its own once the job's cancelled tasks are long gone.
+ABORTED_PREFIX = "/spark/aborted/"
+ABORTED_TOMBSTONE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +122,12 @@ class TaskLedgerWriter:
             # Named before any entry goes in, so the driver finds the ledger even when this
             # task is killed before it can report or delete it.
             await register_task_ledger(self._bk, self._job_id, self._handle.ledger_id)
+            if await job_aborted(self._bk, self._job_id):
+                # The abort may have read the registry before this ledger was named in it.
+                await self.discard()
+                raise SparkJobAbortedError(
+                    f"bkaio write to {self._options.full_name}: job {self._job_id} was aborted"
+                )
         handle = self._handle
         await asyncio.gather(*(handle.append(p) for p in payloads))
 
@@ -143,6 +157,18 @@ def job_key(job_id: str, ledger_id: int) -> str:
 
 async def register_task_ledger(bk: BookKeeper, job_id: str, ledger_id: int) -> None:
     await metadata_of(bk).store.put(job_key(job_id, ledger_id), b"")
+
+
+async def mark_aborted(bk: BookKeeper, job_id: str) -> None:
+    """The abort's first step: from now on a task of the job that registers a ledger finds
+    this and deletes the ledger itself (`TaskLedgerWriter.append`)."""
+    store = metadata_of(bk).store
+    lease = await store.grant_lease(ABORTED_TOMBSTONE_SECONDS)
+    await store.put(f"{ABORTED_PREFIX}{job_id}", b"", lease=lease)
+
+
+async def job_aborted(bk: BookKeeper, job_id: str) -> bool:
+    return await metadata_of(bk).store.get(f"{ABORTED_PREFIX}{job_id}") is not None
 
 
 async def job_ledgers(bk: BookKeeper, job_id: str) -> list[int]:
