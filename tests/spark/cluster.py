@@ -116,3 +116,17 @@ def tagged_ledgers(cluster: Cluster) -> set[int]:
         return found
 
     return cluster.run(find())
+
+
+def job_tags(cluster: Cluster, ledger_ids: set[int]) -> dict[int, str]:
+    """The sink job that created each of `ledger_ids` (what a failing test reports)."""
+
+    async def find() -> dict[int, str]:
+        bk = await cluster.client()
+        tags: dict[int, str] = {}
+        for ledger_id in sorted(ledger_ids):
+            md = await bk.get_ledger_metadata(ledger_id)
+            tags[ledger_id] = md.custom_metadata.get(JOB_METADATA_KEY, b"?").decode()
+        return tags
+
+    return cluster.run(find())

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.spark.cluster import Cluster, stream_segments, tagged_ledgers, write_stream
+from tests.spark.cluster import (
+    Cluster,
+    job_tags,
+    stream_segments,
+    tagged_ledgers,
+    write_stream,
+)
 from tests.spark.queries import append_frame, batch_frame
 
 if TYPE_CHECKING:
@@ -82,8 +88,10 @@ def test_a_task_failing_mid_write_leaves_no_partial_records(
     # And nothing is left behind: abort deleted every ledger the job's tasks created (a task
     # cancelled after the abort deletes its own on the way out, hence the short wait).
     deadline = time.monotonic() + 15
-    while tagged_ledgers(bk_cluster) - set(_published_elsewhere(bk_cluster)):
-        assert time.monotonic() < deadline, "orphan sink ledgers remain"
+    while orphans := tagged_ledgers(bk_cluster) - set(_published_elsewhere(bk_cluster)):
+        assert time.monotonic() < deadline, (
+            f"orphan sink ledgers remain (ledger -> job): {job_tags(bk_cluster, orphans)}"
+        )
         time.sleep(0.2)
 
 
