@@ -17,6 +17,8 @@
 - catchup: `--catchup-entries` (1 000 000) entries written, then the writer goes on open-loop
   at `--rate` for `--catchup-seconds` (10) while a reader in another process reads the million
   from the start; append latency (from the intended send time) with and without that reader.
+  Then the same with a reader paced at `--catchup-pace` (50 000) entries a second
+  (`read_ahead_entries_per_second`), reading what that pace covers in `--catchup-seconds`.
 Bookies are real processes (sqlite metadata, tmp dirs, fsync on), started with the test
 fixture's `BookieCluster`. Prints one JSON line per measurement, then a table. Timings belong
 here, never in tests.
@@ -200,7 +202,7 @@ async def tail_reader(metadata: str, ledger_id: int, total: int) -> None:
     sys.stdout.write(json.dumps(delivered))
 
 
-async def catchup(base: Path, entries: int, rate: float, seconds: float) -> None:
+async def catchup(base: Path, entries: int, rate: float, seconds: float, pace: float) -> None:
     directory = base / "catchup"
     directory.mkdir()
     cluster = BookieCluster(f"sqlite://{directory / 'meta.db'}", directory, count=3)
@@ -219,8 +221,21 @@ async def catchup(base: Path, entries: int, rate: float, seconds: float) -> None
         during = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
         result = json.loads(await reader.stdout.read())
         await reader.wait()
+        paced_entries = min(entries, round(pace * seconds))
+        reader = await child(
+            "catchup-reader", cluster.metadata_uri, str(lh.ledger_id), str(paced_entries), str(pace)
+        )
+        assert reader.stdout is not None
+        assert (await reader.stdout.readline()).strip() == b"ready"
+        paced = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
+        paced_result = json.loads(await reader.stdout.read())
+        await reader.wait()
         await lh.close()
-    assert alone.errors == during.errors == 0, (alone.first_error, during.first_error)
+    assert alone.errors == during.errors == paced.errors == 0, (
+        alone.first_error,
+        during.first_error,
+        paced.first_error,
+    )
     report(
         bench="catchup",
         entries=result["entries"],
@@ -232,11 +247,22 @@ async def catchup(base: Path, entries: int, rate: float, seconds: float) -> None
         append_p99_during_catchup_ms=ms(percentile(sorted(during.latencies), 99)),
         append_p999_during_catchup_ms=ms(percentile(sorted(during.latencies), 99.9)),
     )
+    report(
+        bench="catchup-paced",
+        entries=paced_result["entries"],
+        read_entries_per_second=round(paced_result["entries"] / paced_result["seconds"]),
+        pace_entries_per_second=pace,
+        append_p99_during_paced_catchup_ms=ms(percentile(sorted(paced.latencies), 99)),
+        append_p999_during_paced_catchup_ms=ms(percentile(sorted(paced.latencies), 99.9)),
+    )
 
 
-async def catchup_reader(metadata: str, ledger_id: int, entries: int) -> None:
-    """Child process: read entries 0..entries-1 of the (open) ledger from the start."""
-    async with BookKeeper.connect(metadata, client_id="catchup-reader") as bk:
+async def catchup_reader(metadata: str, ledger_id: int, entries: int, pace: float | None) -> None:
+    """Child process: read entries 0..entries-1 of the (open) ledger from the start (at most
+    `pace` entries a second)."""
+    async with BookKeeper.connect(
+        metadata, client_id="catchup-reader", read_ahead_entries_per_second=pace
+    ) as bk:
         rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
         print("ready", flush=True)
         started = time.perf_counter()
@@ -265,7 +291,11 @@ async def main(arguments: argparse.Namespace) -> None:
             await tail_path(base, arguments.path_entries, arguments.gap_ms / 1000)
         if arguments.bench in ("catchup", "all"):
             await catchup(
-                base, arguments.catchup_entries, arguments.rate, arguments.catchup_seconds
+                base,
+                arguments.catchup_entries,
+                arguments.rate,
+                arguments.catchup_seconds,
+                arguments.catchup_pace,
             )
     table()
 
@@ -277,7 +307,8 @@ if __name__ == "__main__":
         if role == "tail-reader":
             uvloop.run(tail_reader(rest[0], int(rest[1]), int(rest[2])))
         else:
-            uvloop.run(catchup_reader(rest[0], int(rest[1]), int(rest[2])))
+            pace = float(rest[3]) if len(rest) > 3 else None
+            uvloop.run(catchup_reader(rest[0], int(rest[1]), int(rest[2]), pace))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -294,6 +325,9 @@ if __name__ == "__main__":
     parser.add_argument("--gap-ms", type=float, default=5.0, help="tail-path: between appends")
     parser.add_argument(
         "--catchup-seconds", type=float, default=10.0, help="catchup: writing time (the read's)"
+    )
+    parser.add_argument(
+        "--catchup-pace", type=float, default=50_000.0, help="catchup: the paced reader's entries/s"
     )
     uvloop.run(main(parser.parse_args()))
     os._exit(0)

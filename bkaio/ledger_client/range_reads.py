@@ -391,10 +391,16 @@ async def read_ahead(
     the consumer works: at most `read_ahead_requests` range requests and `read_ahead_bytes`
     of payload asked for or fetched and not yet handed out (a piece counts what its requests
     may bring, `request_bytes(entries per request)` each, until it is handed out); always at
-    least one piece. Closing the generator early cancels what is in flight."""
+    least one piece. With `read_ahead_entries_per_second`, a piece is asked for only once the
+    entries asked for before it fit that rate since the start (paced where the bookies' work
+    starts, so it comes evenly spread). Closing the generator early cancels what is in flight."""
     window: deque[tuple[asyncio.Future[list[_T]], int, int]] = deque()
     requests = 0  # Range requests of the pieces in the window.
     reserved = 0  # Payload bytes they may bring.
+    rate = config.read_ahead_entries_per_second
+    clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
+    started = clock()
+    asked = 0  # Entries of the pieces asked for so far (the pace).
     piece = next(pieces, None)
     try:
         while piece is not None or window:
@@ -406,9 +412,14 @@ async def read_ahead(
                     or reserved + max_bytes > config.read_ahead_bytes
                 ):
                     break
+                if rate is not None and (early := started + asked / rate - clock()) > 0:
+                    if window:
+                        break  # Hand out what is in flight; this piece goes when due.
+                    await asyncio.sleep(early)
                 window.append((asyncio.ensure_future(fetch(piece, max_bytes)), streams, max_bytes))
                 requests += streams
                 reserved += max_bytes
+                asked += piece.entry_count
                 piece = next(pieces, None)
             head, streams, max_bytes = window[0]
             batch = await head

@@ -232,6 +232,11 @@ class ClientConfig:
     # range requests in flight, and payload bytes asked for or fetched and not yet consumed.
     read_ahead_requests: int = 16
     read_ahead_bytes: int = 32 * 1024 * 1024
+    # ... and, when set, at most about this many entries asked for a second by each sequential
+    # read (pieces asked for evenly spread): a catch-up reader on a small cluster then leaves
+    # CPU to the writers beside it (Kafka's consumer quotas, BookKeeper's replicationRateByBytes
+    # for the replicator). Applies to the replicator's copying too. None: as fast as answered.
+    read_ahead_entries_per_second: float | None = None
     # A ledger whose every bookie holds every entry (E = Qw) is read from one bookie of each
     # segment, chosen by the ledger id (failing over per request as always), rather than from
     # each in turn: a catch-up read then loads one bookie, and the writer's ack quorum (Qa < Qw)
@@ -281,6 +286,11 @@ class ClientConfig:
             raise ConfigError(f"read_ahead_requests={self.read_ahead_requests} must be >= 1")
         if self.read_ahead_bytes < 1:
             raise ConfigError(f"read_ahead_bytes={self.read_ahead_bytes} must be >= 1")
+        pace = self.read_ahead_entries_per_second
+        if pace is not None and not pace > 0:
+            raise ConfigError(
+                f"read_ahead_entries_per_second={pace!r} must be > 0 or None (no pace)"
+            )
         if not 0 < self.reconnect_backoff_min <= self.reconnect_backoff_max:
             raise ConfigError(
                 f"reconnect_backoff_min={self.reconnect_backoff_min} must be in "

@@ -5,6 +5,7 @@ boundaries, and the read-ahead window's bounds."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -231,6 +232,28 @@ async def test_read_ahead_keeps_a_window_of_requests() -> None:
     await batches.aclose()
 
 
+async def test_a_paced_read_asks_for_its_pieces_no_faster_than_its_rate() -> None:
+    # 100 entries a second, pieces of 10: a piece every 0.1 s at the earliest (a lower bound,
+    # whatever the machine's speed), though the window would take 16 at once.
+    cluster = fake_cluster(3, read_batch_entries=10, read_ahead_entries_per_second=100.0)
+    ledger_id = await closed_ledger(cluster, 40)
+    rh = await cluster.client.open_ledger(ledger_id)
+    loop = asyncio.get_running_loop()
+    asked: list[tuple[float, int]] = []
+    unpaced = cluster.ops.read_entries
+
+    async def timed(bookie_id: str, ledger: int, first: int, *rest: Any, **options: Any) -> Any:
+        asked.append((loop.time(), first))
+        return await unpaced(bookie_id, ledger, first, *rest, **options)
+
+    cluster.ops.read_entries = timed  # type: ignore[method-assign,assignment]
+    assert [e.payload async for e in rh.read_iter(0, 39)] == payloads(40)
+    assert [first for _at, first in asked] == [0, 10, 20, 30]
+    start = asked[0][0]
+    for index, (at, _first) in enumerate(asked):
+        assert at - start >= index * 0.1 - 0.001  # The loop's timers may fire 1 ms early.
+
+
 def test_read_options_are_checked() -> None:
     for name in (
         "read_batch_entries",
@@ -241,3 +264,6 @@ def test_read_options_are_checked() -> None:
     ):
         with pytest.raises(ConfigError, match=name):
             ClientConfig(**{name: 0})  # type: ignore[arg-type]
+    for pace in (0.0, -5.0, float("nan")):
+        with pytest.raises(ConfigError, match="read_ahead_entries_per_second"):
+            ClientConfig(read_ahead_entries_per_second=pace)
