@@ -42,7 +42,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bkaio.bench.loads import run_open
+from bkaio.bench.loads import LoadOutcome, run_open
 from bkaio.bench.stats import percentile
 from bkaio.ledger_client import BookKeeper, LedgerHandle, ReadHandle
 from bkaio.logs import configure_logging
@@ -213,23 +213,24 @@ async def catchup(base: Path, entries: int, rate: float, seconds: float, pace: f
             await asyncio.gather(*(lh.append(PAYLOAD) for _ in range(window)))
         await asyncio.sleep(2.0)  # Flushed: the reader reads entry logs, not the cache.
         alone = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=5.0)
-        reader = await child(
-            "catchup-reader", cluster.metadata_uri, str(lh.ledger_id), str(entries)
-        )
-        assert reader.stdout is not None
-        assert (await reader.stdout.readline()).strip() == b"ready"
-        during = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
-        result = json.loads(await reader.stdout.read())
-        await reader.wait()
+
+        async def appends_beside_reader(*arguments: str) -> tuple[dict[str, Any], LoadOutcome]:
+            """`seconds` of appends while a catch-up reader (`catchup_reader`) runs."""
+            reader = await child(
+                "catchup-reader", cluster.metadata_uri, str(lh.ledger_id), *arguments
+            )
+            assert reader.stdout is not None
+            assert (await reader.stdout.readline()).strip() == b"ready"
+            outcome = await run_open(
+                lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds
+            )
+            result = json.loads(await reader.stdout.read())
+            await reader.wait()
+            return result, outcome
+
+        result, during = await appends_beside_reader(str(entries))
         paced_entries = min(entries, round(pace * seconds))
-        reader = await child(
-            "catchup-reader", cluster.metadata_uri, str(lh.ledger_id), str(paced_entries), str(pace)
-        )
-        assert reader.stdout is not None
-        assert (await reader.stdout.readline()).strip() == b"ready"
-        paced = await run_open(lh.append, PAYLOAD, rate_per_second=rate, duration_seconds=seconds)
-        paced_result = json.loads(await reader.stdout.read())
-        await reader.wait()
+        paced_result, paced = await appends_beside_reader(str(paced_entries), str(pace))
         await lh.close()
     assert alone.errors == during.errors == paced.errors == 0, (
         alone.first_error,

@@ -95,7 +95,7 @@ class ExplicitLac(HandleState):
 
     async def stop_explicit_lac(self) -> None:
         """No more WRITE_LACs from this handle, and none still running when this returns (its
-        client is closing; close of the handle does the same)."""
+        client is closing; closing the handle stops them too, without waiting for them)."""
         self._stop_explicit_lac()
         if self._lac_tasks:
             await asyncio.wait(list(self._lac_tasks))

@@ -20,7 +20,6 @@ from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
 from bkaio.ledger_client.acknowledged import last_acknowledged_entry
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError
-from bkaio.ledger_client.quorum import segment_for_entry
 from bkaio.ledger_client.range_reads import (
     MIN_REQUEST_BYTES,
     Piece,
@@ -300,11 +299,9 @@ class ReadHandle:
             return entries
 
     async def _read_one(self, entry_id: int) -> Entry:
-        _, bookies = segment_for_entry(self._md.ensembles, entry_id)
-        (entry,) = await self._read_piece(
-            Piece(entry_id, entry_id, bookies, (self._sticky or 0) % len(bookies)),
-            self._request_bytes(1),
-        )
+        md = self._md  # One piece of one entry, its first bookie chosen as for a range read.
+        (piece,) = plan_pieces(md.ensembles, md.write_quorum, entry_id, entry_id, 1, self._sticky)
+        (entry,) = await self._read_piece(piece, self._request_bytes(1))
         return entry
 
     async def close(self) -> None:
