@@ -143,7 +143,13 @@ async def verify_full_replication(
         for request in requests:
             response = responses[request.request_id]
             assert isinstance(response, ReadEntryResponse)
-            assert response.status is Status.OK, (bookie_id, md.ledger_id, request.entry_id)
+            assert response.status is Status.OK, (
+                bookie_id,
+                md.ledger_id,
+                request.entry_id,
+                response.status,
+                sum(r.status is not Status.OK for r in responses.values()),  # Of this bookie's.
+            )
             entry = response.entry
             assert entry is not None and entry.payload == payloads[request.entry_id]
             assert entry.digest == entry_digest(
