@@ -48,6 +48,10 @@ _new_entry = cast(
 )
 # A range request asks for at least this many payload bytes, however small the estimate.
 MIN_REQUEST_BYTES = 64 * 1024
+# A paced read makes up at most this much lateness (a timer firing late, a short pause of the
+# loop): a longer hold-up (a slow consumer, a stall) is not made up with a burst, which would
+# load the bookies at full speed, what the pace is there to prevent.
+_PACE_SLACK_SECONDS = 0.02
 _T = TypeVar("_T")
 
 
@@ -392,15 +396,16 @@ async def read_ahead(
     of payload asked for or fetched and not yet handed out (a piece counts what its requests
     may bring, `request_bytes(entries per request)` each, until it is handed out); always at
     least one piece. With `read_ahead_entries_per_second`, a piece is asked for only once the
-    entries asked for before it fit that rate since the start (paced where the bookies' work
-    starts, so it comes evenly spread). Closing the generator early cancels what is in flight."""
+    entries asked for before it fit that rate (paced where the bookies' work starts, so it
+    comes evenly spread); time the read was held up (a slow consumer, a stall) earns no burst
+    to catch up, beyond `_PACE_SLACK_SECONDS`. Closing the generator early cancels what is in
+    flight."""
     window: deque[tuple[asyncio.Future[list[_T]], int, int]] = deque()
     requests = 0  # Range requests of the pieces in the window.
     reserved = 0  # Payload bytes they may bring.
     rate = config.read_ahead_entries_per_second
     clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
-    started = clock()
-    asked = 0  # Entries of the pieces asked for so far (the pace).
+    due = clock()  # When the pace lets the next piece be asked for.
     piece = next(pieces, None)
     try:
         while piece is not None or window:
@@ -412,14 +417,17 @@ async def read_ahead(
                     or reserved + max_bytes > config.read_ahead_bytes
                 ):
                     break
-                if rate is not None and (early := started + asked / rate - clock()) > 0:
-                    if window:
-                        break  # Hand out what is in flight; this piece goes when due.
-                    await asyncio.sleep(early)
+                if rate is not None:
+                    now = clock()
+                    due = max(due, now - _PACE_SLACK_SECONDS)
+                    if due > now:
+                        if window:
+                            break  # Hand out what is in flight; this piece goes when due.
+                        await asyncio.sleep(due - now)
+                    due += piece.entry_count / rate
                 window.append((asyncio.ensure_future(fetch(piece, max_bytes)), streams, max_bytes))
                 requests += streams
                 reserved += max_bytes
-                asked += piece.entry_count
                 piece = next(pieces, None)
             head, streams, max_bytes = window[0]
             batch = await head

@@ -233,7 +233,8 @@ class ClientConfig:
     read_ahead_requests: int = 16
     read_ahead_bytes: int = 32 * 1024 * 1024
     # ... and, when set, at most about this many entries asked for a second by each sequential
-    # read (pieces asked for evenly spread): a catch-up reader on a small cluster then leaves
+    # read (pieces asked for evenly spread; time a slow consumer held the read up is not made
+    # up with a burst): a catch-up reader on a small cluster then leaves
     # CPU to the writers beside it (Kafka's consumer quotas, BookKeeper's replicationRateByBytes
     # for the replicator). Applies to the replicator's copying too. None: as fast as answered.
     read_ahead_entries_per_second: float | None = None

@@ -5,6 +5,7 @@ boundaries, and the read-ahead window's bounds."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -252,6 +253,33 @@ async def test_a_paced_read_asks_for_its_pieces_no_faster_than_its_rate() -> Non
     start = asked[0][0]
     for index, (at, _first) in enumerate(asked):
         assert at - start >= index * 0.1 - 0.001  # The loop's timers may fire 1 ms early.
+
+
+async def test_a_paced_read_that_was_held_up_does_not_burst_to_catch_up() -> None:
+    # 100 entries a second, pieces of 10. The consumer holds the first batch for 0.5 s: the
+    # pace then counts from when it resumes, so the pieces after the pause still go 0.1 s
+    # apart (a pace counted from the start would let five go at once, the window allowing).
+    cluster = fake_cluster(3, read_batch_entries=10, read_ahead_entries_per_second=100.0)
+    ledger_id = await closed_ledger(cluster, 100)
+    rh = await cluster.client.open_ledger(ledger_id)
+    loop = asyncio.get_running_loop()
+    asked: list[float] = []
+    unpaced = cluster.ops.read_entries
+
+    async def timed(bookie_id: str, ledger: int, first: int, *rest: Any, **options: Any) -> Any:
+        asked.append(loop.time())
+        return await unpaced(bookie_id, ledger, first, *rest, **options)
+
+    cluster.ops.read_entries = timed  # type: ignore[method-assign,assignment]
+    batches = rh.read_batches(0, 99)
+    received = len(await anext(batches))
+    await asyncio.sleep(0.5)
+    resumed = len(asked)
+    received += sum([len(batch) async for batch in batches])
+    assert received == 100 and len(asked) == 10
+    after = asked[resumed:]
+    for earlier, later in itertools.pairwise(after):
+        assert later - earlier >= 0.1 - 0.025  # Less the slack a late timer may make up.
 
 
 def test_read_options_are_checked() -> None:
