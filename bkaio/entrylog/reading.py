@@ -151,7 +151,7 @@ class StorageReads(StorageState):
         if last_journaling >= first_entry_id and self._pending:
             # At most max_count lookups: the entries past them would not fit the answer.
             last_journaling = min(last_journaling, first_entry_id + (max_count - 1) * stride)
-            journaling = self.journaling_entries(
+            journaling = self._journaling_entries(
                 ledger_id, range(first_entry_id, last_journaling + 1, stride)
             )
             if journaling:
@@ -161,14 +161,12 @@ class StorageReads(StorageState):
             cached, ledger_id, first_entry_id, last_entry_id, stride, max_count, max_bytes,
         )  # fmt: skip
 
-    def journaling_entries(self, ledger_id: int, entry_ids: range) -> dict[int, StoredEntry]:
+    def _journaling_entries(self, ledger_id: int, entry_ids: range) -> dict[int, StoredEntry]:
         """The ledger's entries among `entry_ids` that were added here and are still being
         journaled (not durable here yet), by id. The caller bounds the range (each id is
-        looked up)."""
+        looked up) and calls only when some add is pending."""
         pending = self._pending
         found: dict[int, StoredEntry] = {}
-        if not pending:
-            return found
         for entry_id in entry_ids:
             journaling = pending.get((ledger_id, entry_id))
             if journaling is not None:

@@ -55,12 +55,18 @@ async def shard_with_held_sync(
             gate.release()
 
 
+async def entry_0_journaling(storage: ShardStorage, gate: FakeGatedSync) -> asyncio.Task[None]:
+    """Entry 0 added with its sync held: the add's task."""
+    adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
+    assert await asyncio.to_thread(gate.entered.wait, 30)  # Entry 0's sync is held.
+    return adding
+
+
 async def entry_0_journaling_at_lac_0(
     storage: ShardStorage, gate: FakeGatedSync
 ) -> asyncio.Task[None]:
     """Entry 0 added with its sync held, and LAC 0 (the ack quorum has it): the add's task."""
-    adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
-    assert await asyncio.to_thread(gate.entered.wait, 30)  # Entry 0's sync is held.
+    adding = await entry_0_journaling(storage, gate)
     await storage.write_lac(LEDGER, KEY, 0)
     return adding
 
@@ -101,8 +107,7 @@ async def test_a_poll_waiting_for_the_lac_answers_with_the_entry_it_covers(
     tmp_path: Path,
 ) -> None:
     async with shard_with_held_sync(tmp_path) as (server, storage, gate):
-        adding = asyncio.create_task(add_entry(storage, ENTRY_0, KEY))
-        assert await asyncio.to_thread(gate.entered.wait, 30)
+        adding = await entry_0_journaling(storage, gate)
         answer = asyncio.create_task(read_entries(server, poll(previous_lac=-1)))
         for _ in range(10):
             await asyncio.sleep(0)
