@@ -5,7 +5,6 @@ boundaries, and the read-ahead window's bounds."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import pytest
@@ -248,17 +247,21 @@ async def test_a_paced_read_asks_for_its_pieces_no_faster_than_its_rate() -> Non
         return await unpaced(bookie_id, ledger, first, *rest, **options)
 
     cluster.ops.read_entries = timed  # type: ignore[method-assign,assignment]
+    # From the read's start: a request is recorded when its task first runs, which on a busy
+    # machine can be later for the first than for the next, so the gap between two recorded
+    # requests may fall short of the pace while the pace itself holds.
+    start = loop.time()
     assert [e.payload async for e in rh.read_iter(0, 39)] == payloads(40)
     assert [first for _at, first in asked] == [0, 10, 20, 30]
-    start = asked[0][0]
     for index, (at, _first) in enumerate(asked):
         assert at - start >= index * 0.1 - 0.001  # The loop's timers may fire 1 ms early.
 
 
 async def test_a_paced_read_that_was_held_up_does_not_burst_to_catch_up() -> None:
     # 100 entries a second, pieces of 10. The consumer holds the first batch for 0.5 s: the
-    # pace then counts from when it resumes, so the pieces after the pause still go 0.1 s
-    # apart (a pace counted from the start would let five go at once, the window allowing).
+    # pace then counts from when it resumes (less the 20 ms slack), so the pieces after the
+    # pause still go 0.1 s apart (a pace counted from the start would let five go at once,
+    # the window allowing). Measured from the resumption, as a recorded request may start late.
     cluster = fake_cluster(3, read_batch_entries=10, read_ahead_entries_per_second=100.0)
     ledger_id = await closed_ledger(cluster, 100)
     rh = await cluster.client.open_ledger(ledger_id)
@@ -274,12 +277,11 @@ async def test_a_paced_read_that_was_held_up_does_not_burst_to_catch_up() -> Non
     batches = rh.read_batches(0, 99)
     received = len(await anext(batches))
     await asyncio.sleep(0.5)
-    resumed = len(asked)
+    resumed_at, resumed = loop.time(), len(asked)
     received += sum([len(batch) async for batch in batches])
     assert received == 100 and len(asked) == 10
-    after = asked[resumed:]
-    for earlier, later in itertools.pairwise(after):
-        assert later - earlier >= 0.1 - 0.025  # Less the slack a late timer may make up.
+    for index, at in enumerate(asked[resumed:]):
+        assert at - resumed_at >= index * 0.1 - 0.02 - 0.001  # Slack; timers 1 ms early.
 
 
 def test_read_options_are_checked() -> None:
