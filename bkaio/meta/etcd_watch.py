@@ -31,6 +31,7 @@ from bkaio.meta.etcd_connection import (
     connection_lost,
 )
 from bkaio.meta.store import EventKind, WatchEvent, check_key, prefix_end
+from bkaio.supervision import loop_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -132,14 +133,25 @@ async def _keep_watch_honest(
             if silent >= WATCH_IDLE_SECONDS * WATCH_SILENT_PERIODS:
                 if connection.current == used:
                     connection.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
-                if call in connection.watch_calls:  # Single member, or moved by another request.
-                    connection.moved_calls.add(call)
-                    call.cancel()
+                _reopen(connection, call)  # Single member, or moved by another request.
                 return
             if silent >= WATCH_IDLE_SECONDS and not outgoing.full():
                 outgoing.put_nowait(rpc.WatchRequest(progress_request=rpc.WatchProgressRequest()))
-    except Exception:  # A bug here must not pass silently, nor end the watch.
-        log.exception("etcd_watch_keeper_failed")
+    except Exception as error:
+        # A bug here must not pass silently, nor leave the watch without its silence detection
+        # (it would stall on a member that stopped sending): reported, and the watch re-opens
+        # with a fresh keeper. A keeper fails no sooner than WATCH_IDLE_SECONDS after it starts,
+        # so a bug that repeats re-opens the watch at most that often.
+        loop_supervisor().report("etcd_watch_keeper", error)
+        _reopen(connection, call)
+
+
+def _reopen(connection: EtcdConnection, call: Any) -> None:
+    """Cancel a watch call still open as moved: its watch re-opens at once, from the revision
+    after the last event it delivered (a call that already ended needs nothing)."""
+    if call in connection.watch_calls:
+        connection.moved_calls.add(call)
+        call.cancel()
 
 
 def _watch_event(root: str, event: Any) -> WatchEvent:
