@@ -35,22 +35,22 @@ async def lines_of(source: ReadsChunks, *, max_line_bytes: int) -> AsyncIterator
     """Each line of `source` without its line end ("\\n" or "\\r\\n"), as soon as it is complete;
     a last line without a line end too. LineTooLongError past `max_line_bytes`."""
     loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[bytes | OSError] = asyncio.Queue()
+    chunks: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
     slots = threading.Semaphore(_QUEUED_CHUNKS)  # Chunks read and not yet taken, at most.
 
     def read_forever() -> None:
         while True:
             slots.acquire()  # Waits while the consumer is behind (or gone: a daemon waits).
-            item: bytes | OSError
+            item: bytes | BaseException
             try:
                 item = source.read1(_CHUNK_BYTES)
-            except OSError as error:
-                item = error
+            except BaseException as error:  # Any: a thread that just ended would leave the
+                item = error  # command waiting for ever; the command raises it instead.
             try:
                 loop.call_soon_threadsafe(chunks.put_nowait, item)
             except RuntimeError:  # The loop is closed: the command ended.
                 return
-            if isinstance(item, OSError) or not item:
+            if isinstance(item, BaseException) or not item:
                 return
 
     threading.Thread(target=read_forever, name="stdin-reader", daemon=True).start()
@@ -59,8 +59,8 @@ async def lines_of(source: ReadsChunks, *, max_line_bytes: int) -> AsyncIterator
     while True:
         chunk = await chunks.get()
         slots.release()
-        if isinstance(chunk, OSError):
-            raise chunk
+        if isinstance(chunk, BaseException):
+            raise chunk  # What reading raised in the thread (an OSError, or any other failure).
         if not chunk:
             break
         pending += chunk

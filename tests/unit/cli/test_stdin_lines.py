@@ -34,3 +34,31 @@ async def test_a_line_longer_than_the_limit_is_refused_with_its_number() -> None
     endless = lines_of(io.BytesIO(b"y" * 200_000), max_line_bytes=1000)  # No line end at all.
     with pytest.raises(LineTooLongError, match="line 1"):
         await anext(endless)
+
+
+class FailingInput:
+    """An input that gives `chunks`, then raises `error` (not an OSError: a bug of the input)."""
+
+    def __init__(self, chunks: list[bytes], error: Exception) -> None:
+        self.chunks = chunks
+        self.error = error
+
+    def read1(self, size: int = -1, /) -> bytes:
+        if self.chunks:
+            return self.chunks.pop(0)
+        raise self.error
+
+
+async def test_any_failure_of_the_reading_thread_fails_the_lines_not_a_wait_for_ever() -> None:
+    lines = lines_of(FailingInput([b"one\ntw"], ValueError("bad input")), max_line_bytes=100)
+    async with asyncio.timeout(10):  # Before the fix: the thread ended and this waited for ever.
+        assert await anext(lines) == b"one"
+        with pytest.raises(ValueError, match="bad input"):
+            await anext(lines)
+
+
+async def test_an_oserror_of_the_reading_thread_fails_the_lines() -> None:
+    lines = lines_of(FailingInput([], OSError(5, "Input/output error")), max_line_bytes=100)
+    async with asyncio.timeout(10):
+        with pytest.raises(OSError, match="Input/output error"):
+            await anext(lines)
