@@ -81,6 +81,7 @@ LIMITS = (
     "max_read_range_count",
     "max_read_range_bytes",
     "max_long_poll_waiters",
+    "max_long_poll_seconds",
     "auth_failure_delay",
 )
 LEDGER_KEY_CHECK_RESULTS = ("accepted", "wrong_key", "no_metadata", "lookup_failed")

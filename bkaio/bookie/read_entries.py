@@ -44,12 +44,19 @@ async def wait_for_lac(
     timeout_ms: int,
     owner: Hashable = None,
 ) -> int:
-    """The ledger's LAC once it exceeds `previous_lac`, or after `timeout_ms` (or at shutdown,
-    or when the ledger is fenced) whatever it is then. TooManyRequestsError past the shard's
-    bound on waiting polls, or past the bound of `owner` (the poll's connection)."""
+    """The ledger's LAC once it exceeds `previous_lac`, or after `timeout_ms` but no more than
+    `server.max_long_poll_seconds` (or at shutdown, or when the ledger is fenced) whatever it is
+    then. TooManyRequestsError past the shard's bound on waiting polls, or past the bound of
+    `owner` (the poll's connection)."""
     lac = _lac_of(server, ledger_id)
     if lac > previous_lac or server.stopping:
         return lac
+    # The client's timeout is capped: a waiting poll suspends its connection's idle timeout, so
+    # an uncapped one would hold its slot (and connection) for as long as the client asked.
+    timeout_seconds = timeout_ms / 1000
+    if timeout_seconds > server.limits.max_long_poll_seconds:
+        server.metrics.limit_hit("max_long_poll_seconds")
+        timeout_seconds = server.limits.max_long_poll_seconds
     future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     try:
         server.lac_waiters.add(ledger_id, previous_lac, future, owner)
@@ -57,7 +64,7 @@ async def wait_for_lac(
         server.metrics.limit_hit("max_long_poll_waiters")
         raise
     try:
-        async with asyncio.timeout(timeout_ms / 1000):
+        async with asyncio.timeout(timeout_seconds):
             lac = await future
     except TimeoutError:
         pass

@@ -59,6 +59,10 @@ class ServerConfig:
     idle_timeout_seconds: float = 600.0  # A connection with nothing in flight is closed after this.
     max_long_poll_waiters: int = 10_000  # Per shard; more long polls get TOO_MANY_REQUESTS.
     max_long_poll_waiters_per_connection: int = 1000  # ... and per connection, likewise.
+    # A long poll waits at most this long, whatever timeout its client asks for (up to ~49
+    # days in a u32 of ms); a waiting poll keeps its connection from its idle timeout. The
+    # client's own polls are 1 s rounds.
+    max_long_poll_seconds: float = 60.0
     max_read_range_count: int = 10_000  # READ_RANGE answers at most this many entries.
     max_read_range_bytes: int = 4 * 1024 * 1024  # ... and at most this many payload bytes.
     drain_timeout_seconds: float = 10.0  # SIGTERM: in-flight requests get this long to finish.
@@ -100,6 +104,7 @@ class ServerConfig:
             "frame_read_timeout_seconds",
             "idle_timeout_seconds",
             "drain_timeout_seconds",
+            "max_long_poll_seconds",
         )
         for name in positive_floats:
             if getattr(self, name) <= 0:
