@@ -10,7 +10,7 @@ what the writer wrote. Rows follow `SCHEMA_DDL`; `seq` and `stream` are null for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +110,7 @@ def read_partition(
         return iter(())
     runtime = get_runtime()
 
-    async def batches() -> AsyncIterator[pyarrow.RecordBatch]:
+    async def batches() -> AsyncGenerator[pyarrow.RecordBatch, None]:
         bk = await runtime.client(options.metadata, options.client)
         for item in ranges:
             async for entries in read_entries(

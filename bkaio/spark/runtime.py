@@ -14,16 +14,34 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
+import concurrent.futures
+import inspect
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterator
 from typing import Any, TypeVar
 
+import structlog
+
+from bkaio.errors import BKError
 from bkaio.ledger_client import BookKeeper
+from bkaio.security.tokens import redact_uri
+from bkaio.supervision import loop_supervisor, task_failures_counter
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
 _CLOSE_TIMEOUT_SECONDS = 5.0
+_LOOP_TASK = "spark_loop"  # Its label in bkaio_task_failures_total when the thread dies.
+# How often `run()` looks whether the loop's thread is still there while it waits. A call has no
+# deadline of its own (a streaming read long-polls; the client's request timeouts bound each
+# bookie request), so a dead loop is noticed by looking, not by a timeout.
+_LIVENESS_CHECK_SECONDS = 1.0
+
+
+class LoopStoppedError(BKError):
+    """The connector's event loop thread of this Python worker is not running (it died of an
+    uncaught BaseException, or the runtime was closed): nothing can run on it any more."""
 
 
 class Runtime:
@@ -31,9 +49,11 @@ class Runtime:
 
     def __init__(self) -> None:
         self._loop = _new_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="bkaio-spark-loop", daemon=True
-        )
+        # First thing on the loop: what reaches its exception handler (a callback that raised, a
+        # future nobody awaited) is logged at ERROR and counted, as in a bookie or a client.
+        self._loop.call_soon(_install_loop_exception_handler)
+        self._died_of: BaseException | None = None
+        self._thread = threading.Thread(target=self._run_loop, name="bkaio-spark-loop", daemon=True)
         self._thread.start()
         self._clients: dict[tuple[str, tuple[tuple[str, Any], ...]], BookKeeper] = {}
         self._lock: asyncio.Lock | None = None
@@ -42,12 +62,48 @@ class Runtime:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run `coroutine` on the loop and wait for its result (from any other thread)."""
-        assert threading.current_thread() is not self._thread, "run() called on the loop thread"
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    def _run_loop(self) -> None:
+        try:
+            self._loop.run_forever()
+        except BaseException as error:  # A SystemExit from a callback: say so, `run()` raises.
+            self._died_of = error
+            task_failures_counter().labels(task=_LOOP_TASK).inc()
+            log.error(
+                "spark_loop_died",
+                task=_LOOP_TASK,
+                error=f"{type(error).__name__}: {error}",
+                exc_info=error,
+            )
 
-    def iterate(self, generator: AsyncIterator[T]) -> Iterator[T]:
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the loop and wait for its result (from any other thread).
+
+        LoopStoppedError when the loop's thread is gone, before or while waiting: a call on a
+        loop that no longer runs would otherwise wait for ever."""
+        assert threading.current_thread() is not self._thread, "run() called on the loop thread"
+        if not self._thread.is_alive():
+            coroutine.close()  # Never started: nothing to clean up, no "never awaited" warning.
+            raise self._stopped()
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        while not future.done():
+            concurrent.futures.wait((future,), timeout=_LIVENESS_CHECK_SECONDS)
+            if not future.done() and not self._thread.is_alive():
+                future.cancel()
+                if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+                    coroutine.close()  # Queued behind what ended the loop: never started.
+                raise self._stopped()
+        return future.result()
+
+    def _stopped(self) -> LoopStoppedError:
+        error = LoopStoppedError(
+            f"the bkaio connector's event loop thread ({self._thread.name}) is not running"
+            + ("" if self._died_of is None else f": it died of {type(self._died_of).__name__}")
+            + "; this Python worker cannot run bkaio calls any more"
+        )
+        error.__cause__ = self._died_of
+        return error
+
+    def iterate(self, generator: AsyncGenerator[T, None]) -> Iterator[T]:
         """Drive an async generator from synchronous code, one item per loop round trip.
 
         When the consumer stops early (a `limit()`), the generator is closed on the loop so
@@ -60,10 +116,14 @@ class Runtime:
                 except StopAsyncIteration:
                     return
         finally:
-            aclose = getattr(generator, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    self.run(aclose())
+            try:
+                self.run(generator.aclose())
+            except Exception as error:  # The read is over either way; its clean-up failed.
+                log.warning(
+                    "spark_read_close_failed",
+                    error=f"{type(error).__name__}: {error}",
+                    exc_info=True,
+                )
 
     async def client(self, metadata_uri: str, options: dict[str, Any]) -> BookKeeper:
         """The process's client for this cluster (connected once, then reused). On the loop."""
@@ -78,34 +138,62 @@ class Runtime:
             return client
 
     async def _close_clients(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            with contextlib.suppress(Exception):
+        clients, self._clients = list(self._clients.items()), {}
+        for (metadata_uri, _options), client in clients:
+            try:
                 await client.close()
+            except Exception as error:  # Shutting down: the others still get closed.
+                log.warning(
+                    "spark_client_close_failed",
+                    metadata=redact_uri(metadata_uri),
+                    error=f"{type(error).__name__}: {error}",
+                    exc_info=True,
+                )
 
     def close(self) -> None:
-        """Close every client and stop the loop (tests call this; worker processes just exit)."""
+        """Close every client and stop the loop (tests call this; worker processes just exit).
+
+        Each step may fail or run out of time (the process is going away; a bookie may be gone):
+        that is logged at WARNING and the next step runs."""
         if self._loop.is_closed():
             return
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._close_clients(), self._loop).result(
-                _CLOSE_TIMEOUT_SECONDS
-            )
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(
-                _CLOSE_TIMEOUT_SECONDS
-            )
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._loop.shutdown_asyncgens(), self._loop).result(
-                _CLOSE_TIMEOUT_SECONDS
-            )
+        if not self._thread.is_alive():  # Died (logged then): nothing can run on it.
+            log.warning("spark_runtime_close_skipped", reason="the loop thread is not running")
+            self._loop.close()
+            return
+        self._close_step("close clients", self._close_clients())
+        self._close_step("cancel tasks", _cancel_others())
+        self._close_step("close async generators", self._loop.shutdown_asyncgens())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(_CLOSE_TIMEOUT_SECONDS)
-        if not self._thread.is_alive():
+        if self._thread.is_alive():
+            log.warning(
+                "spark_runtime_close_step_failed",
+                step="stop the loop",
+                error=f"the loop thread did not end within {_CLOSE_TIMEOUT_SECONDS} s",
+            )
+        else:
             self._loop.close()
 
+    def _close_step(self, step: str, coroutine: Coroutine[Any, Any, None]) -> None:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            future.result(_CLOSE_TIMEOUT_SECONDS)
+        except Exception as error:  # Including running out of time: logged, then the next step.
+            future.cancel()
+            log.warning(
+                "spark_runtime_close_step_failed",
+                step=step,
+                error=f"{type(error).__name__}: {error}",
+                exc_info=True,
+            )
 
-async def _anext(generator: AsyncIterator[T]) -> T:
+
+def _install_loop_exception_handler() -> None:
+    loop_supervisor().install_loop_exception_handler()
+
+
+async def _anext(generator: AsyncGenerator[T, None]) -> T:
     return await generator.__anext__()
 
 
