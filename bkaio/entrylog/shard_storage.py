@@ -331,8 +331,15 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             if self._pending:
                 await asyncio.wait([future for _entry, future in self._pending.values()])
             if checkpoint:
-                with contextlib.suppress(BKError, OSError):
+                try:
                     await self.checkpoint()
+                except (BKError, OSError) as error:
+                    # Nothing is lost (the next open replays the journal from the last mark),
+                    # but a disk that fails the last flush must not pass unseen.
+                    log.warning(
+                        "storage_close_checkpoint_failed",
+                        error=f"{type(error).__name__}: {error}",
+                    )
         finally:
             if self._releaser is not None:  # Deletions in progress finish before the close.
                 await asyncio.wait([self._releaser])

@@ -229,6 +229,23 @@ async def test_entry_log_fsync_eio_fails_the_checkpoint_and_loses_nothing(
     await _assert_read_back(reopened, entries)
 
 
+async def test_a_failed_checkpoint_at_close_is_logged_and_loses_nothing(
+    open_storage: OpenStorage, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path)
+    disk = FakeDisk(lazy=True, eio_after_syncs=0, eio_file_suffix=".log")
+    storage = await open_storage(config, entry_log_disk=disk)
+    mark_before = _marks(config)
+    entries = await _add(storage, range(10))
+    with structlog.testing.capture_logs() as logs:
+        await storage.close()  # Its final checkpoint fails: still closed, the failure seen.
+    (failed,) = [e for e in logs if e["event"] == "storage_close_checkpoint_failed"]
+    assert failed["log_level"] == "warning" and "injected fsync failure" in failed["error"]
+    assert _marks(config) == mark_before
+    reopened = await open_storage(config, entry_log_disk=OS_DISK)
+    await _assert_read_back(reopened, entries)  # Replayed from the journal.
+
+
 @pytest.mark.parametrize("failing_sync", [None, 3])  # 3: a middle chunk's sync fails.
 async def test_a_flush_syncs_the_entry_logs_in_chunks(
     open_storage: OpenStorage, tmp_path: Path, failing_sync: int | None
