@@ -12,6 +12,11 @@ ledger (after every pending add resolved), creates the next one and CASes both c
 record *before* writing to the new ledger, so nothing acknowledged ever sits in a ledger the
 record does not name. Writes that arrive meanwhile wait in order and go to the new ledger. A
 CAS that finds another epoch (or no record) means the writer was fenced.
+
+Backpressure is the ledger handle's (ClientConfig.max_outstanding_adds + max_queued_adds, what a
+fresh handle takes at once): past it a write is refused with TooManyRequestsError, whether the
+handle refuses it or it would be held during a roll, and the writer goes on. Held writes go to
+the new ledger as far as it takes them; the rest stay held, in order, until it has room again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from bkaio.errors import (
     MetadataVersionError,
     NoSuchLedgerError,
     QuotaExceededError,
+    TooManyRequestsError,
 )
 from bkaio.ledger_client.errors import copy_error
 from bkaio.meta.errors import MetadataOutcomeUnknownError
@@ -128,6 +134,13 @@ class StreamWriter:
         self._segment_bytes = 0  # Bytes handed to the current ledger.
         self._held: deque[tuple[bytes, asyncio.Future[StreamPosition]]] = deque()
         self._held_bytes = 0
+        # As many writes as a ledger handle takes at once: the held ones all fit the next one.
+        # No byte bound: the handle has none either (quota_bytes counts held bytes).
+        self._max_held = bk.config.max_outstanding_adds + bk.config.max_queued_adds
+        # Set while writes go straight to the handle: no roll, nothing held (wait_for_capacity).
+        self._not_holding = asyncio.Event()
+        self._not_holding.set()
+        self._resend_task: asyncio.Task[None] | None = None
         self._roll_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._sealed_namespace_bytes = sealed_namespace_bytes
@@ -162,6 +175,9 @@ class StreamWriter:
         once the ack quorum confirmed the record. Raises QuotaExceededError when the namespace
         quota would be exceeded, LedgerClosedError after `close`, and the writer's failure
         (LedgerFencedError once another writer opened the stream) after it failed.
+        TooManyRequestsError (the write is refused, the writer goes on) past the ledger
+        handle's max_outstanding_adds + max_queued_adds, counting writes held during a roll:
+        await earlier writes or `wait_for_capacity()`.
         """
         if self._closing:
             raise LedgerClosedError(f"stream {self._where}: write after close")
@@ -173,17 +189,41 @@ class StreamWriter:
             )
         payload = bytes(payload)
         self._check_quota(len(payload))
+        holding = self._roll_task is not None or bool(self._held)  # Order: behind held ones.
+        if holding and len(self._held) >= self._max_held:
+            raise TooManyRequestsError(
+                f"stream {self._where}: {len(self._held)} writes already held for the next "
+                f"ledger (max_outstanding_adds + max_queued_adds = {self._max_held}); await "
+                f"earlier writes or wait_for_capacity()"
+            )
         future: asyncio.Future[StreamPosition] = self._loop.create_future()
         self._unresolved += 1
         self._idle.clear()
-        if self._roll_task is not None:
+        if holding:
             self._held.append((payload, future))
             self._held_bytes += len(payload)
-        else:
+            return future
+        try:
             self._submit(payload, future)
-            if self._roll_due():
-                self._start_roll()
+        except TooManyRequestsError:  # Refused before an entry id was assigned: uncount it.
+            self._settled()
+            raise
+        if self._roll_due():
+            self._start_roll()
         return future
+
+    async def wait_for_capacity(self) -> None:
+        """Return once a write would be sent at once: no roll or earlier write holds it, and
+        the ledger handle would not queue it (`LedgerHandle.wait_for_capacity`). Returns at
+        once after `close` or a failure (the next write raises it)."""
+        while self._error is None and not self._closing:
+            if not self._not_holding.is_set():
+                await self._not_holding.wait()
+                continue
+            handle = self._handle
+            await handle.wait_for_capacity()
+            if handle is self._handle and self._not_holding.is_set():
+                return
 
     async def flush(self) -> None:
         """Wait until every record written so far is acknowledged (or failed)."""
@@ -226,9 +266,13 @@ class StreamWriter:
     # ------------------------------------------------------------------ writes
 
     def _submit(self, payload: bytes, future: asyncio.Future[StreamPosition]) -> None:
+        """Append to the current ledger. TooManyRequestsError (backpressure: nothing was
+        assigned) is the caller's to handle; any other refusal fails the writer."""
         handle = self._handle
         try:
             entry_future = handle.append(payload)
+        except TooManyRequestsError:
+            raise
         except BKError as error:
             self._fail(error)
             self._resolve(future, error=error)
@@ -270,6 +314,10 @@ class StreamWriter:
             else:
                 assert position is not None
                 future.set_result(position)
+        self._settled()
+
+    def _settled(self) -> None:
+        """One write is no longer unresolved (resolved, or refused after it was counted)."""
         self._unresolved -= 1
         assert self._unresolved >= 0, self._unresolved
         if self._unresolved == 0:
@@ -283,6 +331,10 @@ class StreamWriter:
         self._log.warning("stream_writer_failed", error=str(error), error_type=type(error).__name__)
         held, self._held = self._held, deque()
         self._held_bytes = 0
+        self._not_holding.set()  # Wakes `wait_for_capacity`: the next write raises `error`.
+        resend, self._resend_task = self._resend_task, None
+        if resend is not None:  # Nothing left to send; it would only wait on a dead writer.
+            resend.cancel()
         for _, future in held:
             self._resolve(future, error=error)
 
@@ -338,17 +390,19 @@ class StreamWriter:
 
     def _start_roll(self) -> None:
         assert self._roll_task is None
+        self._not_holding.clear()
         self._roll_task = spawn_job(
             f"stream-{self._where}-roll",
             self._roll,
             kind="stream_roll",
-            on_failure=self._roll_failed,
+            on_failure=partial(self._job_failed, "roll"),
         )
 
-    def _roll_failed(self, error: BaseException) -> None:
-        """The roll broke (a bug, logged by the supervisor): the writer fails, not hangs."""
-        self._roll_task = None
-        failure = BKError(f"stream {self._where}: roll failed: {type(error).__name__}")
+    def _job_failed(self, job: str, error: BaseException) -> None:
+        """A roll or re-send broke (a bug, logged by the supervisor): the writer fails, not
+        hangs. The two never run at once: writes are held from a roll's start to its end."""
+        self._roll_task = self._resend_task = None
+        failure = BKError(f"stream {self._where}: {job} failed: {type(error).__name__}")
         failure.__cause__ = error
         self._fail(failure)
 
@@ -378,17 +432,40 @@ class StreamWriter:
             ledger_id=segment.ledger_id,
             first_seq=segment.first_seq,
         )
-        # Held writes go to the new ledger in order, until it is due to roll in its turn.
+        self._send_held()
+
+    def _send_held(self) -> None:
+        """Send held writes to the current ledger in order, until it is due to roll in its
+        turn or has no room (then the rest wait for room, still in order, `_resend_held`)."""
         held = self._held
         while held and self._error is None:
             if self._roll_due():
                 self._start_roll()
                 return
-            payload, future = held.popleft()
+            payload, future = held.popleft()  # Out first: a failure resolves what is held.
+            try:
+                self._submit(payload, future)
+            except TooManyRequestsError:
+                held.appendleft((payload, future))
+                self._resend_task = spawn_job(
+                    f"stream-{self._where}-resend",
+                    self._resend_held,
+                    kind="stream_resend",
+                    on_failure=partial(self._job_failed, "re-sending held writes"),
+                )
+                return
             self._held_bytes -= len(payload)
-            self._submit(payload, future)
         if self._error is None and self._roll_due():
             self._start_roll()
+        elif not held:
+            self._not_holding.set()
+
+    async def _resend_held(self) -> None:
+        try:  # Until an add completed (or the handle failed: the next append says so).
+            await self._handle.wait_for_capacity()
+        finally:
+            self._resend_task = None
+        self._send_held()
 
     async def _seal_handle(self) -> Segment:
         """Close the current ledger once its adds resolved; the segment as sealed."""
