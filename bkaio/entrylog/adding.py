@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bkaio.entrylog.state import StorageState, _AddGroup, _check_ids
+from bkaio.entrylog.state import PendingAdd, StorageState, _AddGroup, _check_ids
 from bkaio.entrylog.types import AddBatch, StoredEntry
 from bkaio.entrylog.write_cache import ENTRY_OVERHEAD_BYTES
 from bkaio.errors import (
@@ -133,9 +133,9 @@ class StorageAdds(StorageState):
         else:
             answers.append((on_durable, [batch]))
         if len(keys) == 1:
-            self._pending[keys[0]] = (entries[0], future)
+            self._pending[keys[0]] = PendingAdd(entries[0], future)
         else:
-            self._pending.update(zip(keys, zip(entries, repeat(future)), strict=True))
+            self._pending.update(zip(keys, map(PendingAdd, entries, repeat(future)), strict=True))
 
     def _group_durable(self, group: _AddGroup, done: asyncio.Future[JournalMark]) -> None:
         """A group is durable (or failed): apply its adds in order, then answer its batches."""
@@ -271,7 +271,7 @@ class StorageAdds(StorageState):
             existing: StoredEntry | None = None
             pending = self._pending.get((ledger_id, entry_id))
             if pending is not None:
-                existing = pending[0]
+                existing = pending.entry
             else:
                 existing = self._cached(ledger_id, entry_id)
                 if existing is None and ledger is not None and entry_id <= ledger.last_entry_id:
@@ -285,7 +285,7 @@ class StorageAdds(StorageState):
                     f"digest {entry.digest:#010x}, {len(entry.payload)} bytes"
                 )
             elif pending is not None:
-                in_flight.append(pending[1])
+                in_flight.append(pending.durable)
         batch.failures = failures or None
         return fresh, in_flight
 

@@ -36,6 +36,7 @@ from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.maintenance import StorageMaintenance
 from bkaio.entrylog.reading import StorageReads
 from bkaio.entrylog.state import (
+    PendingAdd,
     StorageStats,
     UsageFunction,
     _AddGroup,
@@ -140,7 +141,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
         self._written_marks: list[JournalMark | None] = [None] * len(journals)
-        self._pending: dict[tuple[int, int], tuple[StoredEntry, asyncio.Future[JournalMark]]] = {}
+        self._pending: dict[tuple[int, int], PendingAdd] = {}
         self._flusher: asyncio.Task[None] | None = None
         # Journal files a checkpoint released are deleted by this task, off the flush path
         # (`_release_journal_files`); the marks of the newest checkpoint it has yet to act on.
@@ -329,7 +330,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             await asyncio.wait(list(self._add_tasks))
         try:
             if self._pending:
-                await asyncio.wait([future for _entry, future in self._pending.values()])
+                await asyncio.wait([pending.durable for pending in self._pending.values()])
             if checkpoint:
                 try:
                     await self.checkpoint()
@@ -468,7 +469,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             )
         # Adds that passed the fencing check before now must be applied before we answer, so
         # that a recovery reading after the fence sees them.
-        earlier = [f for (lid, _e), (_x, f) in self._pending.items() if lid == ledger_id]
+        earlier = [p.durable for (lid, _e), p in self._pending.items() if lid == ledger_id]
         if not ledger.fenced:
             ledger.fenced = True
             self._dirty.add(ledger_id)
@@ -502,7 +503,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
     async def force(self, ledger_id: int) -> None:
         """Everything added to the ledger before this call is durable when it returns."""
         self._check_open()
-        earlier = [f for (lid, _e), (_x, f) in self._pending.items() if lid == ledger_id]
+        earlier = [p.durable for (lid, _e), p in self._pending.items() if lid == ledger_id]
         if earlier:
             await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
 
