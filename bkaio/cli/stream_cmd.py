@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar, cast
 
 import click
 
@@ -32,12 +32,15 @@ from bkaio.cli.params import stream_position
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
-    from bkaio.stream import Namespace, StreamPosition, StreamWriter
+    from bkaio.stream import Namespace, StreamPosition, StreamReader, StreamRecord, StreamWriter
 
 T = TypeVar("T")
 
 # Records `stream write` keeps in flight (sent, not yet acknowledged) by default.
 DEFAULT_WRITE_WINDOW = 1000
+# Lines `write` and `tail` print in one write at most (those at hand: acknowledged positions,
+# records the reader has read ahead), so a fast stream is not printed one thread hop per line.
+_PRINT_BATCH_LINES = 1000
 
 
 def split_name(name: str, *, stream_required: bool) -> tuple[str, str | None]:
@@ -244,17 +247,20 @@ async def _write_pipelined(
     room = asyncio.Semaphore(window)
 
     async def show_in_order() -> None:
+        lines: list[str] = []
         while (future := await sent.get()) is not None:
             position = await future  # A failed write ends the command with its error.
             if as_json:
-                line = json.dumps({"position": str(position), **position.to_dict()})
+                lines.append(json.dumps({"position": str(position), **position.to_dict()}))
             else:
-                line = str(position)
-            sys.stdout.write(line + "\n")
-            if sent.empty():
-                sys.stdout.flush()
+                lines.append(str(position))
             room.release()
-        sys.stdout.flush()
+            # Printed once no acknowledgement is queued behind them (or a batch is full); while
+            # stdout is slow this waits, and the window stops the sending.
+            if sent.empty() or len(lines) >= _PRINT_BATCH_LINES:
+                await _print_lines(lines)
+                lines = []
+        await _print_lines(lines)
 
     printer = asyncio.ensure_future(show_in_order())
     bad_input: Exception | None = None
@@ -298,6 +304,21 @@ def _retrieved(future: asyncio.Future[StreamPosition]) -> None:
         future.exception()
 
 
+async def _print_lines(lines: list[str]) -> None:
+    """Print `lines` and flush, on a thread: stdout may be a pipe read slowly (`bkaio stream
+    tail NS/STREAM | slow_consumer`), and a write blocked on it must not stop the event loop
+    (acknowledgements, the reader's read-ahead, the metadata session run there). Each caller
+    awaits one batch before printing the next, so the lines keep their order."""
+    if lines:
+        text = "".join(f"{line}\n" for line in lines)
+        await asyncio.to_thread(_write_and_flush, sys.stdout, text)
+
+
+def _write_and_flush(out: TextIO, text: str) -> None:
+    out.write(text)
+    out.flush()
+
+
 @stream.command("tail")
 @click.argument("name")
 @click.option("--from", "start", default="earliest", show_default=True, callback=stream_position,
@@ -338,29 +359,54 @@ def tail(
             reader = await namespace.open_reader(stream_name, begin, cursor=cursor)
             # The exact end: after the last acknowledged record, not the bookies' lagging LAC.
             end = await reader.acknowledged_end() if no_follow else None
-            shown = 0
             try:
-                while max_count is None or shown < max_count:
-                    if end is not None and reader.next_seq >= end:
-                        break
-                    record = await reader.__anext__()
-                    payload = (
-                        "hex:" + record.payload.hex() if as_hex else payload_text(record.payload)
-                    )
-                    if as_json:
-                        line = json.dumps({**record.position.to_dict(), "payload": payload})
-                    else:
-                        line = f"{record.position}\t{payload}"
-                    sys.stdout.write(line + "\n")
-                    sys.stdout.flush()
-                    shown += 1
-                    if cursor is not None:
-                        await reader.ack(record.position)
+                await _show_records(
+                    reader,
+                    end=end,
+                    max_count=max_count,
+                    ack=cursor is not None,
+                    as_hex=as_hex,
+                    as_json=as_json,
+                )
             finally:
                 await reader.close()
 
     with suppress(KeyboardInterrupt):
         run(go())
+
+
+async def _show_records(
+    reader: StreamReader,
+    *,
+    end: int | None,
+    max_count: int | None,
+    ack: bool,
+    as_hex: bool,
+    as_json: bool,
+) -> None:
+    """Print `reader`'s records as they come, before seq `end`, `max_count` at most; `ack`: move
+    the cursor past what was printed. What the reader has at hand is one write and one ack."""
+    shown = 0
+    while max_count is None or shown < max_count:
+        wanted = (
+            _PRINT_BATCH_LINES if max_count is None else min(_PRINT_BATCH_LINES, max_count - shown)
+        )
+        if end is not None:
+            if reader.next_seq >= end:
+                break
+            wanted = min(wanted, end - reader.next_seq)  # Seqs are consecutive.
+        records = await reader.read_batch(wanted)  # Waits only when none is at hand.
+        await _print_lines([_record_line(record, as_hex, as_json) for record in records])
+        shown += len(records)
+        if ack and records:
+            await reader.ack(records[-1].position)
+
+
+def _record_line(record: StreamRecord, as_hex: bool, as_json: bool) -> str:
+    payload = "hex:" + record.payload.hex() if as_hex else payload_text(record.payload)
+    if as_json:
+        return json.dumps({**record.position.to_dict(), "payload": payload})
+    return f"{record.position}\t{payload}"
 
 
 @stream.command("truncate")
