@@ -512,7 +512,7 @@ class _Drain:
         finally:
             if not completed:
                 with contextlib.suppress(BKError):
-                    await underreplication.release(ledger_id)
+                    await underreplication.release(ledger_id, claimed.lock_version)
         if self._progress is not None:
             self._progress(
                 RecoveryProgress(

@@ -270,7 +270,7 @@ class ReplicationWorker:
         finally:
             if not completed:
                 with contextlib.suppress(BKError):
-                    await underreplication.release(ledger_id)
+                    await underreplication.release(ledger_id, claimed.lock_version)
 
     def _back_off(self, ledger_id: int) -> float:
         skip = self._skips.get(ledger_id)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class UnderreplicatedLedger:
     forced_bookies: tuple[str, ...] = ()
     # Live bookies whose fragments lack entries (the ledger check): filled in place.
     incomplete_bookies: tuple[str, ...] = ()
+    # The version of the caller's lock when `claim` returned the record (0 otherwise): what
+    # `release` and `complete` delete, and nothing else.
+    lock_version: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -215,24 +219,34 @@ class UnderReplicationManager:
             async for kv in self._store.iterate_prefix(LOCKS_PREFIX, keys_only=True)
         }
 
-    async def claim(
-        self, ledger_id: int, lease: Lease, *, owner: str = ""
-    ) -> UnderreplicatedLedger | None:
-        """Take the lock on one under-replicated ledger; None if it is locked or not listed.
-        The lock goes away with `lease` if the worker dies."""
-        record = await self.get(ledger_id)
-        if record is None:
-            return None
+    async def lock(self, ledger_id: int, lease: Lease, *, owner: str = "") -> int | None:
+        """Take the ledger's lock, bound to `lease`, marked or not: a worker's claim, or a
+        bookie's garbage collection keeping replicators off a ledger while it deletes it. The
+        lock's version (what `release` checks), None if someone holds it."""
         try:
-            await self._store.compare_and_swap(
+            return await self._store.compare_and_swap(
                 _lock_key(ledger_id), owner.encode(), expected_version=0, lease=lease
             )
         except MetadataVersionError:
             return None
+
+    async def claim(
+        self, ledger_id: int, lease: Lease, *, owner: str = ""
+    ) -> UnderreplicatedLedger | None:
+        """Take the lock on one under-replicated ledger; None if it is locked or not listed.
+        The lock goes away with `lease` if the worker dies. The record returned carries the
+        lock's version (`lock_version`)."""
+        record = await self.get(ledger_id)
+        if record is None:
+            return None
+        lock_version = await self.lock(ledger_id, lease, owner=owner)
+        if lock_version is None:
+            return None
         record = await self.get(ledger_id)  # The version the lock holder completes against.
         if record is None:
-            await self.release(ledger_id)
-        return record
+            await self.release(ledger_id, lock_version)
+            return None
+        return dataclasses.replace(record, lock_version=lock_version)
 
     async def claim_next(
         self, lease: Lease, *, owner: str = "", skip: Collection[int] = ()
@@ -248,9 +262,18 @@ class UnderReplicationManager:
                 return claimed
         return None
 
-    async def release(self, ledger_id: int) -> None:
-        """Give the lock back without completing (another worker may take it)."""
-        await self._store.delete(_lock_key(ledger_id))
+    async def release(self, ledger_id: int, lock_version: int | None = None) -> bool:
+        """Give the lock back without completing (another worker may take it); False when it
+        was not there.
+
+        With `lock_version` (`lock`'s, a claimed record's) only that lock is deleted: a holder
+        whose lease lapsed before it noticed must not delete the lock another worker (or a
+        bookie's garbage collection) took since; that one is left alone (False)."""
+        try:
+            return await self._store.delete(_lock_key(ledger_id), expected_version=lock_version)
+        except MetadataVersionError:
+            log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
+            return False
 
     async def complete(self, claimed: UnderreplicatedLedger) -> bool:
         """The ledger is fully replicated again: drop it from the queue and release the lock.
@@ -260,7 +283,7 @@ class UnderReplicationManager:
             done = True
         except MetadataVersionError:
             done = False
-        await self.release(claimed.ledger_id)
+        await self.release(claimed.ledger_id, claimed.lock_version or None)
         return done
 
     async def is_enabled(self) -> bool:

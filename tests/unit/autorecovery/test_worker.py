@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from bkaio.autorecovery import (
@@ -20,7 +21,8 @@ from bkaio.autorecovery import (
     ReplicationError,
     ReplicationWorker,
 )
-from bkaio.meta import BookieInfo, BookieRegistration, Metadata
+from bkaio.meta import BookieInfo, BookieRegistration, Lease, Metadata
+from bkaio.meta.autorecovery import LOCKS_PREFIX
 from bkaio.supervision import Restart, Supervisor
 
 
@@ -247,3 +249,62 @@ async def test_a_bug_in_the_worker_is_reported_and_the_worker_restarted(meta: Me
     assert (
         registry.get_sample_value("bkaio_task_failures_total", {"task": "replication_worker"}) == 1
     )
+
+
+class FakeReplicatorOutlivingItsLock(FakeReplicator):
+    """A first copy that outlives its worker's lock: meanwhile the worker's lease lapses (its
+    lock goes; the worker has not noticed) and another worker claims the ledger. The copy then
+    fails (`failing`) or succeeds."""
+
+    def __init__(self, meta: Metadata, failing: set[int]) -> None:
+        super().__init__(registered=set(), failing=failing)
+        self._meta = meta
+        self.other_lease: Lease | None = None
+
+    async def replicate_ledger(
+        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+    ) -> LedgerReplication:
+        if self.other_lease is None:
+            await self._meta.underreplication.release(ledger_id)  # Gone with the lapsed lease.
+            self.other_lease = await self._meta.store.grant_lease(30.0)
+            taken = await self._meta.underreplication.claim(
+                ledger_id, self.other_lease, owner="other-worker"
+            )
+            assert taken is not None
+        return await super().replicate_ledger(
+            ledger_id, bookie_ids, recover_open_tail=recover_open_tail
+        )
+
+
+@pytest.mark.parametrize("copy_fails", [True, False])
+async def test_a_worker_whose_lock_lapsed_leaves_the_lock_another_worker_took(
+    meta: Metadata, copy_fails: bool
+) -> None:
+    """A worker gave back (or, completing, dropped) the ledger's lock whoever held it: after
+    its lease lapsed unnoticed during a copy, it deleted the lock another worker had taken
+    since, so a third could claim the ledger beside the second, and a bookie's garbage
+    collection holding that lock lost it."""
+    await meta.underreplication.mark(13, [DEAD])
+    replicator = FakeReplicatorOutlivingItsLock(meta, failing={13} if copy_fails else set())
+    metrics = AutorecoveryMetrics()
+    task = asyncio.create_task(_worker(meta, replicator, metrics).run())
+    try:
+
+        async def attempt_over() -> bool:
+            if copy_fails:
+                failures = metrics.registry.get_sample_value(
+                    "bkaio_autorecovery_replication_failures_total"
+                )
+                return (failures or 0) >= 1
+            return await meta.underreplication.get(13) is None  # Completed: its copy is done.
+
+        await _until(attempt_over, 10.0)
+        await asyncio.sleep(0.5)  # The worker's release comes right after; and its retries.
+        lock = await meta.store.get(f"{LOCKS_PREFIX}{13:020d}")
+        assert lock is not None and lock.value == b"other-worker"
+        assert replicator.calls == [13]  # Not claimed again beside the other worker.
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if replicator.other_lease is not None:
+            await replicator.other_lease.revoke()
