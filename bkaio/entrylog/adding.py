@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bkaio.entrylog.state import PendingAdd, StorageState, _AddGroup, _check_ids
+from bkaio.entrylog.state import StorageState, _AddGroup, _check_ids
 from bkaio.entrylog.types import AddBatch, StoredEntry
 from bkaio.entrylog.write_cache import ENTRY_OVERHEAD_BYTES
 from bkaio.errors import (
@@ -133,18 +133,23 @@ class StorageAdds(StorageState):
         else:
             answers.append((on_durable, [batch]))
         if len(keys) == 1:
-            self._pending[keys[0]] = PendingAdd(entries[0], future)
+            self._pending[keys[0]] = entries[0]
+            self._pending_durable[keys[0]] = future
         else:
-            self._pending.update(zip(keys, map(PendingAdd, entries, repeat(future)), strict=True))
+            self._pending.update(zip(keys, entries, strict=True))
+            self._pending_durable.update(zip(keys, repeat(future)))
 
     def _group_durable(self, group: _AddGroup, done: asyncio.Future[JournalMark]) -> None:
         """A group is durable (or failed): apply its adds in order, then answer its batches."""
         if self._groups[group.journal_index] is group:
             self._groups[group.journal_index] = None
         pending = self._pending
+        pending_durable = self._pending_durable
         entries = group.entries
         for entry in entries:
-            pending.pop((entry.ledger_id, entry.entry_id), None)
+            key = (entry.ledger_id, entry.entry_id)
+            pending.pop(key, None)
+            pending_durable.pop(key, None)
         self._reserved_bytes -= group.size
         marks = self._marks[group.journal_index]
         error: BKError | None = None
@@ -269,9 +274,9 @@ class StorageAdds(StorageState):
         for index, entry in enumerate(batch.entries):
             entry_id = entry.entry_id
             existing: StoredEntry | None = None
-            pending = self._pending.get((ledger_id, entry_id))
-            if pending is not None:
-                existing = pending.entry
+            durable = self._pending_durable.get((ledger_id, entry_id))
+            if durable is not None:
+                existing = self._pending[ledger_id, entry_id]
             else:
                 existing = self._cached(ledger_id, entry_id)
                 if existing is None and ledger is not None and entry_id <= ledger.last_entry_id:
@@ -284,8 +289,8 @@ class StorageAdds(StorageState):
                     f"{existing.digest:#010x}, {len(existing.payload)} bytes; the add carries "
                     f"digest {entry.digest:#010x}, {len(entry.payload)} bytes"
                 )
-            elif pending is not None:
-                in_flight.append(pending.durable)
+            elif durable is not None:
+                in_flight.append(durable)
         batch.failures = failures or None
         return fresh, in_flight
 

@@ -170,7 +170,7 @@ class StorageReads(StorageState):
         for entry_id in entry_ids:
             journaling = pending.get((ledger_id, entry_id))
             if journaling is not None:
-                found[entry_id] = journaling.entry
+                found[entry_id] = journaling
         return found
 
     async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:

@@ -36,7 +36,6 @@ from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.maintenance import StorageMaintenance
 from bkaio.entrylog.reading import StorageReads
 from bkaio.entrylog.state import (
-    PendingAdd,
     StorageStats,
     UsageFunction,
     _AddGroup,
@@ -141,7 +140,8 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         self._flush_lock = asyncio.Lock()
         self._marks = [AppliedMarks(None) for _ in journals]  # One per journal directory.
         self._written_marks: list[JournalMark | None] = [None] * len(journals)
-        self._pending: dict[tuple[int, int], PendingAdd] = {}
+        self._pending: dict[tuple[int, int], StoredEntry] = {}
+        self._pending_durable: dict[tuple[int, int], asyncio.Future[JournalMark]] = {}
         self._flusher: asyncio.Task[None] | None = None
         # Journal files a checkpoint released are deleted by this task, off the flush path
         # (`_release_journal_files`); the marks of the newest checkpoint it has yet to act on.
@@ -330,7 +330,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             await asyncio.wait(list(self._add_tasks))
         try:
             if self._pending:
-                await asyncio.wait([pending.durable for pending in self._pending.values()])
+                await asyncio.wait(list(self._pending_durable.values()))
             if checkpoint:
                 try:
                     await self.checkpoint()
@@ -469,7 +469,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             )
         # Adds that passed the fencing check before now must be applied before we answer, so
         # that a recovery reading after the fence sees them.
-        earlier = [p.durable for (lid, _e), p in self._pending.items() if lid == ledger_id]
+        earlier = [f for (lid, _e), f in self._pending_durable.items() if lid == ledger_id]
         if not ledger.fenced:
             ledger.fenced = True
             self._dirty.add(ledger_id)
@@ -503,7 +503,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
     async def force(self, ledger_id: int) -> None:
         """Everything added to the ledger before this call is durable when it returns."""
         self._check_open()
-        earlier = [p.durable for (lid, _e), p in self._pending.items() if lid == ledger_id]
+        earlier = [f for (lid, _e), f in self._pending_durable.items() if lid == ledger_id]
         if earlier:
             await asyncio.wait(earlier)  # wait(), not gather(): never cancels the adds.
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from bkaio.entrylog.checkpoint import AppliedMarks, MarkSlot
 from bkaio.entrylog.config import StorageConfig
@@ -96,15 +96,6 @@ def _check_ids(ledger_id: int, entry_id: int) -> None:
         raise NoSuchEntryError(f"ledger {ledger_id}: entry id {entry_id} is outside [0, 2**63)")
 
 
-class PendingAdd(NamedTuple):
-    """An add in the journal, not durable here yet (`StorageState._pending`, by (ledger id,
-    entry id)): a re-add of it is checked against `entry`, a long poll may answer with it, and
-    fences and forces wait for `durable`, its journal group's future (its mark once durable)."""
-
-    entry: StoredEntry
-    durable: asyncio.Future[JournalMark]
-
-
 class _AddGroup:
     """Batches appended back to back to one journal group, applied and answered together.
 
@@ -163,7 +154,12 @@ class StorageState:
     _flush_lock: asyncio.Lock
     _marks: list[AppliedMarks]
     _written_marks: list[JournalMark | None]
-    _pending: dict[tuple[int, int], PendingAdd]
+    # Adds in the journal, not durable here yet, by (ledger id, entry id): the entry (a re-add
+    # is checked against it, a long poll may answer with it) and its journal group's future
+    # (fences, forces and close wait for it). Two dicts filled and emptied together rather than
+    # one of pairs: the add path then builds no object per entry.
+    _pending: dict[tuple[int, int], StoredEntry]
+    _pending_durable: dict[tuple[int, int], asyncio.Future[JournalMark]]
     _flusher: asyncio.Task[None] | None
     _releaser: asyncio.Task[None] | None
     _release_marks: list[JournalMark | None] | None
