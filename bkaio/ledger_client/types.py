@@ -267,6 +267,8 @@ class ClientConfig:
             )
         if self.max_outstanding_adds < 1:
             raise ConfigError(f"max_outstanding_adds={self.max_outstanding_adds} must be >= 1")
+        if self.max_queued_adds < 1:  # 0 would refuse every append: nothing may ever wait.
+            raise ConfigError(f"max_queued_adds={self.max_queued_adds} must be >= 1")
         if not 0 <= self.add_batch_wait_us <= MAX_ADD_BATCH_WAIT_US:
             raise ConfigError(
                 f"add_batch_wait_us={self.add_batch_wait_us} must be in "

@@ -7,11 +7,13 @@ import asyncio
 import pytest
 
 from bkaio.errors import (
+    ConfigError,
     LedgerClosedError,
     LedgerFencedError,
     NotEnoughBookiesError,
     TooManyRequestsError,
 )
+from bkaio.ledger_client import ClientConfig
 from bkaio.meta.ledger_metadata import LedgerState
 from tests.unit.ledger_client.cluster import fake_cluster
 
@@ -179,6 +181,14 @@ async def test_appends_beyond_the_queue_bound_are_refused_and_capacity_can_be_aw
     await lh.wait_for_capacity()
     futures.append(lh.append(b"5"))
     assert await asyncio.gather(*futures) == list(range(6))
+
+
+@pytest.mark.parametrize("name", ["max_outstanding_adds", "max_queued_adds"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_add_bounds_below_one_are_refused(name: str, value: int) -> None:
+    # max_queued_adds=0 was taken, and then refused every append (none may ever wait).
+    with pytest.raises(ConfigError, match=f"{name}={value} must be >= 1"):
+        ClientConfig(**{name: value})
 
 
 async def test_explicit_lac_reaches_the_bookies_after_the_interval() -> None:
