@@ -188,7 +188,7 @@ async def test_appends_beyond_the_queue_bound_are_refused_and_capacity_can_be_aw
 def test_add_bounds_below_one_are_refused(name: str, value: int) -> None:
     # max_queued_adds=0 was taken, and then refused every append (none may ever wait).
     with pytest.raises(ConfigError, match=f"{name}={value} must be >= 1"):
-        ClientConfig(**{name: value})
+        ClientConfig(**{name: value})  # type: ignore[arg-type]
 
 
 async def test_explicit_lac_reaches_the_bookies_after_the_interval() -> None:
