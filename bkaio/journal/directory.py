@@ -24,7 +24,7 @@ import structlog
 from bkaio.errors import BookieIOError, ConfigError
 from bkaio.journal.config import JournalConfig
 from bkaio.journal.crash_points import CrashPoints
-from bkaio.journal.disk import OS_DISK, Disk
+from bkaio.journal.disk import OS_DISK, Disk, SyncFunctionDisk
 from bkaio.journal.files import (
     delete_gradually,
     file_name,
@@ -149,29 +149,32 @@ async def open_directory(
             directory,
             config.max_file_bytes,
             sync=config.sync,
+            disk=disk,
             executor=threads.pool("journal-prealloc", 1),
         )
         if config.preallocate_next_file
         else None
     )
-    # Zero-filling ahead only where commits really sync to a real disk.
+    # A test's sync function takes the disk's fdatasync's place; commits go the same way.
+    commit_disk = disk if sync_function is None else SyncFunctionDisk(disk, sync_function)
+    # The zero-filler only with the real disk: it writes and syncs the current file itself
+    # (plain os calls on its own descriptor, from its own thread), behind the Disk and Threads
+    # seams, which only the real disk's semantics make safe. A fake's faults and crashes would
+    # miss those writes, and the simulation refuses real threads; through FakeDisk instead it
+    # would be wrong: that holds unsynced writes per descriptor, so zeros the filler wrote
+    # before a record could land at the filler's sync on top of it (the kernel's page cache
+    # keeps them in order). With a test's sync function there is no real sync to speed up.
     zero_filler = (
         ZeroFiller(config.preallocate_ahead_bytes, config.max_file_bytes)
-        if config.preallocate_ahead_bytes
-        and config.sync
-        and sync_function is None
-        and disk is OS_DISK
+        if config.preallocate_ahead_bytes and config.sync and commit_disk is OS_DISK
         else None
     )
     writer = JournalFileWriter(
         directory,
         sync=config.sync,
-        sync_function=sync_function if sync_function is not None else disk.fdatasync,
         preallocator=preallocator,
-        disk=disk,
+        disk=commit_disk,
         zero_filler=zero_filler,
-        # One call per group where the disk is the real one with its own sync.
-        write_synced=(OS_DISK.write_synced if sync_function is None and disk is OS_DISK else None),
         crash_points=crash_points,
         ack_policy=ack_policy,
     )

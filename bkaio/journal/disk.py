@@ -9,8 +9,12 @@ memory (lost on kill -9, like a power failure), tear writes, fail fsync with EIO
 report a full disk.
 
 Only data goes through here: creating files and syncing directories stay plain `os` calls.
-Every method blocks: the journal calls them on its writer thread, the entry logs on the
-storage thread, the disk check on an executor thread.
+Every method blocks: the journal calls them on its writer thread (and its preallocation
+thread), the entry logs on the storage thread, the disk check on an executor thread.
+
+A journal commit is one `write_synced` call on every disk, the real one and the fakes alike,
+so the fault suite and the simulation run the commit path that ships; each disk gives it its
+own meaning (the real one a single `pwritev(RWF_DSYNC)`, a lazy fake its write then its sync).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
@@ -38,6 +43,10 @@ class Disk(Protocol):
 
     def fdatasync(self, fd: int) -> None:
         """Make every write to `fd` durable; OSError (EIO, ENOSPC) when it cannot."""
+
+    def write_synced(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of `data` at `offset` and make it durable before returning, as `write`
+        then `fdatasync` do; OSError when either part fails (the data is then not durable)."""
 
     def close(self, fd: int) -> None:
         """Close a descriptor written through this disk. Never `os.close` one directly: a fake
@@ -86,6 +95,32 @@ class OsDisk:
 
 
 OS_DISK: Final = OsDisk()
+
+
+class SyncFunctionDisk:
+    """`disk` with `sync_function` in place of its fdatasync: how `Journal.open`'s
+    `sync_function` seam (tests count, hold back or fail syncs with it) reaches the writer,
+    which then commits through `write_synced` as it does on every disk."""
+
+    def __init__(self, disk: Disk, sync_function: Callable[[int], None]) -> None:
+        self._disk = disk
+        self._sync_function = sync_function
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        self._disk.write(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync_function(fd)
+
+    def write_synced(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        self._disk.write(fd, data, offset)
+        self._sync_function(fd)
+
+    def close(self, fd: int) -> None:
+        self._disk.close(fd)
+
+    def usage(self, path: Path) -> DiskSpace:
+        return self._disk.usage(path)
 
 
 def _write_all_dsync(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:

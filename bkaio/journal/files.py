@@ -19,11 +19,14 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from crc32c import crc32c
 
 from bkaio.journal.errors import JournalError, JournalFormatError
+
+if TYPE_CHECKING:  # disk.py writes with write_all, from here.
+    from bkaio.journal.disk import Disk
 
 MAGIC: Final = b"BKJN"
 FORMAT_VERSION: Final = 1
@@ -150,28 +153,35 @@ def preallocated_path(directory: Path, file_id: int) -> Path:
 
 
 def preallocate_file(
-    directory: Path, file_id: int, size_bytes: int, *, sync: bool, stop: list[bool]
+    directory: Path, file_id: int, size_bytes: int, *, sync: bool, stop: list[bool], disk: Disk
 ) -> Path | None:
     """Write a whole future journal file aside: header, then zeros up to `size_bytes`.
 
-    Runs on a background thread, never on the file being committed to. Returns the prepared
-    path, or None when `stop[0]` became true meanwhile (the partial file is removed).
+    Runs on a background thread, never on the file being committed to. Its data goes through
+    `disk` like the journal's own, so a fault-injecting disk fails or delays it too. Returns the
+    prepared path, or None when `stop[0]` became true meanwhile; either way and when it raises
+    (ENOSPC, EIO), a partial file is removed: it may hold up to `size_bytes` of a full disk.
     """
     path = preallocated_path(directory, file_id)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, encode_header(file_id), 0)
-        offset = HEADER_BYTES
-        while offset < size_bytes:
-            if stop[0]:
-                break
-            chunk = _ZERO_CHUNK[: size_bytes - offset]
-            write_all(fd, chunk, offset)
-            offset += len(chunk)
-            if sync:
-                os.fdatasync(fd)
-    finally:
-        os.close(fd)
+        try:
+            disk.write(fd, encode_header(file_id), 0)
+            offset = HEADER_BYTES
+            while offset < size_bytes:
+                if stop[0]:
+                    break
+                chunk = _ZERO_CHUNK[: size_bytes - offset]
+                disk.write(fd, chunk, offset)
+                offset += len(chunk)
+                if sync:
+                    disk.fdatasync(fd)
+        finally:
+            disk.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):  # The preparation's own error is the one to tell.
+            path.unlink(missing_ok=True)
+        raise
     if stop[0]:
         path.unlink(missing_ok=True)
         return None

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+import structlog
+
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.journal.files import (
@@ -34,6 +36,8 @@ from bkaio.journal.files import (
 )
 from bkaio.journal.records import JournalMark
 from bkaio.journal.zero_fill import ZeroFiller
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -53,7 +57,12 @@ class Group:
 
 
 class Preallocator:
-    """Prepares the next journal file in the background (header, zeros, fdatasync)."""
+    """Prepares the next journal file in the background (header, zeros, fdatasync).
+
+    A preparation that fails (ENOSPC, EIO) is logged as a WARNING when it fails and counted in
+    `failures`; it removes its partial file, and the roll then creates the file the ordinary
+    way, as when a preparation is not ready (a full or failing disk shows there next).
+    """
 
     def __init__(
         self,
@@ -61,26 +70,53 @@ class Preallocator:
         size_bytes: int,
         *,
         sync: bool,
+        disk: Disk = OS_DISK,
         executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self._directory = directory
         self._size_bytes = size_bytes
         self._sync = sync
+        self._disk = disk
         # One thread of its own (the simulation passes its executor: bkaio.journal.threads).
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="journal-prealloc"
         )
         self._jobs: dict[int, tuple[concurrent.futures.Future[Path | None], list[bool]]] = {}
+        self.failures = 0  # Preparations that raised (counted as each ends; tests read it).
 
     def prepare(self, file_id: int) -> None:
         stop = [False]
         job = self._executor.submit(
-            preallocate_file, self._directory, file_id, self._size_bytes, sync=self._sync, stop=stop
+            preallocate_file,
+            self._directory,
+            file_id,
+            self._size_bytes,
+            sync=self._sync,
+            stop=stop,
+            disk=self._disk,
         )
+        # Told when it ends, taken or not: a preparation dropped as not ready may fail later.
+        job.add_done_callback(functools.partial(self._report_failure, file_id))
         self._jobs[file_id] = (job, stop)
 
+    def _report_failure(self, file_id: int, job: concurrent.futures.Future[Path | None]) -> None:
+        if job.cancelled():
+            return
+        error = job.exception()
+        if error is None:
+            return
+        self.failures += 1
+        log.warning(
+            "journal_preallocation_failed",
+            journal_dir=str(self._directory),
+            file_id=file_id,
+            error=str(error),
+            failures=self.failures,
+        )
+
     def take(self, file_id: int) -> Path | None:
-        """The prepared file for `file_id` if it is ready now; never waits for it."""
+        """The prepared file for `file_id` if it is ready now; never waits for it. None when it
+        is not ready or failed (`_report_failure` told): the caller creates the file."""
         entry = self._jobs.pop(file_id, None)
         if entry is None:
             return None
@@ -127,9 +163,11 @@ class JournalFileWriter:
     """The current journal file. Every method runs on the journal's writer thread.
 
     `commit(group)` writes and syncs one group. Production (`ACK_AFTER_SYNC`, no crash point
-    armed) commits with `_commit`, chosen here once: no policy call per group, and one system
-    call per group where the disk offers `write_synced`. A test's ack policy or armed crash
-    points get the same steps one by one (`write_group`, `sync_current`), crash points between.
+    armed) commits with `_commit`, chosen here once: no policy call per group, and one disk
+    call per group (`Disk.write_synced`, one system call on the real disk), whatever the disk:
+    the fault suite's and the simulation's disks run this path too. A test's ack policy or
+    armed crash points get the same steps one by one (`write_group`, `sync_current`), crash
+    points between.
     """
 
     def __init__(
@@ -137,17 +175,14 @@ class JournalFileWriter:
         directory: Path,
         *,
         sync: bool,
-        sync_function: Callable[[int], None],
         preallocator: Preallocator | None,
         disk: Disk = OS_DISK,
         zero_filler: ZeroFiller | None = None,
-        write_synced: Callable[[int, bytes | bytearray | memoryview, int], None] | None = None,
         crash_points: CrashPoints = NO_CRASH_POINTS,
         ack_policy: JournalAckPolicy = ACK_AFTER_SYNC,
     ) -> None:
         self._directory = directory
         self._sync = sync
-        self._sync_function = sync_function
         self._preallocator = preallocator
         self._disk = disk
         self._zero_filler = zero_filler
@@ -155,9 +190,6 @@ class JournalFileWriter:
         self._file_id = 0
         self._end = 0  # Offset after the last group written to the current file.
         self._crash_points = crash_points
-        # Write and sync in one call (`OsDisk.write_synced`): only for the real disk with its
-        # own fdatasync, on the production path.
-        self._write_synced = write_synced if sync else None
         self.commit: Callable[[Group], float] = (
             self._commit
             if ack_policy is ACK_AFTER_SYNC and not crash_points.armed
@@ -185,18 +217,14 @@ class JournalFileWriter:
     def _commit(self, group: Group) -> float:
         """Production: write the group and sync it once; return the seconds the sync took."""
         fd = self._start_group(group)
-        if self._write_synced is not None:
-            started = time.perf_counter()
-            self._write_synced(fd, group.data, group.start_offset)
+        if not self._sync:  # UNSAFE mode (journal.sync = false): the page cache is not flushed.
+            self._disk.write(fd, group.data, group.start_offset)
             self._end = max(self._end, group.start_offset + len(group.data))
-            return time.perf_counter() - started  # Write and sync together.
-        self._disk.write(fd, group.data, group.start_offset)
-        self._end = max(self._end, group.start_offset + len(group.data))
-        if not self._sync:
-            return 0.0  # UNSAFE mode (journal.sync = false): the page cache is not flushed.
+            return 0.0
         started = time.perf_counter()
-        self._sync_function(fd)
-        return time.perf_counter() - started
+        self._disk.write_synced(fd, group.data, group.start_offset)
+        self._end = max(self._end, group.start_offset + len(group.data))
+        return time.perf_counter() - started  # Write and sync together.
 
     def write_group(self, group: Group) -> None:
         """Write the group (rolling to its file first), not synced: for ack policies."""
@@ -210,7 +238,7 @@ class JournalFileWriter:
         if not self._sync or self._fd is None:
             return 0.0
         started = time.perf_counter()
-        self._sync_function(self._fd)
+        self._disk.fdatasync(self._fd)
         self._crash_points.reached("journal.after_sync_before_ack")
         return time.perf_counter() - started
 

@@ -15,7 +15,11 @@
 - fail writes and syncs while a file exists (`fault_file`): it holds an errno name, optionally
   a file-name suffix the fault is aimed at and `write` or `sync` (both by default), e.g.
   `ENOSPC .log` (entry logs full), `EIO lastMark.tmp sync` (checkpoints), `EIO .jnl sync` (the
-  journal's fsync). A test process writes it into a running bookie and removes it to heal.
+  journal's fsync), `ENOSPC .prealloc` (the journal's preparation of its next file). A test
+  process writes it into a running bookie and removes it to heal.
+
+The journal commits a group with `write_synced`, here this disk's write then its sync: the
+journal's production commit path runs under every fault above.
 
 A bookie gets one from its test entry point's `--disk` option (bkaio.testing.bookie), a spec
 that `disk_from_spec` reads; the shard's journal, entry logs and disk checks share it:
@@ -116,6 +120,12 @@ class FakeDisk:
             self.stats.syncs += 1
             self._targeted_syncs += 1 if targeted else 0
         os.fdatasync(fd)
+
+    def write_synced(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """The journal's commit: this disk's write, then its sync, with their faults and
+        delays (a full disk fails the write, EIO the sync; lazy data is synced on return)."""
+        self.write(fd, data, offset)
+        self.fdatasync(fd)
 
     def _eio_may_hit(self, fd: int) -> bool:
         if not self.eio_file_suffix:

@@ -95,6 +95,11 @@ class SimDisk:
         file.pending.clear()
         self.stats.syncs += 1
 
+    def write_synced(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """The journal's commit: held, then the file's pending writes land (or the sync fails)."""
+        self.write(fd, data, offset)
+        self.fdatasync(fd)
+
     def close(self, fd: int) -> None:
         self._by_fd.pop(fd, None)
         os.close(fd)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
-from dataclasses import replace
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog
 
 from bkaio.errors import ConfigError
 from bkaio.journal import (
@@ -19,6 +23,7 @@ from bkaio.journal import (
 )
 from bkaio.journal.files import HEADER_BYTES, delete_gradually, file_name, list_file_ids
 from bkaio.journal.writer import Group, JournalFileWriter, Preallocator
+from bkaio.testing.disk import FakeDisk
 
 
 def entry(entry_id: int, ledger_id: int = 1) -> EntryRecord:
@@ -110,9 +115,7 @@ async def test_preallocated_next_file_is_used_and_replays_cleanly(
 
 def test_the_writer_switches_to_a_prepared_file(tmp_path: Path) -> None:
     preallocator = Preallocator(tmp_path, 64 * 1024, sync=False)
-    writer = JournalFileWriter(
-        tmp_path, sync=False, sync_function=lambda fd: None, preallocator=preallocator
-    )
+    writer = JournalFileWriter(tmp_path, sync=False, preallocator=preallocator)
     try:
         writer.open_new(1)  # Nothing prepared yet: created fresh; file 2 is being prepared.
         assert (tmp_path / file_name(1)).stat().st_size == HEADER_BYTES
@@ -126,6 +129,82 @@ def test_the_writer_switches_to_a_prepared_file(tmp_path: Path) -> None:
         writer.close()
         preallocator.shutdown()
     assert not list(tmp_path.glob("*.prealloc"))
+
+
+@dataclass
+class NoRoomForPreparations(FakeDisk):
+    """The file system fills up under the journal's preparations: their writes from offset
+    `fail_from` on fail with ENOSPC (the journal's own files still have room)."""
+
+    fail_from: int = HEADER_BYTES
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        if offset >= self.fail_from and os.readlink(f"/proc/self/fd/{fd}").endswith(".prealloc"):
+            raise OSError(errno.ENOSPC, "No space left on device (test)")
+        super().write(fd, data, offset)
+
+
+def _preallocation_failures(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    return [line for line in logs if line["event"] == "journal_preallocation_failed"]
+
+
+def test_a_failed_preparation_is_told_removed_and_the_roll_creates_the_file(
+    tmp_path: Path,
+) -> None:
+    # The first zero chunk fits, the next does not: a partial file of 256 KiB is left to remove.
+    disk = NoRoomForPreparations(fail_from=HEADER_BYTES + 256 * 1024)
+    preallocator = Preallocator(tmp_path, 1024 * 1024, sync=True, disk=disk)
+    writer = JournalFileWriter(tmp_path, sync=True, preallocator=preallocator, disk=disk)
+    with structlog.testing.capture_logs() as logs:
+        try:
+            writer.open_new(1)  # File 2's preparation starts: it runs out of room.
+            error = preallocator._jobs[2][0].exception(timeout=30)
+            assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+            assert not list(tmp_path.glob("*.prealloc"))  # Its partial file is gone.
+            group = Group(
+                bytearray(b"x" * 100), 2, HEADER_BYTES, True, [HEADER_BYTES + 100], [], ""
+            )
+            writer.commit(group)  # Rolls to a file created the ordinary way.
+            assert (tmp_path / file_name(2)).stat().st_size == HEADER_BYTES + 100
+        finally:
+            writer.close()
+            preallocator.shutdown()  # Waits for file 3's preparation (and its report).
+    assert not list(tmp_path.glob("*.prealloc"))
+    failures = _preallocation_failures(logs)
+    assert failures and failures[0]["file_id"] == 2, logs
+    assert {line["log_level"] for line in failures} == {"warning"}
+    assert "No space left on device" in failures[0]["error"]
+    assert preallocator.failures == len(failures)
+
+
+async def test_a_journal_whose_preparations_fail_rolls_and_commits(
+    config: JournalConfig,
+) -> None:
+    config = replace(config, preallocate_next_file=True, max_file_bytes=8192, sync=True)
+    disk = NoRoomForPreparations()
+    with structlog.testing.capture_logs() as logs:
+        journal = await Journal.open(config, disk=disk)
+        try:
+            preallocator = journal._preallocator
+            assert preallocator is not None
+            for _ in range(3000):  # ~30 s: a bound for a hung test, not a timing claim.
+                if preallocator.failures:
+                    break
+                await asyncio.sleep(0.01)
+            marks = [await journal.append(entry(i)) for i in range(60)]
+        finally:
+            await journal.close()
+    directory = config.directories[0]
+    assert len({mark.file_id for mark in marks}) >= 3  # Rolled to fresh files.
+    assert not list(directory.glob("*.prealloc"))
+    assert _preallocation_failures(logs)[0]["file_id"] == 2
+    reopened = await Journal.open(config)
+    try:
+        result = reopened.replay(None)
+    finally:
+        await reopened.close()
+    assert [mark for mark, _record in result.records] == marks
+    assert result.corruption == []
 
 
 async def test_journal_open_needs_a_directory_when_there_are_several(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ ack-before-fsync mutation and an armed crash point passed to the journal as part
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -120,8 +122,6 @@ async def test_fsync_eio_fails_the_batch_and_stops_the_journal(tmp_path: Path) -
 
 
 def test_torn_write_lands_half(tmp_path: Path) -> None:
-    import os
-
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)
     disk = FakeDisk(lazy=True, tear=True)
@@ -155,3 +155,30 @@ def test_usage_file_makes_the_disk_report_that_fraction(tmp_path: Path) -> None:
     usage_file.write_text("full")
     with pytest.raises(OSError, match="not a usage fraction"):
         disk.usage(tmp_path)
+
+
+def test_write_synced_is_the_disk_s_write_then_its_sync(tmp_path: Path) -> None:
+    """The journal's commit call keeps each fault's meaning: lazy data is synced on return,
+    EIO fails it and drops the data, a full disk fails the write before any sync."""
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    lazy = FakeDisk(lazy=True)
+    lazy.write_synced(fd, b"a" * 10, 0)
+    assert lazy.unsynced_bytes == 0 and lazy.crash() == 0  # A power failure keeps it.
+    lazy.close(fd)
+    assert path.read_bytes() == b"a" * 10
+
+    fd = os.open(path, os.O_RDWR)
+    failing = FakeDisk(lazy=True, eio_after_syncs=0)
+    with pytest.raises(OSError) as raised:
+        failing.write_synced(fd, b"b" * 10, 10)
+    assert raised.value.errno == errno.EIO and failing.stats.dropped_bytes == 10
+
+    fault_file = tmp_path / "fault"
+    fault_file.write_text("ENOSPC write")
+    full = FakeDisk(fault_file=fault_file)
+    with pytest.raises(OSError) as raised:
+        full.write_synced(fd, b"c" * 10, 10)
+    assert raised.value.errno == errno.ENOSPC and full.stats.syncs == 0
+    full.close(fd)
+    assert path.read_bytes() == b"a" * 10
