@@ -11,23 +11,37 @@ ledger is collected only when it was a candidate in two scans at least `grace` s
 (and still is). The local list is taken *before* the metadata list, so a ledger created
 between the two is never a candidate. After deleting, `compact()` reclaims the entry-log
 space; compaction also runs every `compaction_interval_seconds`.
+
+An over-replicated ledger is deleted while this bookie holds its under-replication lock
+(BookKeeper's GC does the same): the lock first, then the metadata and the mark read again,
+then the delete, then the lock given back. A replicator claims a ledger (that lock) before it
+copies anything, so none can start copying the ledger here between the last look at the
+metadata and the delete; checked without the lock, a copy that started in that window (a
+ledger marked and claimed just then, with this bookie as the replacement) was deleted under
+it, and the metadata then named this bookie for entries it had lost. A ledger whose lock a
+replicator holds is left for a later run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
 from bkaio.entrylog.types import CompactionReport
-from bkaio.errors import NoSuchLedgerError
+from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.meta import Metadata
-from bkaio.meta.autorecovery import LOCKS_PREFIX
 
 log = structlog.get_logger(__name__)
+
+# The lease of the locks a run holds while it deletes: kept alive meanwhile; a bookie that dies
+# mid-run keeps replicators off those ledgers this long at most.
+LOCK_LEASE_TTL_SECONDS = 30.0
 
 
 class GcStorage(Protocol):
@@ -47,8 +61,14 @@ class GcMetadata(Protocol):
         """Bookies named by the ledger's segments; None if it has no metadata."""
         ...
 
-    async def under_replication(self, ledger_id: int) -> bool:
-        """Marked under-replicated or locked by a replicator."""
+    async def marked(self, ledger_id: int) -> bool:
+        """Marked under-replicated (a replicator may be copying it, perhaps here)."""
+        ...
+
+    def hold(self, ledger_ids: Collection[int]) -> AbstractAsyncContextManager[set[int]]:
+        """Take the under-replication lock of each of `ledger_ids` that nobody holds; the
+        context's value is the ids taken, their locks given back on exit. While one is held no
+        replicator can claim that ledger."""
         ...
 
 
@@ -112,13 +132,11 @@ class GarbageCollector:
                 if bookies is not None and self._bookie_id not in bookies:
                     unnamed.add(ledger_id)
             over_due = self._due(unnamed, self._unnamed_since, now, self._over_grace)
-        doomed = await self._confirm(deleted_due, over_due)
-        removed: list[int] = []
-        if doomed:
-            removed = await self._storage.delete_ledgers(doomed)
-            for ledger_id in removed:
-                self._missing_since.pop(ledger_id, None)
-                self._unnamed_since.pop(ledger_id, None)
+        if over_due:
+            async with self._metadata.hold(over_due) as held:  # Deleted while held.
+                removed = await self._delete(deleted_due, [i for i in over_due if i in held])
+        else:
+            removed = await self._delete(deleted_due, [])
         compaction = None
         if (removed and self._compact_after_delete) or (
             now - self._last_compaction >= self._compaction_interval
@@ -142,27 +160,40 @@ class GarbageCollector:
             )
         return report
 
-    async def _confirm(self, deleted_due: list[int], over_due: list[int]) -> list[int]:
-        """Re-check just before deleting: the metadata may have changed during the scan."""
+    async def _delete(self, deleted_due: list[int], over_held: list[int]) -> list[int]:
+        """Delete what `_confirm` confirms (the over-replicated ledgers' locks held)."""
+        doomed = await self._confirm(deleted_due, over_held)
+        if not doomed:
+            return []
+        removed = await self._storage.delete_ledgers(doomed)
+        for ledger_id in removed:
+            self._missing_since.pop(ledger_id, None)
+            self._unnamed_since.pop(ledger_id, None)
+        return removed
+
+    async def _confirm(self, deleted_due: list[int], over_held: list[int]) -> list[int]:
+        """Re-check just before deleting: the metadata may have changed during the scan. The
+        over-replicated ones are re-read with their locks held (`hold`)."""
         doomed: list[int] = []
         for ledger_id in deleted_due:
             if await self._metadata.bookies_of(ledger_id) is None:
                 doomed.append(ledger_id)
-        for ledger_id in over_due:
+        for ledger_id in over_held:
             bookies = await self._metadata.bookies_of(ledger_id)
             if bookies is None or self._bookie_id in bookies:
                 continue
-            if await self._metadata.under_replication(ledger_id):
-                continue  # A replicator may be copying to this bookie right now.
+            if await self._metadata.marked(ledger_id):
+                continue  # A replicator whose lease lapsed may still be copying here.
             doomed.append(ledger_id)
         return doomed
 
 
 class MetadataGcSource:
-    """`GcMetadata` over `bkaio.meta.Metadata`."""
+    """`GcMetadata` over `bkaio.meta.Metadata`; `owner` names the locks it takes."""
 
-    def __init__(self, metadata: Metadata) -> None:
+    def __init__(self, metadata: Metadata, *, owner: str = "gc") -> None:
         self._metadata = metadata
+        self._owner = owner
 
     async def ledger_ids(self) -> set[int]:
         return {ledger_id async for ledger_id in self._metadata.ledgers.list_ids()}
@@ -174,8 +205,22 @@ class MetadataGcSource:
             return None
         return {bookie_id for _, ensemble in record.ensembles for bookie_id in ensemble}
 
-    async def under_replication(self, ledger_id: int) -> bool:
-        if await self._metadata.underreplication.get(ledger_id) is not None:
-            return True
-        lock = await self._metadata.store.get(f"{LOCKS_PREFIX}{ledger_id:020d}")
-        return lock is not None
+    async def marked(self, ledger_id: int) -> bool:
+        return await self._metadata.underreplication.get(ledger_id) is not None
+
+    @contextlib.asynccontextmanager
+    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[set[int]]:
+        underreplication = self._metadata.underreplication
+        lease = await self._metadata.store.grant_lease(LOCK_LEASE_TTL_SECONDS)
+        lease.start_keep_alive()
+        try:
+            held: set[int] = set()
+            for ledger_id in ledger_ids:
+                if await underreplication.lock(ledger_id, lease, owner=self._owner) is not None:
+                    held.add(ledger_id)
+            yield held
+        finally:
+            try:
+                await lease.revoke()  # Its locks go with it.
+            except BKError as error:  # They lapse with the lease's TTL then.
+                log.warning("gc_lock_release_failed", owner=self._owner, error=str(error))

@@ -344,7 +344,7 @@ class ShardWorker:
             gc = self.config.gc
             self._gc = GarbageCollector(
                 storage,
-                MetadataGcSource(self._gc_metadata),
+                MetadataGcSource(self._gc_metadata, owner=f"gc:{self.config.bookie_id}"),
                 bookie_id=self.config.bookie_id,
                 grace_seconds=gc.grace_seconds,
                 collect_overreplicated=gc.collect_overreplicated,

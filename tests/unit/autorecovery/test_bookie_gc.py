@@ -1,20 +1,32 @@
+"""The bookie's garbage collection against fake storage and metadata (its rules: two scans a
+grace period apart, marks and locks respected, deletes under the ledger's lock), and the real
+metadata source's locks on the embedded (SQLite) driver."""
+
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 
-from bkaio.bookie.gc import GarbageCollector
+from bkaio.bookie.gc import GarbageCollector, MetadataGcSource
 from bkaio.entrylog.types import CompactionReport
+from bkaio.meta import Metadata
 
 
 class FakeGcStorage:
+    """A shard's ledgers as a set; `during_delete`, when set, runs inside `delete_ledgers`
+    before anything is deleted (the real one checkpoints first: other tasks run meanwhile)."""
+
     def __init__(self, ledger_ids: Iterable[int]) -> None:
         self.ledgers = set(ledger_ids)
         self.compactions = 0
+        self.during_delete: Callable[[], Awaitable[None]] | None = None
 
     def ledger_ids(self) -> list[int]:
         return sorted(self.ledgers)
 
     async def delete_ledgers(self, ledger_ids: Iterable[int]) -> list[int]:
+        if self.during_delete is not None:
+            await self.during_delete()
         removed = sorted(set(ledger_ids) & self.ledgers)
         self.ledgers -= set(removed)
         return removed
@@ -25,9 +37,12 @@ class FakeGcStorage:
 
 
 class FakeGcMetadata:
+    """Ledgers' bookies, marks, and under-replication locks (ledger id -> holder)."""
+
     def __init__(self, ledgers: dict[int, set[str]]) -> None:
         self.ledgers = ledgers
-        self.under_replication_ids: set[int] = set()
+        self.marked_ids: set[int] = set()
+        self.locks: dict[int, str] = {}
 
     async def ledger_ids(self) -> set[int]:
         return set(self.ledgers)
@@ -35,8 +50,40 @@ class FakeGcMetadata:
     async def bookies_of(self, ledger_id: int) -> set[str] | None:
         return self.ledgers.get(ledger_id)
 
-    async def under_replication(self, ledger_id: int) -> bool:
-        return ledger_id in self.under_replication_ids
+    async def marked(self, ledger_id: int) -> bool:
+        return ledger_id in self.marked_ids
+
+    @contextlib.asynccontextmanager
+    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[set[int]]:
+        held = {i for i in ledger_ids if i not in self.locks}
+        self.locks.update(dict.fromkeys(held, "gc"))
+        try:
+            yield held
+        finally:
+            for ledger_id in held:
+                del self.locks[ledger_id]
+
+
+class FakeReplicatorCopyingHere:
+    """A replication worker whose replacement for a ledger's lost bookie is this one ("me:1"):
+    it claims the ledger (its lock) unless someone holds it, copies the fragment here, puts
+    this bookie into the metadata and completes the mark."""
+
+    def __init__(self, storage: FakeGcStorage, metadata: FakeGcMetadata) -> None:
+        self._storage = storage
+        self._metadata = metadata
+
+    async def replicate(self, ledger_id: int, lost: str) -> bool:
+        """False when the ledger's lock is held by someone else (tried again later)."""
+        if ledger_id in self._metadata.locks:
+            return False
+        self._metadata.locks[ledger_id] = "worker"
+        self._storage.ledgers.add(ledger_id)  # The copy's entries land here...
+        bookies = self._metadata.ledgers[ledger_id]
+        self._metadata.ledgers[ledger_id] = (bookies - {lost}) | {"me:1"}  # ...then the swap.
+        self._metadata.marked_ids.discard(ledger_id)
+        del self._metadata.locks[ledger_id]
+        return True
 
 
 class FakeClock:
@@ -93,14 +140,61 @@ async def test_ledger_whose_metadata_appears_late_is_never_collected() -> None:
 
 
 async def test_overreplicated_ledger_is_collected_unless_being_replicated() -> None:
-    storage = FakeGcStorage([3, 4])
-    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}})
-    metadata.under_replication_ids.add(4)
+    storage = FakeGcStorage([3, 4, 5])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}, 5: {"a", "b", "c"}})
+    metadata.marked_ids.add(4)
+    metadata.locks[5] = "worker"  # A replicator holds it (perhaps copying it here).
     clock = FakeClock()
     gc = _collector(storage, metadata, clock, overreplicated_grace_seconds=0.0)
     assert (await gc.run_once()).overreplicated == ()
     report = await gc.run_once()
-    assert report.overreplicated == (3,) and storage.ledgers == {4}
+    assert report.overreplicated == (3,) and storage.ledgers == {4, 5}
+    assert metadata.locks == {5: "worker"}  # Left to its holder; the collector's given back.
+
+
+async def test_a_ledger_copied_here_while_being_collected_is_not_deleted_under_the_copy() -> None:
+    """This bookie holds a stale copy of ledger 3 (moved off it earlier). While the collector
+    deletes it, bookie "a" is lost and a replicator picks this bookie to replace it: checked
+    without the ledger's lock, the copy landed between the collector's last look at the
+    metadata and its delete, was deleted, and the metadata then named this bookie for
+    entries it no longer held."""
+    storage = FakeGcStorage([3])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}})
+    replicator = FakeReplicatorCopyingHere(storage, metadata)
+    gc = _collector(storage, metadata, FakeClock(), overreplicated_grace_seconds=0.0)
+    await gc.run_once()  # First scan: a candidate.
+    copied_during_delete: list[bool] = []
+
+    async def bookie_a_lost_and_ledger_3_replicated_here() -> None:
+        metadata.marked_ids.add(3)  # The auditor marks it...
+        copied_during_delete.append(await replicator.replicate(3, lost="a"))  # ...a worker.
+
+    storage.during_delete = bookie_a_lost_and_ledger_3_replicated_here
+    await gc.run_once()
+    storage.during_delete = None
+    if "me:1" in metadata.ledgers[3]:
+        assert 3 in storage.ledgers, "the metadata names this bookie, which lost the copy"
+    assert copied_during_delete == [False]  # The collector held the lock: the worker waits...
+    assert metadata.locks == {}
+    assert await replicator.replicate(3, lost="a")  # ...and copies once it is given back.
+    assert 3 in storage.ledgers and "me:1" in metadata.ledgers[3]
+
+
+async def test_while_the_collector_holds_a_ledger_no_worker_can_claim_it(meta: Metadata) -> None:
+    """`MetadataGcSource.hold` over real metadata: the under-replication locks workers claim."""
+    await meta.underreplication.mark(7, ["b:1"])
+    await meta.underreplication.mark(8, ["b:1"])
+    worker = await meta.store.grant_lease(30.0)
+    assert await meta.underreplication.claim(8, worker, owner="worker") is not None
+    source = MetadataGcSource(meta, owner="gc:me")
+    async with source.hold([7, 8, 9]) as held:
+        assert held == {7, 9}  # 8's lock is the worker's.
+        assert await meta.underreplication.claim(7, worker, owner="worker") is None
+        assert await meta.underreplication.locked() == {7, 8, 9}
+        assert await source.marked(7) and not await source.marked(9)
+    assert await meta.underreplication.locked() == {8}
+    assert await meta.underreplication.claim(7, worker, owner="worker") is not None
+    await worker.revoke()
 
 
 async def test_nothing_to_collect_means_no_compaction() -> None:
