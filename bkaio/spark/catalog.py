@@ -30,8 +30,8 @@ from bkaio.spark.planner import ReadRange, plan_partitions, stream_ranges
 from bkaio.stream.errors import StreamNotFoundError
 from bkaio.stream.model import StreamMeta
 from bkaio.stream.reader import end_seq
+from bkaio.stream.segments import STREAM_PASSWORD
 from bkaio.stream.store import StreamStore, metadata_of
-from bkaio.stream.writer import STREAM_PASSWORD
 
 log = structlog.get_logger(__name__)
 

@@ -43,8 +43,8 @@ from bkaio.spark.errors import SparkJobAbortedError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
+from bkaio.stream.segments import STREAM_PASSWORD, seal_open_segment, stream_ledger_metadata
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
-from bkaio.stream.writer import STREAM_PASSWORD, seal_open_segment, stream_ledger_metadata
 
 log = structlog.get_logger(__name__)
 

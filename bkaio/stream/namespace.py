@@ -36,13 +36,9 @@ from bkaio.stream.model import (
 )
 from bkaio.stream.reader import ReaderOptions, Start, StreamReader, end_seq, first_available
 from bkaio.stream.reader import open_reader as _open_reader
+from bkaio.stream.segments import namespace_sealed_bytes, seal_open_segment
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
-from bkaio.stream.writer import (
-    StreamWriter,
-    WriterOptions,
-    namespace_sealed_bytes,
-    seal_open_segment,
-)
+from bkaio.stream.writer import StreamWriter, WriterOptions
 from bkaio.stream.writer import open_writer as _open_writer
 
 if TYPE_CHECKING:

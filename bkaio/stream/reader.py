@@ -42,8 +42,8 @@ from bkaio.stream.errors import (
     StreamTruncatedError,
 )
 from bkaio.stream.model import CursorState, Segment, StreamMeta, StreamPosition, StreamRecord
+from bkaio.stream.segments import STREAM_PASSWORD
 from bkaio.stream.store import StreamStore, now_ms
-from bkaio.stream.writer import STREAM_PASSWORD
 from bkaio.supervision import spawn_job
 
 if TYPE_CHECKING:

@@ -36,7 +36,6 @@ from bkaio.errors import (
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
-    NoSuchLedgerError,
     QuotaExceededError,
     TooManyRequestsError,
 )
@@ -44,6 +43,12 @@ from bkaio.ledger_client.errors import copy_error
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.stream.errors import InvalidStreamArgumentError, StreamNotFoundError
 from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta, StreamPosition
+from bkaio.stream.segments import (
+    STREAM_PASSWORD,
+    namespace_sealed_bytes,
+    seal_open_segment,
+    stream_ledger_metadata,
+)
 from bkaio.stream.store import StreamStore, now_ms
 from bkaio.supervision import spawn_job
 
@@ -52,7 +57,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-STREAM_PASSWORD = b"bkaio-stream"  # Guards stream ledgers against stray ledger-API writers.
 _QUOTA_REFRESH_SECONDS = 1.0  # How stale the namespace's sealed-bytes figure may get.
 
 
@@ -74,32 +78,6 @@ class WriterOptions:
                 f"need ensemble_size ({self.ensemble_size}) >= write_quorum "
                 f"({self.write_quorum}) >= ack_quorum ({self.ack_quorum}) >= 1"
             )
-
-
-async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> StreamMeta:
-    """`meta` with its open segment (if any) recovered and sealed; not yet written back.
-
-    Recovering the ledger fences whoever still writes it, so its end can no longer move.
-    """
-    segment = meta.open_segment
-    if segment is None:
-        return meta
-    try:
-        handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=True)
-    except NoSuchLedgerError:
-        # Created, named in the record, then deleted by hand: nothing can be read from it.
-        log.warning("stream_segment_ledger_missing", stream=where, ledger_id=segment.ledger_id)
-        sealed = segment.closed(-1, 0, now_ms())
-    else:
-        sealed = segment.closed(handle.last_entry_id, handle.metadata.length, now_ms())
-    log.info(
-        "stream_segment_recovered",
-        stream=where,
-        ledger_id=segment.ledger_id,
-        last_seq=sealed.last_seq,
-        bytes=sealed.bytes,
-    )
-    return replace(meta, segments=(*meta.segments[:-1], sealed))
 
 
 class StreamWriter:
@@ -518,24 +496,6 @@ class StreamWriter:
                 f"stream {self._where}: writer epoch {self.epoch} was fenced by epoch "
                 f"{meta.epoch} (another writer opened the stream)"
             )
-
-
-def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:
-    """Custom metadata on every stream ledger: lets an operator find orphans after a crash."""
-    return {
-        "bkaio.stream": f"{namespace}/{stream}".encode(),
-        "bkaio.epoch": str(epoch).encode(),
-    }
-
-
-async def namespace_sealed_bytes(store: StreamStore, namespace: str) -> int:
-    """Bytes in the sealed segments of every stream of `namespace`."""
-    total = 0
-    for stream in await store.list_streams(namespace):
-        meta = await store.find_stream(namespace, stream)
-        if meta is not None:
-            total += meta.sealed_bytes
-    return total
 
 
 async def open_writer(

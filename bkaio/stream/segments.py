@@ -1,0 +1,66 @@
+"""A stream's ledgers as the writer, the namespace and the Spark sink all handle them: the
+password every stream ledger carries, the custom metadata that names its stream, sealing the
+segment a crashed writer left open, and the bytes a namespace's sealed segments hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import structlog
+
+from bkaio.errors import NoSuchLedgerError
+from bkaio.stream.model import StreamMeta
+from bkaio.stream.store import StreamStore, now_ms
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper
+
+log = structlog.get_logger(__name__)
+
+STREAM_PASSWORD = b"bkaio-stream"  # Guards stream ledgers against stray ledger-API writers.
+
+
+async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> StreamMeta:
+    """`meta` with its open segment (if any) recovered and sealed; not yet written back.
+
+    Recovering the ledger fences whoever still writes it, so its end can no longer move.
+    """
+    segment = meta.open_segment
+    if segment is None:
+        return meta
+    try:
+        handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=True)
+    except NoSuchLedgerError:
+        # Created, named in the record, then deleted by hand: nothing can be read from it.
+        log.warning("stream_segment_ledger_missing", stream=where, ledger_id=segment.ledger_id)
+        sealed = segment.closed(-1, 0, now_ms())
+    else:
+        sealed = segment.closed(handle.last_entry_id, handle.metadata.length, now_ms())
+    log.info(
+        "stream_segment_recovered",
+        stream=where,
+        ledger_id=segment.ledger_id,
+        last_seq=sealed.last_seq,
+        bytes=sealed.bytes,
+    )
+    return replace(meta, segments=(*meta.segments[:-1], sealed))
+
+
+def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:
+    """Custom metadata on every stream ledger: lets an operator find orphans after a crash."""
+    return {
+        "bkaio.stream": f"{namespace}/{stream}".encode(),
+        "bkaio.epoch": str(epoch).encode(),
+    }
+
+
+async def namespace_sealed_bytes(store: StreamStore, namespace: str) -> int:
+    """Bytes in the sealed segments of every stream of `namespace`."""
+    total = 0
+    for stream in await store.list_streams(namespace):
+        meta = await store.find_stream(namespace, stream)
+        if meta is not None:
+            total += meta.sealed_bytes
+    return total
