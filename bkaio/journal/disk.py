@@ -26,8 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
-from bkaio.journal.files import write_all
-
 
 class DiskSpace(NamedTuple):
     """Bytes of the file system holding a directory (the fields of `shutil.disk_usage`)."""
@@ -130,4 +128,15 @@ def _write_all_dsync(fd: int, data: bytes | bytearray | memoryview, offset: int)
             count = os.pwritev(fd, [view[written:]], offset + written, os.RWF_DSYNC)
             if count <= 0:
                 raise OSError(errno.EIO, f"pwritev returned {count}")
+            written += count
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """pwrite `data` at `offset`, looping on short writes."""
+    with memoryview(data) as view:
+        written = 0
+        while written < len(view):
+            count = os.pwrite(fd, view[written:], offset + written)
+            if count <= 0:
+                raise OSError(errno.EIO, f"pwrite returned {count}")
             written += count

@@ -19,14 +19,12 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from crc32c import crc32c
 
+from bkaio.journal.disk import Disk, write_all
 from bkaio.journal.errors import JournalError, JournalFormatError
-
-if TYPE_CHECKING:  # disk.py writes with write_all, from here.
-    from bkaio.journal.disk import Disk
 
 MAGIC: Final = b"BKJN"
 FORMAT_VERSION: Final = 1
@@ -116,17 +114,6 @@ def sync_directory(directory: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """pwrite `data` at `offset`, looping on short writes."""
-    with memoryview(data) as view:
-        written = 0
-        while written < len(view):
-            count = os.pwrite(fd, view[written:], offset + written)
-            if count <= 0:
-                raise OSError(errno.EIO, f"pwrite returned {count}")
-            written += count
 
 
 def create_file(directory: Path, file_id: int, *, sync: bool) -> int:

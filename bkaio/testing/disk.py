@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bkaio.errors import ConfigError
-from bkaio.journal.disk import OS_DISK, DiskSpace
-from bkaio.journal.files import write_all
+from bkaio.journal.disk import OS_DISK, DiskSpace, write_all
 
 
 @dataclass

@@ -29,8 +29,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bkaio.journal.disk import DiskSpace
-from bkaio.journal.files import write_all
+from bkaio.journal.disk import DiskSpace, write_all
 
 
 @dataclass
