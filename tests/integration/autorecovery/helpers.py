@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bkaio.entrylog.reading import entry_ranges
 from bkaio.ledger_client import BookKeeper
 from bkaio.ledger_client.quorum import write_set
 from bkaio.meta import LedgerMetadata, Metadata
@@ -117,10 +121,16 @@ def _address(cluster: BookieCluster, bookie_id: str) -> tuple[str, int]:
 
 
 async def verify_full_replication(
-    cluster: BookieCluster, md: LedgerMetadata, payloads: list[bytes]
+    cluster: BookieCluster,
+    md: LedgerMetadata,
+    payloads: list[bytes],
+    *,
+    before: LedgerMetadata | None = None,
 ) -> int:
     """Read every entry from every bookie of its write set with the raw protocol and check
-    payload and digest; the number of copies checked."""
+    payload and digest; the number of copies checked. A bookie that answers any read other
+    than OK fails it with a report (`_refused_reads_report`: statuses, the metadata now and
+    `before`, who holds which entries, every bookie's log lines about the ledger)."""
     assert md.is_closed and md.last_entry_id == len(payloads) - 1, md
     by_bookie: dict[str, list[int]] = {}
     segments = list(md.ensembles)
@@ -140,16 +150,21 @@ async def verify_full_replication(
             responses = await client.pipeline(requests)
         finally:
             await client.close()
+        answered_at = datetime.now(UTC)
+        refused: dict[int, Status] = {}
         for request in requests:
             response = responses[request.request_id]
             assert isinstance(response, ReadEntryResponse)
-            assert response.status is Status.OK, (
-                bookie_id,
-                md.ledger_id,
-                request.entry_id,
-                response.status,
-                sum(r.status is not Status.OK for r in responses.values()),  # Of this bookie's.
+            if response.status is not Status.OK:
+                refused[request.entry_id] = response.status
+        if refused:
+            report = await _refused_reads_report(
+                cluster, md, before, bookie_id, len(requests), refused, answered_at
             )
+            raise AssertionError(report)
+        for request in requests:
+            response = responses[request.request_id]
+            assert isinstance(response, ReadEntryResponse)
             entry = response.entry
             assert entry is not None and entry.payload == payloads[request.entry_id]
             assert entry.digest == entry_digest(
@@ -157,6 +172,93 @@ async def verify_full_replication(
             )
             checked += 1
     return checked
+
+
+def _metadata_line(md: LedgerMetadata) -> str:
+    segments = ", ".join(f"{first}: {list(ensemble)}" for first, ensemble in md.ensembles)
+    return (
+        f"{md.state.name} last entry {md.last_entry_id} version {md.version} "
+        f"E{md.ensemble_size}/Qw{md.write_quorum}/Qa{md.ack_quorum} segments {{{segments}}}"
+    )
+
+
+async def _refused_reads_report(
+    cluster: BookieCluster,
+    md: LedgerMetadata,
+    before: LedgerMetadata | None,
+    bookie_id: str,
+    asked: int,
+    refused: dict[int, Status],
+    answered_at: datetime,
+) -> str:
+    """Everything needed to tell a copy that is missing (NO_SUCH_ENTRY/NO_SUCH_LEDGER: a real
+    re-replication bug) from a bookie refusing reads, and how the ledger got there."""
+    ledger_id = md.ledger_id
+    first = min(refused)
+    statuses = Counter(status.name for status in refused.values())
+    lines = [
+        f"ledger {ledger_id}: {len(refused)} of {asked} READ_ENTRY to {bookie_id} answered other "
+        f"than OK at {answered_at.isoformat()}: {dict(statuses)}; entry {first} "
+        f"{refused[first].name}; entries refused {entry_ranges(sorted(refused))}",
+        f"metadata now: {_metadata_line(md)}",
+    ]
+    if before is not None:
+        lines.append(f"metadata before the kill: {_metadata_line(before)}")
+    lines.append(await _cluster_state(cluster))
+    lines.append(f"entries of ledger {ledger_id} each running bookie holds (LIST_ENTRIES):")
+    for bookie in cluster.bookies:
+        if bookie.running:
+            lines.append(
+                f"  {bookie.bookie_id}: {await _entry_list(cluster, bookie.bookie_id, md)}"
+            )
+    pattern = re.compile(rf'"ledger_id": {ledger_id}\b|ledger {ledger_id}\b')
+    for bookie in cluster.bookies:
+        state = "running" if bookie.running else f"exited {bookie.exit_codes}"
+        try:
+            text = bookie.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        named = [line for line in text.splitlines() if pattern.search(line)]
+        lines.append(
+            f"bookie-{bookie.index} {bookie.bookie_id} ({state}): {len(named)} log lines name "
+            f"ledger {ledger_id}" + (", the last 60:" if len(named) > 60 else ":")
+        )
+        lines.extend(f"  {line}" for line in named[-60:])
+        if bookie.bookie_id == bookie_id:
+            lines.append(f"the last 40 lines of {bookie_id}'s log:")
+            lines.extend(f"  {line}" for line in text.splitlines()[-40:])
+    return "\n".join(lines)
+
+
+async def _cluster_state(cluster: BookieCluster) -> str:
+    """Registered bookies, the auditor, marks and locks now (or why they could not be read)."""
+    try:
+        meta = await cluster.metadata()
+        registered = sorted(await meta.bookies.ids())
+        auditor = await meta.auditor.who_is_auditor()
+        marks = [record.to_dict() async for record in meta.underreplication.list()]
+        locked = sorted(await meta.underreplication.locked())
+    except Exception as error:  # A report must not hide the failure it reports.
+        return f"cluster state unreadable: {error!r}"
+    return f"registered {registered}; auditor {auditor}; marks {marks}; locked {locked}"
+
+
+async def _entry_list(cluster: BookieCluster, bookie_id: str, md: LedgerMetadata) -> str:
+    """The bookie's LIST_ENTRIES answer for the ledger, and whether the metadata names it."""
+    named = [first for first, ensemble in md.ensembles if bookie_id in ensemble]
+    where = f"named in segments {named}" if named else "not named"
+    try:
+        client = await RawClient.connect(*_address(cluster, bookie_id))
+        try:
+            response = await client.request(ListEntriesRequest(client.next_id(), md.ledger_id))
+        finally:
+            await client.close()
+    except Exception as error:  # Down, say: said so, not raised.
+        return f"{where}; LIST_ENTRIES failed: {error!r}"
+    assert isinstance(response, ListEntriesResponse)
+    if response.status is not Status.OK:
+        return f"{where}; {response.status.name}"
+    return f"{where}; {list(response.ranges)}"
 
 
 async def entries_held(cluster: BookieCluster, bookie_id: str, ledger_id: int) -> int:

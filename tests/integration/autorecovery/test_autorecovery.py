@@ -52,6 +52,7 @@ async def test_killed_auditor_bookie_is_rereplicated_and_auditor_moves(
     victim = cluster.bookie_ids.index(victim_id)
     affected = await ledgers_naming(meta, victim_id)
     assert affected, "the auditor's bookie holds no ledger: nothing to test"
+    before = {ledger_id: await meta.ledgers.get(ledger_id) for ledger_id in written}
 
     killed_at = time.monotonic()
     cluster.kill9(victim)
@@ -66,7 +67,7 @@ async def test_killed_auditor_bookie_is_rereplicated_and_auditor_moves(
     checked = 0
     for ledger_id, payloads in written.items():
         md = await meta.ledgers.get(ledger_id)
-        checked += await verify_full_replication(cluster, md, payloads)
+        checked += await verify_full_replication(cluster, md, payloads, before=before[ledger_id])
     assert checked == LEDGERS * ENTRIES * 3
     copied = len(affected) * ENTRIES
     print(
