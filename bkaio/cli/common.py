@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from bkaio.cli.params import METADATA_URI
+from bkaio.env_names import CLIENT_TLS_ENV_CA, CLIENT_TLS_ENV_CERT, CLIENT_TLS_ENV_KEY
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,15 +75,15 @@ def run_with_timeout(coroutine: Coroutine[Any, Any, T], timeout_seconds: float) 
 
 def client_tls_from_env() -> ssl.SSLContext | None:
     """A client TLS context from $BKAIO_TLS_CA (+ $BKAIO_TLS_CERT/$BKAIO_TLS_KEY for mutual TLS)."""
-    ca_file = os.environ.get("BKAIO_TLS_CA")
+    ca_file = os.environ.get(CLIENT_TLS_ENV_CA)
     if not ca_file:
         return None
     from bkaio.security import client_tls_context
 
     return client_tls_context(
         ca_file,
-        cert_file=os.environ.get("BKAIO_TLS_CERT") or None,
-        key_file=os.environ.get("BKAIO_TLS_KEY") or None,
+        cert_file=os.environ.get(CLIENT_TLS_ENV_CERT) or None,
+        key_file=os.environ.get(CLIENT_TLS_ENV_KEY) or None,
     )
 
 

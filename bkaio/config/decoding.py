@@ -35,6 +35,7 @@ from bkaio.config.sections import (
     TlsConfig,
 )
 from bkaio.entrylog.config import StorageConfig
+from bkaio.env_names import COMMAND_LINE_ONLY
 from bkaio.errors import ConfigError
 from bkaio.journal import JournalConfig
 
@@ -229,7 +230,7 @@ def merge_sources(
     # Longest section name first, so BKAIO_READ_ONLY_X is never read as section "read".
     by_length = sorted(_SECTION_HINTS, key=len, reverse=True)
     for variable, value in env.items():
-        if not variable.startswith(ENV_PREFIX):
+        if not variable.startswith(ENV_PREFIX) or variable in COMMAND_LINE_ONLY:
             continue
         rest = variable[len(ENV_PREFIX) :].lower()
         for section_name in by_length:

@@ -37,6 +37,10 @@ def test_environment_overrides_the_file() -> None:
         "BKAIO_ADMIN_ENABLED": "no",
         "BKAIO_METADATA": "etcd://elsewhere",  # Not a section key: another tool's variable.
         "BKAIO_SEED": "7",
+        # The command line's TLS files (docs/security.md), often exported where bookies start.
+        "BKAIO_TLS_CA": "/etc/bkaio/ca.pem",
+        "BKAIO_TLS_CERT": "/etc/bkaio/client.pem",
+        "BKAIO_TLS_KEY": "/etc/bkaio/client.key",
     }
     config = build_bookie_config(MINIMAL, env=env)
     assert config.port == 5000 and config.bookie_id == "127.0.0.1:5000"
