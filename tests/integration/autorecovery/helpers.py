@@ -58,7 +58,15 @@ def autorecovery_config(**autorecovery: Any) -> dict[str, dict[str, Any]]:
 async def write_ledgers(
     uri: str, count: int, entries: int, payload_bytes: int, *, close: bool = True
 ) -> dict[int, list[bytes]]:
-    """`count` E3/Qw3/Qa2 ledgers of `entries` entries each, a few written concurrently.
+    """`count` E3/Qw3/Qa3 ledgers of `entries` entries each, a few written concurrently.
+
+    Qa = Qw: an entry is acknowledged once every bookie of its write set holds it, so when this
+    returns each bookie holds every entry of its fragments, which the full-replication checks
+    (`verify_full_replication`) ask of it. A Qa2 writer closes a ledger once two bookies hold
+    each entry, and whatever the slowest one had not read yet is dropped when the client
+    closes: on a loaded machine a bookie held none of a late ledger, and the check after
+    re-replication failed on it at entry 0 (NO_SUCH_LEDGER for all 1000 reads, on a bookie of
+    the ledger's first ensemble, not a copy's destination).
 
     A generous add timeout: the test machine's 2 cores are shared by every bookie process."""
     limit = asyncio.Semaphore(4)
@@ -69,7 +77,7 @@ async def write_ledgers(
                 return await write_one(index)
 
         async def write_one(index: int) -> tuple[int, list[bytes]]:
-            handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+            handle = await bk.create_ledger(3, 3, 3, password=PASSWORD)
             payloads = [(b"%d-%d-" % (index, i)).ljust(payload_bytes, b"x") for i in range(entries)]
             await asyncio.gather(*(handle.append(p) for p in payloads))
             if close:

@@ -36,7 +36,9 @@ PAYLOAD_BYTES = 256
 async def test_killed_auditor_bookie_is_rereplicated_and_auditor_moves(
     bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
 ) -> None:
-    """5 bookies, 20 ledgers E3/Qw3/Qa2 x 1000 entries; kill -9 the auditor's bookie for good."""
+    """5 bookies, 20 ledgers E3/Qw3/Qa3 x 1000 entries; kill -9 the auditor's bookie for good.
+    Qa3: every bookie holds every entry before the kill (`write_ledgers`), so the check after
+    re-replication (every entry read from every bookie of its write set) checks the copies."""
     cluster = await bookie_cluster_factory(
         count=5, metadata_uri=etcd_server.uri, config=AUTORECOVERY_CONFIG
     )
@@ -119,7 +121,9 @@ async def test_decommission_under_writes_loses_no_write(
     async with BookKeeper.connect(etcd_server.uri, add_timeout=30.0) as bk:
 
         async def writer(index: int) -> None:
-            handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+            # Qa3, as write_ledgers: the check at the end reads every copy (a Qa2 writer does
+            # not wait for the slowest bookie, and its client's exit drops what it lacked).
+            handle = await bk.create_ledger(3, 3, 3, password=PASSWORD)
             payloads = written.setdefault(handle.ledger_id, [])
             while not stop.is_set():
                 batch = [b"w%d-%d" % (index, len(payloads) + i) for i in range(20)]
