@@ -106,6 +106,20 @@ def bound_for(spec: OffsetSpec, name: str, default: StreamBound) -> StreamBound:
     return spec.get(name, default)
 
 
+def check_offset_streams(options: ReadOptions, names: list[str]) -> None:
+    """Refuse JSON offsets naming a stream the query does not read (as Kafka's source does):
+    a misspelt name would otherwise leave its stream at the default bound unnoticed."""
+    for key, spec in (("startingOffsets", options.starting), ("endingOffsets", options.ending)):
+        if not isinstance(spec, dict):
+            continue
+        unknown = sorted(set(spec) - set(names))
+        if unknown:
+            raise SparkOptionError(
+                f"option {key} names stream(s) {', '.join(unknown)} that this query does not "
+                f"read; it reads: {', '.join(names) or 'none (no stream matches yet)'}"
+            )
+
+
 def check_start(state: StreamState, start: int, fail_on_data_loss: bool) -> int:
     """`start`, or the first available seq when it was truncated and data loss is allowed."""
     if start >= state.first_seq:
@@ -125,7 +139,9 @@ async def plan_batch(bk: BookKeeper, options: ReadOptions) -> list[tuple[ReadRan
         ranges = await ledger_ranges(bk, options)
     else:
         ranges = []
-        for name in await resolve_streams(bk, options):
+        names = await resolve_streams(bk, options)
+        check_offset_streams(options, names)
+        for name in names:
             state = await stream_state(bk, name)
             start = resolve_bound(
                 state, bound_for(options.starting, name, EARLIEST_SEQ), "startingOffsets"
@@ -199,7 +215,9 @@ async def plan_stream_batch(
 async def initial_offsets(bk: BookKeeper, options: ReadOptions) -> dict[str, int]:
     """Where a new streaming query starts: startingOffsets resolved per stream."""
     offsets: dict[str, int] = {}
-    for name in await resolve_streams(bk, options):
+    names = await resolve_streams(bk, options)
+    check_offset_streams(options, names)
+    for name in names:
         state = await stream_state(bk, name)
         seq = resolve_bound(
             state, bound_for(options.starting, name, EARLIEST_SEQ), "startingOffsets"

@@ -16,14 +16,19 @@ Read options (docs/spark.md has the full table):
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import re
+import types
+import typing
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from bkaio.errors import ConfigError
 from bkaio.ledger_client.types import ClientConfig
+from bkaio.meta.ledger_metadata import MAX_LEDGER_ID
 from bkaio.spark.errors import SparkOptionError
 
 EARLIEST: Final = "earliest"
@@ -189,30 +194,69 @@ def split_stream_name(name: str, key: str = "stream") -> tuple[str, str]:
     return namespace, stream
 
 
-def _client_options(options: dict[str, str], defaults: dict[str, Any]) -> dict[str, Any]:
-    """`bkaio.client.<field>` options, converted to the type of that ClientConfig field."""
-    fields = {f.name: f for f in dataclasses.fields(ClientConfig)}
-    result = dict(defaults)
-    for key, text in options.items():
+def _client_field_types() -> dict[str, tuple[type, bool]]:
+    """(type, optional) of every ClientConfig field, from its declared type: a field whose
+    default is None (auth_token: str | None) is typed by its annotation, not its default."""
+    fields: dict[str, tuple[type, bool]] = {}
+    for name, hint in typing.get_type_hints(ClientConfig).items():
+        optional = False
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            members = [m for m in typing.get_args(hint) if m is not type(None)]
+            optional = len(members) < len(typing.get_args(hint))
+            hint = members[0] if len(members) == 1 else hint
+        fields[name] = (hint, optional)
+    return fields
+
+
+_CLIENT_FIELDS: Final = _client_field_types()
+
+
+def _client_value(options: dict[str, str], key: str, kind: type, optional: bool) -> Any:
+    text = options[key]
+    # A string field takes the text as given (a token may well be "none"); other optional
+    # fields spell their default None as "none".
+    if kind is str:
+        return text
+    if optional and text.strip().lower() == "none":
+        return None
+    if kind is bool:
+        return _bool(options, key, False)
+    if kind not in (int, float):
+        raise SparkOptionError(f"option {key}: a {kind} setting cannot be given as a Spark option")
+    try:
+        value = kind(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):  # Refused here: NaN would pass ClientConfig's "x < 0" checks.
+        raise SparkOptionError(
+            f"option {key}={text!r} is not {'an integer' if kind is int else 'a number'}"
+            + (" (or none)" if optional else "")
+        )
+    return value
+
+
+def _client_options(options: dict[str, str]) -> dict[str, Any]:
+    """`bkaio.client.<field>` options, each converted to the declared type of its ClientConfig
+    field, and checked together by building the ClientConfig now: a bad value fails when the
+    query is planned, naming the option, rather than when an executor connects."""
+    result: dict[str, Any] = {}
+    for key in options:
         if not key.startswith(CLIENT_PREFIX):
             continue
         name = key[len(CLIENT_PREFIX) :]
-        if name not in fields:
+        if name not in _CLIENT_FIELDS:
+            known = ", ".join(_CLIENT_FIELDS)
             raise SparkOptionError(
-                f"option {key}: {name!r} is not a client setting; known: {', '.join(fields)}"
+                f"option {key}: {name!r} is not a client setting; known: {known}"
             )
-        default = fields[name].default
-        try:
-            if isinstance(default, bool):
-                result[name] = _bool(options, key, default)
-            elif isinstance(default, int):
-                result[name] = int(text)
-            elif isinstance(default, float) or default is None:
-                result[name] = float(text)
-            else:
-                result[name] = text
-        except ValueError:
-            raise SparkOptionError(f"option {key}={text!r} is not a valid {name}") from None
+        result[name] = _client_value(options, key, *_CLIENT_FIELDS[name])
+    try:
+        ClientConfig(**result)
+    except ConfigError as error:
+        # The message names the field(s) at fault; name the options that set them.
+        named = [name for name in result if re.search(rf"\b{name}\b", str(error))]
+        keys = ", ".join(f"{CLIENT_PREFIX}{name}" for name in named or result)
+        raise SparkOptionError(f"option {keys}: {error}") from None
     return result
 
 
@@ -299,8 +343,26 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
             raise SparkOptionError(
                 f"option ledgers={options['ledgers']!r} must be comma-separated ledger ids"
             ) from None
-        if not ledgers or min(ledgers) < 0:
-            raise SparkOptionError(f"option ledgers={options['ledgers']!r}: need ids >= 0")
+        if not ledgers:
+            raise SparkOptionError(f"option ledgers={options['ledgers']!r}: no ledger id")
+        outside = [i for i in ledgers if not 0 <= i <= MAX_LEDGER_ID]
+        if outside:
+            raise SparkOptionError(
+                f"option ledgers: {', '.join(map(str, outside))} outside [0, 2**63 - 1] "
+                "(ledger ids are signed 64-bit)"
+            )
+        # Refused rather than dropped: a repeated id is more likely a typo for another ledger
+        # than a wish to read one twice, and reading it twice would double its rows.
+        repeated = sorted(i for i, count in Counter(ledgers).items() if count > 1)
+        if repeated:
+            raise SparkOptionError(
+                f"option ledgers: {', '.join(map(str, repeated))} given more than once"
+            )
+    if "password" in options and not ledgers:
+        raise SparkOptionError(
+            f"bkaio {what}: option password applies to raw ledgers only; the ledgers of "
+            "streams are read with the stream password"
+        )
     starting_key = "startingoffsets" if "startingoffsets" in options else "startingposition"
     starting = parse_offsets(options.get(starting_key), starting_key, EARLIEST)
     ending = parse_offsets(options.get("endingoffsets"), "endingoffsets", LATEST)
@@ -329,7 +391,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         fail_on_data_loss=_bool(options, "failondataloss", True),
         password=options.get("password", "").encode(),
         batch_entries=_int(options, "batchentries", DEFAULT_BATCH_ENTRIES, minimum=1),
-        client=_client_options(options, {}),
+        client=_client_options(options),
     )
 
 
@@ -355,5 +417,5 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         ack_quorum=quorum("ackquorum"),
         sink_id=options.get("sinkid") or options.get("checkpointlocation"),
         batch_entries=_int(options, "batchentries", 1024, minimum=1),
-        client=_client_options(options, {}),
+        client=_client_options(options),
     )

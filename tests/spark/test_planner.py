@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from bkaio.ledger_client.types import ClientConfig
 from bkaio.spark.errors import SparkOptionError
 from bkaio.spark.options import (
     EARLIEST,
@@ -202,6 +205,92 @@ def test_read_options_parse_and_validate() -> None:
 def test_bad_read_options_say_what_is_wrong(options: dict[str, str], message: str) -> None:
     with pytest.raises(SparkOptionError, match=message):
         parse_read_options(options, streaming=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ledgers": "9223372036854775808"}, r"9223372036854775808 outside \[0, 2\*\*63 - 1\]"),
+        ({"ledgers": "4,-1"}, r"-1 outside \[0"),
+        ({"ledgers": "1,2,1,1,3,2"}, "1, 2 given more than once"),
+        ({"ledgers": " , "}, "no ledger id"),
+        ({"stream": "a/x", "password": "pw"}, "stream password"),
+        ({"streamsPattern": "a/.*", "password": ""}, "raw ledgers only"),
+    ],
+)
+def test_bad_ledgers_and_password_options_say_what_is_wrong(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SparkOptionError, match=message):
+        parse_read_options({"metadata": URI, **options}, streaming=False)
+
+
+def test_ledger_options_take_the_largest_id_and_a_password() -> None:
+    options = parse_read_options(
+        {"metadata": URI, "ledgers": f"0, {2**63 - 1}", "password": "pw"}, streaming=False
+    )
+    assert (options.ledgers, options.password) == ((0, 2**63 - 1), b"pw")
+
+
+def test_client_options_take_the_type_a_field_declares_not_its_defaults() -> None:
+    options = parse_read_options(
+        {
+            "metadata": URI,
+            "stream": "a/x",
+            "bkaio.client.auth_token": "12345",  # str | None, default None: stays a string.
+            "bkaio.client.speculative_read_timeout": "0.25",
+            "bkaio.client.read_ahead_entries_per_second": "None",
+            "bkaio.client.sticky_reads": "false",
+            "bkaio.client.read_batch_entries": "64",
+        },
+        streaming=False,
+    )
+    assert options.client == {
+        "auth_token": "12345",
+        "speculative_read_timeout": 0.25,
+        "read_ahead_entries_per_second": None,
+        "sticky_reads": False,
+        "read_batch_entries": 64,
+    }
+    token = parse_read_options(
+        {"metadata": URI, "stream": "a/x", "bkaio.client.auth_token": "s3cret"}, streaming=False
+    )
+    assert token.client == {"auth_token": "s3cret"}
+
+
+def test_every_client_field_parses_from_its_default_as_text() -> None:
+    given = {
+        f"bkaio.client.{f.name}": str(f.default)
+        for f in dataclasses.fields(ClientConfig)
+        if f.default is not None
+    }
+    options = parse_write_options({"metadata": URI, "stream": "a/out", **given})
+    defaults = {f.name: f.default for f in dataclasses.fields(ClientConfig)}
+    for name, value in options.client.items():
+        assert (value, type(value)) == (defaults[name], type(defaults[name])), name
+
+
+@pytest.mark.parametrize(
+    ("client", "message"),
+    [
+        ({"read_batch_entries": "0"}, r"bkaio\.client\.read_batch_entries: .*must be >= 1"),
+        ({"read_batch_entries": "1.5"}, r"read_batch_entries='1.5' is not an integer"),
+        ({"read_timeout": "soon"}, r"read_timeout='soon' is not a number"),
+        ({"explicit_lac_interval": "nan"}, r"explicit_lac_interval='nan' is not a number"),
+        ({"speculative_read_timeout": "x"}, r"timeout='x' is not a number \(or none\)"),
+        ({"speculative_read_timeout": "-1"}, r"bkaio\.client\.speculative_read_timeout: "),
+        ({"reconnect_backoff_max": "0.01"}, r"\.reconnect_backoff_max: reconnect_backoff_min"),
+        ({"sticky_reads": "maybe"}, "true or false"),
+    ],
+)
+def test_bad_client_options_fail_when_parsed_naming_the_option(
+    client: dict[str, str], message: str
+) -> None:
+    given = {f"bkaio.client.{name}": value for name, value in client.items()}
+    with pytest.raises(SparkOptionError, match=message):
+        parse_read_options({"metadata": URI, "stream": "a/x", **given}, streaming=False)
+    with pytest.raises(SparkOptionError, match=message):
+        parse_write_options({"metadata": URI, "stream": "a/out", **given})
 
 
 def test_streaming_refuses_ledgers_and_ending_offsets() -> None:
