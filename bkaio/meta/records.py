@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from bkaio.errors import InvalidArgumentError
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.store import MetadataStore
 
@@ -20,11 +21,38 @@ NAMESPACES_PREFIX = "/namespaces/"
 STREAMS_PREFIX = "/streams/"
 
 
-def check_name(kind: str, name: str) -> None:
-    if not name or "/" in name or not name.isprintable() or len(name) > 255:
-        raise InvalidMetadataError(
-            f"{kind} name {name!r} must be 1..255 printable characters without '/'"
-        )
+# A name is one segment of a metadata key (`/streams/<ns>/<stream>`): '/' would split it, and
+# the limit keeps keys well inside etcd's and SQLite's key sizes.
+NAME_MAX_CHARS = 255
+
+
+def name_problem(kind: str, name: object) -> str | None:
+    """Which rule `name` breaks as a `kind` name ("namespace", "stream", "cursor", "bookie"),
+    as a sentence; None when it is a good name. The one statement of the rules: `check_name`
+    and the stream layer's argument check both use it."""
+    if not isinstance(name, str):
+        return f"{kind} name must be a str, not {type(name).__name__} ({name!r:.40})"
+    shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}..."
+    if not name:
+        return f"{kind} name must not be empty"
+    if len(name) > NAME_MAX_CHARS:
+        return f"{kind} name {shown} is {len(name)} characters, more than {NAME_MAX_CHARS}"
+    if "/" in name:
+        return f"{kind} name {shown} must not contain '/'"
+    for index, char in enumerate(name):
+        if not char.isprintable():
+            return f"{kind} name {shown} has a non-printable character {char!r} at index {index}"
+    return None
+
+
+def check_name(kind: str, name: object) -> None:
+    """InvalidArgumentError saying which rule `name` breaks (`name_problem`), if it breaks one.
+
+    A bad name is the caller's argument, not a corrupt record: InvalidMetadataError stays for
+    records that read back broken."""
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise InvalidArgumentError(problem)
 
 
 @dataclass(frozen=True, slots=True)

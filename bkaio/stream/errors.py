@@ -1,12 +1,13 @@
 """Errors only the stream layer raises, until the lead moves them into `bkaio.errors`.
 
-Each subclasses `BKError` so a caller catching `BKError` keeps working when they move.
-`QuotaExceededError` already lives in `bkaio.errors` and is re-exported here for convenience.
+Each subclasses `BKError` (the argument error, `InvalidArgumentError`), so a caller catching
+those keeps working when they move. `QuotaExceededError` already lives in `bkaio.errors` and
+is re-exported here for convenience.
 """
 
 from __future__ import annotations
 
-from bkaio.errors import BKError, QuotaExceededError
+from bkaio.errors import BKError, InvalidArgumentError, QuotaExceededError
 
 __all__ = [
     "InvalidStreamArgumentError",
@@ -64,5 +65,9 @@ class StreamSegmentUnreadableError(BKError):
         self.segment = segment
 
 
-class InvalidStreamArgumentError(BKError):
-    """A stream call got an argument outside its domain (a bad start, roll size, position)."""
+class InvalidStreamArgumentError(InvalidArgumentError):
+    """A stream call got an argument outside its domain: a bad name (namespace, stream,
+    cursor), a start never written, a negative position, a bad roll size.
+
+    An `InvalidArgumentError`, the general bad-argument error, so one `except` catches the
+    ledger client's and the stream layer's alike."""

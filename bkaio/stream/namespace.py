@@ -17,6 +17,7 @@ import structlog
 
 from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.records import name_problem
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     NamespaceExistsError,
@@ -45,6 +46,15 @@ if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
 
 log = structlog.get_logger(__name__)
+
+
+def check_names(**names: object) -> None:
+    """InvalidStreamArgumentError saying which rule a name breaks (`name_problem`), for each
+    `kind=name`: a bad name is the caller's argument, refused before metadata is touched."""
+    for kind, name in names.items():
+        problem = name_problem(kind, name)
+        if problem is not None:
+            raise InvalidStreamArgumentError(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +122,12 @@ class Namespace:
 
     async def stream_metadata(self, stream: str) -> StreamMeta:
         """The stream record: epoch, first available seq and segments (StreamNotFoundError)."""
+        check_names(stream=stream)
         return await self._store.get_stream(self.name, stream)
 
     async def create_stream(self, stream: str) -> StreamMeta:
         """Create an empty stream (no segment until a writer opens); existing ones are kept."""
+        check_names(stream=stream)
         while True:
             meta = await self._store.find_stream(self.name, stream)
             if meta is not None:
@@ -151,6 +163,7 @@ class Namespace:
         ack_quorum: int | None = None,
     ) -> StreamWriter:
         """Become the stream's one writer (creating the stream if needed); fences the last one."""
+        check_names(stream=stream)
         await self.refresh()
         settings = self.settings
         options = WriterOptions(
@@ -182,20 +195,28 @@ class Namespace:
         """A reader from `start` ("earliest", "latest" or a StreamPosition, inclusive).
 
         With `cursor`, an existing cursor wins over `start`: the reader resumes after its
-        last ack. StreamTruncatedError when the start lies before the first available record.
+        last ack. StreamTruncatedError when the start lies before the first available record;
+        InvalidStreamArgumentError when it lies past the stream's next seq (never written) or
+        a position has a negative field.
         """
+        check_names(stream=stream)
+        if cursor is not None:
+            check_names(cursor=cursor)
         options = ReaderOptions(batch_entries=batch_entries, long_poll_seconds=long_poll_seconds)
         return await _open_reader(self._bk, self._store, self.name, stream, start, cursor, options)
 
     async def end_seq(self, stream: str) -> int:
         """The seq the stream's next record will get."""
+        check_names(stream=stream)
         return await end_seq(self._bk, await self._store.get_stream(self.name, stream))
 
     async def first_position(self, stream: str) -> StreamPosition | None:
+        check_names(stream=stream)
         return first_available(await self._store.get_stream(self.name, stream))
 
     async def delete_stream(self, stream: str) -> None:
         """Fence the writer, then delete the stream record, its ledgers and its cursors."""
+        check_names(stream=stream)
         where = f"{self.name}/{stream}"
         while True:
             meta = await self._store.get_stream(self.name, stream)
@@ -226,6 +247,7 @@ class Namespace:
         Never past the slowest durable cursor unless `force` or the namespace allows it
         (`retention_ignores_cursors`); never the open segment.
         """
+        check_names(stream=stream)
         if not isinstance(before, StreamPosition):
             raise InvalidStreamArgumentError(
                 f"truncate before= must be a StreamPosition, got {type(before).__name__}"
@@ -301,6 +323,7 @@ class Namespace:
 
     async def cursors(self, stream: str) -> list[CursorInfo]:
         """The stream's durable cursors with their lag behind the end of the stream."""
+        check_names(stream=stream)
         meta = await self._store.get_stream(self.name, stream)
         end = await end_seq(self._bk, meta)
         states = await self._store.list_cursors(self.name, stream)
@@ -310,6 +333,7 @@ class Namespace:
         ]
 
     async def delete_cursor(self, stream: str, cursor: str) -> bool:
+        check_names(stream=stream, cursor=cursor)
         return await self._store.delete_cursor(self.name, stream, cursor)
 
     async def usage_bytes(self) -> int:
@@ -335,6 +359,7 @@ async def open_namespace(
     ack_quorum, rack_labels, retention_seconds, retention_bytes, retention_ignores_cursors.
     NamespaceNotFoundError when absent and not `create`.
     """
+    check_names(namespace=name)
     store = StreamStore(metadata_of(bk))
     try:
         return Namespace(bk, store, name, await store.get_namespace(name))
@@ -355,6 +380,7 @@ async def open_namespace(
 
 async def create_namespace(bk: BookKeeper, name: str, **settings: Any) -> Namespace:
     """Create `name` (NamespaceExistsError if it exists)."""
+    check_names(namespace=name)
     store = StreamStore(metadata_of(bk))
     try:
         wanted = NamespaceSettings(ctime_ms=now_ms(), **settings)

@@ -90,6 +90,40 @@ def truncated_error(where: str, seq: int, meta: StreamMeta) -> StreamTruncatedEr
     )
 
 
+def check_start(where: str, start: object) -> None:
+    """InvalidStreamArgumentError unless `start` is "earliest", "latest" or a StreamPosition
+    whose fields are whole numbers >= 0 (what the stream hands out)."""
+    if start in ("earliest", "latest"):
+        return
+    if not isinstance(start, StreamPosition):
+        raise InvalidStreamArgumentError(
+            f"stream {where}: start must be 'earliest', 'latest' or a StreamPosition, got {start!r}"
+        )
+    fields = (("seq", start.seq), ("ledger id", start.ledger_id), ("entry id", start.entry_id))
+    for field, value in fields:
+        if not isinstance(value, int) or value < 0:
+            raise InvalidStreamArgumentError(
+                f"stream {where}: start {start} has {field} {value!r}: a position's ledger id, "
+                "entry id and seq are whole numbers >= 0"
+            )
+
+
+async def check_written(bk: BookKeeper, where: str, seq: int, meta: StreamMeta) -> None:
+    """InvalidStreamArgumentError when `seq` lies past the stream's next seq: no record was
+    ever written there, so there is nothing to resume from (a position of another stream, a
+    mistyped one), and a reader there would wait in silence for records that may never come.
+    The next seq itself is a good start: the next record written."""
+    segment = meta.open_segment
+    if segment is not None and seq <= segment.first_seq:
+        return  # Written, or the open segment's first record: the bookies need not be asked.
+    end = meta.end_seq_if_closed if segment is None else await end_seq(bk, meta)
+    if seq > end:
+        raise InvalidStreamArgumentError(
+            f"stream {where}: start seq {seq} is past the end of the stream (next seq {end}): "
+            f"no record was written there; start at seq {end} or before, or at 'latest'"
+        )
+
+
 async def end_seq(bk: BookKeeper, meta: StreamMeta) -> int:
     """The seq after the last record acknowledged by now (exact: see the module doc)."""
     segment = meta.open_segment
@@ -477,8 +511,12 @@ async def open_reader(
     cursor: str | None,
     options: ReaderOptions,
 ) -> StreamReader:
-    """A reader from `start`, or from after the cursor's last ack when the cursor exists."""
+    """A reader from `start`, or from after the cursor's last ack when the cursor exists.
+
+    A start before the first available record is StreamTruncatedError; one past the next seq,
+    or with a negative field, InvalidStreamArgumentError (`check_start`, `check_written`)."""
     where = f"{namespace}/{stream}"
+    check_start(where, start)  # Even when a cursor wins over it: a bad argument either way.
     start_revision = await store.current_revision() + 1
     meta = await store.get_stream(namespace, stream)
     acked: StreamPosition | None = None
@@ -490,14 +528,13 @@ async def open_reader(
         next_seq = meta.first_seq
     elif start == "latest":
         next_seq = await end_seq(bk, meta)
-    elif isinstance(start, StreamPosition):
-        next_seq = start.seq
     else:
-        raise InvalidStreamArgumentError(
-            f"stream {where}: start must be 'earliest', 'latest' or a StreamPosition, got {start!r}"
-        )
+        assert isinstance(start, StreamPosition), start  # check_start
+        next_seq = start.seq
     if next_seq < meta.first_seq:
         raise truncated_error(where, next_seq, meta)
+    if state is None and isinstance(start, StreamPosition):
+        await check_written(bk, where, next_seq, meta)
     reader = StreamReader(
         bk=bk,
         store=store,

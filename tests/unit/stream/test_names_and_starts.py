@@ -1,0 +1,136 @@
+"""Bad names and reader starts are argument errors of the call that passed them
+(InvalidStreamArgumentError, an InvalidArgumentError), each saying what is wrong, over fake
+bookies + SQLite metadata: never a TypeError, a "corrupt metadata" error, or a silent wait."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from bkaio.errors import InvalidArgumentError
+from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.stream import (
+    InvalidStreamArgumentError,
+    Namespace,
+    StreamPosition,
+    StreamTruncatedError,
+    create_namespace,
+    open_namespace,
+)
+from tests.unit.stream.conftest import ClientFactory
+from tests.unit.stream.test_streams import take
+
+BAD_NAMES = [
+    ("", "must not be empty"),
+    ("a/b", "must not contain '/'"),
+    ("x" * 256, "is 256 characters, more than 255"),
+    ("bad\x01", r"non-printable character '\\x01' at index 3"),
+    (7, r"must be a str, not int \(7\)"),
+]
+
+Call = Callable[[BookKeeper, Namespace, Any], Awaitable[object]]
+
+# Every way a name enters the stream API, with the kind of name it is.
+CALLS: list[tuple[str, Call]] = [
+    ("namespace", lambda bk, ns, name: open_namespace(bk, name, create=True)),
+    ("namespace", lambda bk, ns, name: create_namespace(bk, name)),
+    ("stream", lambda bk, ns, name: ns.create_stream(name)),
+    ("stream", lambda bk, ns, name: ns.open_writer(name)),
+    ("stream", lambda bk, ns, name: ns.open_reader(name)),
+    ("stream", lambda bk, ns, name: ns.stream_metadata(name)),
+    ("stream", lambda bk, ns, name: ns.end_seq(name)),
+    ("stream", lambda bk, ns, name: ns.first_position(name)),
+    ("stream", lambda bk, ns, name: ns.delete_stream(name)),
+    ("stream", lambda bk, ns, name: ns.truncate(name, before=StreamPosition(0, 0, 0))),
+    ("stream", lambda bk, ns, name: ns.cursors(name)),
+    ("cursor", lambda bk, ns, name: ns.open_reader("s", cursor=name)),
+    ("cursor", lambda bk, ns, name: ns.delete_cursor("s", name)),
+]
+
+
+@pytest.mark.parametrize(("name", "rule"), BAD_NAMES, ids=lambda v: repr(v)[:12])
+async def test_a_bad_name_is_refused_as_an_argument_naming_the_rule(
+    make_client: ClientFactory, name: object, rule: str
+) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    await ns.create_stream("s")
+    for kind, call in CALLS:
+        with pytest.raises(InvalidStreamArgumentError, match=f"^{kind} name .*{rule}") as raised:
+            await call(bk, ns, name)
+        assert isinstance(raised.value, InvalidArgumentError)  # The general argument error.
+
+
+async def _three_records(make_client: ClientFactory) -> tuple[Namespace, list[StreamPosition]]:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s")
+    positions = [await writer.write(b"r%d" % i) for i in range(3)]
+    await writer.close()
+    return ns, positions
+
+
+async def test_a_start_past_the_end_of_a_sealed_stream_is_refused_naming_the_next_seq(
+    make_client: ClientFactory,
+) -> None:
+    ns, positions = await _three_records(make_client)
+    ledger_id = positions[-1].ledger_id
+    for seq in (4, 1_000_000):
+        with pytest.raises(
+            InvalidStreamArgumentError, match=f"start seq {seq} is past the end.*next seq 3"
+        ):
+            await ns.open_reader("s", start=StreamPosition(ledger_id, seq, seq))
+    # The next seq is a good start: it delivers the next record written, once it is.
+    async with await ns.open_reader("s", start=StreamPosition(ledger_id, 3, 3)) as reader:
+        writer = await ns.open_writer("s")
+        written = await writer.write(b"next")
+        assert (await take(reader, 1))[0].position == written
+        await writer.close()
+
+
+async def test_a_start_past_the_end_of_an_open_stream_is_refused_naming_the_next_seq(
+    make_client: ClientFactory,
+) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s")
+    positions = [await writer.write(b"r%d" % i) for i in range(3)]
+    ledger_id = positions[0].ledger_id
+    with pytest.raises(InvalidStreamArgumentError, match=r"start seq 1000000 .*next seq 3"):
+        await ns.open_reader("s", start=StreamPosition(ledger_id, 1_000_000, 1_000_000))
+    async with await ns.open_reader("s", start=StreamPosition(ledger_id, 1, 1)) as reader:
+        assert [r.position for r in await take(reader, 2)] == positions[1:]
+    async with await ns.open_reader("s", start=StreamPosition(ledger_id, 3, 3)) as reader:
+        written = await writer.write(b"next")
+        assert (await take(reader, 1))[0].position == written
+    await writer.close()
+
+
+@pytest.mark.parametrize(
+    ("position", "field"),
+    [((1, 0, -5), "seq -5"), ((-1, 0, 0), "ledger id -1"), ((1, -1, 0), "entry id -1")],
+)
+async def test_a_negative_position_is_an_argument_error_not_a_truncation(
+    make_client: ClientFactory, position: tuple[int, int, int], field: str
+) -> None:
+    ns, _ = await _three_records(make_client)
+    start = StreamPosition(*position)
+    with pytest.raises(InvalidStreamArgumentError, match=f"has {field}: .* >= 0"):
+        await ns.open_reader("s", start=start)
+    with pytest.raises(InvalidStreamArgumentError, match=f"has {field}"):
+        await ns.open_reader("s", start=start, cursor="c")  # Even where a cursor may win.
+
+
+async def test_a_start_before_the_first_record_is_still_a_truncation(
+    make_client: ClientFactory,
+) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s", roll_bytes=1)
+    positions = [await writer.write(b"r%d" % i) for i in range(4)]
+    await writer.close()
+    await ns.truncate("s", before=positions[2])
+    with pytest.raises(StreamTruncatedError, match="seq 0 was truncated"):
+        await ns.open_reader("s", start=positions[0])
