@@ -78,7 +78,9 @@ def _parse_start(text: str) -> Literal["earliest", "latest"] | StreamPosition | 
 
 
 async def _position_for_seq(namespace: Namespace, stream: str, seq: int) -> StreamPosition:
-    """The position of record `seq` (StreamTruncatedError if it is gone)."""
+    """The position of record `seq` (StreamTruncatedError if it is gone). Past the end, the
+    position carries `seq` alone: the reader judges a start by its seq (the next seq is a good
+    one, a later one is refused naming it), so the command and the API agree."""
     from bkaio.stream import StreamPosition
     from bkaio.stream.reader import truncated_error
 
@@ -87,8 +89,7 @@ async def _position_for_seq(namespace: Namespace, stream: str, seq: int) -> Stre
         raise truncated_error(f"{namespace.name}/{stream}", seq, meta)
     index = meta.segment_index_for(seq)
     if index is None:
-        end = meta.end_seq_if_closed
-        raise click.BadParameter(f"seq {seq} is past the end of the stream (next seq {end})")
+        return StreamPosition(0, 0, seq)  # No record has this seq (yet).
     segment = meta.segments[index]
     return StreamPosition(segment.ledger_id, seq - segment.first_seq, seq)
 
