@@ -4,13 +4,17 @@ bookies + SQLite metadata: never a TypeError, a "corrupt metadata" error, or a s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bkaio.cli.main import main
 from bkaio.errors import InvalidArgumentError
 from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.meta import initialise_cluster_at
 from bkaio.stream import (
     InvalidStreamArgumentError,
     Namespace,
@@ -134,3 +138,33 @@ async def test_a_start_before_the_first_record_is_still_a_truncation(
     await ns.truncate("s", before=positions[2])
     with pytest.raises(StreamTruncatedError, match="seq 0 was truncated"):
         await ns.open_reader("s", start=positions[0])
+
+
+async def test_the_cli_judges_a_start_seq_as_the_api_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bkaio stream tail --from SEQ` on a stream no writer holds open (no bookie is needed):
+    the next seq is a good start, a later one the API's error, a bad cursor name one line."""
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    await initialise_cluster_at(uri)
+
+    def bkaio(*args: str) -> tuple[int, str]:
+        code = main(["stream", *args, "--metadata", uri])
+        return code, capsys.readouterr().err
+
+    # main() runs its own event loop: off this test's loop, as the console script would.
+    assert await asyncio.to_thread(bkaio, "create", "ns") == (0, "")
+    assert await asyncio.to_thread(bkaio, "create", "ns/s") == (0, "")
+    assert await asyncio.to_thread(bkaio, "tail", "ns/s", "--from", "0", "--no-follow") == (0, "")
+    code, err = await asyncio.to_thread(bkaio, "tail", "ns/s", "--from", "5", "--no-follow")
+    assert code == 1
+    assert err.splitlines() == [
+        "bkaio: InvalidStreamArgumentError: stream ns/s: start seq 5 is past the end of the "
+        "stream (next seq 0): no record was written there; start at seq 0 or before, or at "
+        "'latest'"
+    ]
+    code, err = await asyncio.to_thread(bkaio, "tail", "ns/s", "--cursor", "c/1", "--no-follow")
+    assert (code, err.splitlines()) == (
+        1,
+        ["bkaio: InvalidStreamArgumentError: cursor name 'c/1' must not contain '/'"],
+    )
