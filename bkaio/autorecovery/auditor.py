@@ -36,6 +36,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -477,6 +478,7 @@ class Auditor:
             loop.create_task(pump(controls, control_reason)),
             loop.create_task(pump(switch, lambda _: "switched")),
         ]
+        getter: asyncio.Task[str] | None = None
         try:
             while True:
                 getter = loop.create_task(queue.get())
@@ -484,15 +486,17 @@ class Auditor:
                 if getter in done:
                     yield getter.result()
                     continue
-                getter.cancel()
                 for task in pumps:
                     if task.done():
                         task.result()  # A watch ended by raising: retried by `_follow`.
                 raise BKError("auditor control watch ended")  # pragma: no cover
         finally:
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
+            # The getter too: stopped while waiting, it would be left pending, and its
+            # destruction reported to the loop's exception handler as an error.
+            waited: list[asyncio.Task[Any]] = [*pumps, getter] if getter is not None else [*pumps]
+            for waiting in waited:
+                waiting.cancel()
+            await asyncio.gather(*waited, return_exceptions=True)
 
 
 def _main_reason(reasons: set[str]) -> str:

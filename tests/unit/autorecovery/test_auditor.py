@@ -273,6 +273,25 @@ async def test_the_running_auditor_follows_requests_and_delay_changes(meta: Meta
         await registration.deregister()
 
 
+async def test_a_stopped_auditor_leaves_no_task_behind(meta: Metadata) -> None:
+    # The control watch waits on a queue in a task of its own; stopping the auditor there left
+    # that task pending, and its destruction later reached the loop's exception handler.
+    before = asyncio.all_tasks()
+    auditor = Auditor(
+        meta, AutorecoveryMetrics(), lost_bookie_delay_seconds=3600.0, audit_interval_seconds=3600.0
+    )
+    task = asyncio.create_task(auditor.run())
+    for _ in range(100):  # Until the control watch waits for its first event.
+        await asyncio.sleep(0.01)
+        if any("Queue.get" in repr(t.get_coro()) for t in asyncio.all_tasks()):
+            break
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)  # A cancelled task ends at its next step.
+    left = [t for t in asyncio.all_tasks() - before if not t.done()]
+    assert [t for t in left if "Queue.get" in repr(t.get_coro())] == []
+
+
 async def test_incomplete_bookies_stay_marked_while_named_registered_or_not(
     meta: Metadata,
 ) -> None:
