@@ -8,6 +8,7 @@ import signal
 import click
 
 from bkaio.cli.common import metadata_option, run
+from bkaio.cli.params import FiniteFloat
 from bkaio.fault_switches import fault_switch_refusal
 
 
@@ -23,7 +24,7 @@ from bkaio.fault_switches import fault_switch_refusal
     "--lost-bookie-delay",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     help="Seconds a bookie must stay gone before its ledgers are re-replicated.",
 )
 @click.option("--no-auditor", is_flag=True, help="Only replicate; never run for auditor.")

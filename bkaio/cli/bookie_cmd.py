@@ -19,7 +19,7 @@ from bkaio.cli import bookie_offline_cmd
 from bkaio.cli.bookie_offline_cmd import CONFIG_FILE, CONFIG_HELP, load_config
 from bkaio.cli.common import json_option, run
 from bkaio.cli.output import emit
-from bkaio.errors import BKError
+from bkaio.errors import BKError, ConfigError
 
 
 class DirectoryNotEmptyError(BKError):
@@ -77,10 +77,12 @@ def format_bookie(
             "formatting destroys it: pass --force to wipe them"
         )
     run(_refuse_if_registered(config))
+    # Every directory is made before any is wiped: one that cannot be made stops the format
+    # with the data as it was, and the error names the key that places it.
+    _make_directories(config, directories)
     for directory in holding:
         shutil.rmtree(directory)
-    for directory in directories:
-        directory.mkdir(parents=True, exist_ok=True)
+    _make_directories(config, directories)
 
     async def drop_cookie() -> bool:
         from bkaio.meta import open_metadata
@@ -112,6 +114,15 @@ def format_bookie(
         human=f"formatted {config.bookie_id}: {len(directories)} directories ready, "
         f"{len(holding)} wiped, metadata cookie {'dropped' if dropped else 'absent'}",
     )
+
+
+def _make_directories(config: Any, directories: list[Path]) -> None:
+    for directory in directories:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            setting = config.directory_setting(directory)
+            raise ConfigError(f"{setting}: cannot create {directory}: {error}") from None
 
 
 async def _refuse_if_registered(config: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, cast
 
 import click
 
-from bkaio.cli.params import METADATA_URI
+from bkaio.cli.params import METADATA_URI, FiniteFloat
 from bkaio.env_names import CLIENT_TLS_ENV_CA, CLIENT_TLS_ENV_CERT, CLIENT_TLS_ENV_KEY
 
 T = TypeVar("T")
@@ -36,7 +36,7 @@ def metadata_option(function: F) -> F:
     timeout = click.option(
         "--timeout",
         "metadata_timeout",
-        type=click.FloatRange(min=0, min_open=True, max=3600),
+        type=FiniteFloat(min=0, min_open=True, max=3600),
         default=None,
         metavar="SECONDS",
         help="Give up on an unreachable etcd after this long (default: 5).",

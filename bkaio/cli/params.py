@@ -7,16 +7,31 @@ reaches the library (where it would be an assertion or a late, confusing failure
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
 
 MAX_ID = 2**63 - 1  # Ledger and entry ids are signed 64-bit, as in BookKeeper.
 
+
+class FiniteFloat(click.FloatRange):
+    """click's FloatRange that refuses nan and inf: the type of every float option of `bkaio`.
+
+    float() reads "nan" and "inf"; NaN passes every bound (each comparison with it is false)
+    and reaches the library as a timeout asyncio cannot schedule, infinity waits forever."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 LEDGER_ID = click.IntRange(0, MAX_ID)
 ENTRY_ID = click.IntRange(0, MAX_ID)
 POSITIVE_INT = click.IntRange(min=1)
-POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+POSITIVE_SECONDS = FiniteFloat(min=0, min_open=True)
 
 
 class BookieIdType(click.ParamType):  # type: ignore[type-arg]  # generic only in click>=8.2

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, table
-from bkaio.cli.params import BOOKIE_ID
+from bkaio.cli.params import BOOKIE_ID, FiniteFloat
 from bkaio.errors import BKError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,7 +48,7 @@ def timeout_option(action: str, default: float) -> Callable[[F], F]:
         "timeout_seconds",
         default=default,
         show_default=True,
-        type=click.FloatRange(min=1.0),
+        type=FiniteFloat(min=1.0),
         help="Give up after this many seconds (ledgers left stay marked for the workers).",
     )
 
@@ -236,7 +236,7 @@ def recover(
     "grace_seconds",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=FiniteFloat(min=0.0),
     help="Seconds writers get to move open ledgers off the bookie before they are fenced.",
 )
 @timeout_option("decommission", 900.0)
@@ -325,7 +325,7 @@ def autorecovery_switch(
 @click.option(
     "--set",
     "set_seconds",
-    type=click.FloatRange(min=0.0, max=7 * 24 * 3600.0),
+    type=FiniteFloat(min=0.0, max=7 * 24 * 3600.0),
     help="Set it cluster-wide, in seconds; the auditor re-plans at once.",
 )
 @click.option("--reset", is_flag=True, help="Drop the cluster-wide value: each config's again.")

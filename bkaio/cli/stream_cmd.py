@@ -28,7 +28,7 @@ import click
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, render_human, table
-from bkaio.cli.params import stream_position
+from bkaio.cli.params import POSITIVE_SECONDS, stream_position
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
@@ -104,7 +104,7 @@ def stream() -> None:
 @click.argument("name")
 @click.option("--quota-bytes", type=click.IntRange(min=1), help="Namespace byte quota.")
 @click.option("--max-streams", type=click.IntRange(min=1), help="Namespace stream limit.")
-@click.option("--retention-seconds", type=click.FloatRange(min=0, min_open=True))
+@click.option("--retention-seconds", type=POSITIVE_SECONDS)
 @click.option("--retention-bytes", type=click.IntRange(min=1))
 @click.option("--retention-ignores-cursors", is_flag=True, help="Retention may pass cursors.")
 @click.option("--ensemble-size", type=click.IntRange(min=1), default=3, show_default=True)
@@ -495,7 +495,7 @@ def cursors(metadata_uri: str, as_json: bool, name: str) -> None:
 
 @stream.command("retain")
 @click.argument("namespaces", nargs=-1)
-@click.option("--every", "interval", type=click.FloatRange(min=0, min_open=True),
+@click.option("--every", "interval", type=POSITIVE_SECONDS,
               help="Keep running, one pass every this many seconds.")  # fmt: skip
 @metadata_option
 @json_option

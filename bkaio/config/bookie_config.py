@@ -36,7 +36,7 @@ from bkaio.entrylog.config import StorageConfig
 from bkaio.errors import ConfigError
 from bkaio.journal import JournalConfig
 
-_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +75,22 @@ class BookieConfig:
     def shard_of(self, ledger_id: int) -> int:
         """The shard that owns `ledger_id`."""
         return ledger_id % self.shard_count
+
+    def directory_setting(self, directory: Path) -> str:
+        """The key that places `directory`, one of the shards' directories, for an error about
+        it to name what to change."""
+        for storage in self.storage:
+            if directory in storage.journal.directories:
+                return "storage.journal_dirs"
+            if directory in storage.ledger_dirs:
+                return "storage.ledger_dirs"
+            if directory in storage.index_dirs:
+                ledger_dir = storage.ledger_dirs[storage.index_dirs.index(directory)]
+                # Without index_dirs, each index directory sits beside its entry-log one
+                # (<ledger dir>/shard-<i>/index and .../entrylog); with them, never.
+                derived = ledger_dir.parent == directory.parent
+                return "storage.ledger_dirs" if derived else "storage.index_dirs"
+        raise ValueError(f"{directory} is none of the shards' directories")
 
 
 def _shard_storage(

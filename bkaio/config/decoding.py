@@ -6,12 +6,14 @@ struct per section whose fields are the dataclasses' own fields and types, envir
 leniently (strings to numbers and booleans). This module only shapes the input (comma lists,
 yes/no) and words msgspec's errors with the file or variable, the key and the value. An unknown
 section or key, in the file or in a `BKAIO_<SECTION>_` variable of a known section, is a
-`ConfigError` naming it.
+`ConfigError` naming it, and so is a float that is not finite (TOML's `nan` and `inf`, or the
+same in a variable): no key means anything by them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -164,6 +166,13 @@ def _config_error(where: str, error: msgspec.ValidationError, data: object) -> C
     return ConfigError(f"{where}: {key}={value!r} {reason}")
 
 
+def _not_finite(value: object) -> bool:
+    """NaN fails every comparison, so a range check such as `x <= 0` lets it through; and no
+    key takes infinity (a thing that can be off is off at 0 or through a boolean). Refused here,
+    once, for every float key of the file and the environment."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _decode_file(data: Mapping[str, Any], origin: str) -> dict[str, dict[str, Any]]:
     """The file's values by section and key, each of its field's type (msgspec, strict)."""
     shaped = {
@@ -187,6 +196,9 @@ def _decode_file(data: Mapping[str, Any], origin: str) -> dict[str, dict[str, An
             for key in _SECTION_HINTS[section]
             if getattr(table, key) is not msgspec.UNSET
         }  # fmt: skip
+        for key, value in merged[section].items():
+            if _not_finite(value):
+                raise ConfigError(f"{origin}: {section}.{key}={value!r} must be a finite number")
     return merged
 
 
@@ -212,11 +224,14 @@ def _decode_env_value(variable: str, hint: Any, text: str) -> Any:
     elif inner is int:
         value = value.replace("_", "")
     try:
-        return msgspec.convert(value, hint, strict=False, dec_hook=_decode_path)
+        decoded = msgspec.convert(value, hint, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as error:
         match = _EXPECTED_TYPE.match(_ERROR.match(str(error))["what"])  # type: ignore[index]
         reason = f"must be {_EXPECTED.get(match['type'], match['type'])}" if match else str(error)
         raise ConfigError(f"environment {variable}={text!r} {reason}") from None
+    if _not_finite(decoded):
+        raise ConfigError(f"environment {variable}={text!r} must be a finite number")
+    return decoded
 
 
 _ENV_BOOLEANS = {"yes": "true", "on": "true", "no": "false", "off": "false"}

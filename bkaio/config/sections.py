@@ -12,6 +12,11 @@ from pathlib import Path
 
 from bkaio.errors import ConfigError
 
+# Room the defaults leave in a frame beside one entry (8 MiB frames, entries up to 8 MiB - 4 KiB):
+# an ADD carries ids, flags, the master key and a digest with the payload, a READ answer the
+# same; 4 KiB is far above what they take.
+FRAME_ENVELOPE_BYTES = 4096
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BookieSection:
@@ -23,6 +28,19 @@ class BookieSection:
     rack: str = "/default-rack"
 
     def __post_init__(self) -> None:
+        if not self.host.strip():
+            raise ConfigError(
+                "bookie.host is empty: give the address to listen on (0.0.0.0 or :: for every "
+                "interface)"
+            )
+        # The bookie id is a metadata key's last part (/bookies/writable/<bookie_id>): the
+        # registration (BookieInfo) refuses a '/' in it, so it is refused here, before any start.
+        for name in ("bookie_id", "advertised_host"):
+            if "/" in getattr(self, name):
+                raise ConfigError(
+                    f"bookie.{name}={getattr(self, name)!r} must not contain '/' (the bookie id "
+                    "is a metadata key)"
+                )
         if not 0 < self.port <= 65535:
             raise ConfigError(f"bookie.port={self.port} must be in [1, 65535]")
         if not 0 <= self.shards <= 1024:
@@ -97,7 +115,7 @@ class ServerConfig:
             "ledger_key_cache_entries",
         )
         for name in positive_ints:
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
         positive_floats = (
             "hello_timeout_seconds",
@@ -107,7 +125,7 @@ class ServerConfig:
             "max_long_poll_seconds",
         )
         for name in positive_floats:
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
         if not 0 <= self.auth_failure_delay_seconds <= self.auth_failure_max_delay_seconds:
             raise ConfigError(
@@ -117,6 +135,12 @@ class ServerConfig:
         if self.ledger_key_check not in ("metadata", "first_sight"):
             raise ConfigError(
                 f"server.ledger_key_check={self.ledger_key_check!r} must be metadata|first_sight"
+            )
+        if self.max_entry_bytes > self.max_frame_bytes - FRAME_ENVELOPE_BYTES:
+            raise ConfigError(
+                f"server.max_entry_bytes={self.max_entry_bytes} must be <= "
+                f"server.max_frame_bytes={self.max_frame_bytes} - {FRAME_ENVELOPE_BYTES}: an "
+                "entry and its envelope must fit one frame"
             )
         if self.max_memory_bytes < self.max_frame_bytes:
             raise ConfigError(
@@ -173,7 +197,7 @@ class ReadOnlyConfig:
     start_read_only: bool = False
 
     def __post_init__(self) -> None:
-        if self.disk_check_interval_seconds <= 0:
+        if not self.disk_check_interval_seconds > 0:
             raise ConfigError(
                 f"read_only.disk_check_interval_seconds={self.disk_check_interval_seconds} "
                 "must be > 0"
@@ -216,7 +240,7 @@ class AutorecoveryConfig:
             "ledger_check_interval_seconds",
         )
         for name in non_negative:
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be >= 0")
         positive = (
             "audit_interval_seconds",
@@ -258,7 +282,7 @@ class GcConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"gc.{name}={getattr(self, name)} must be > 0")
         for name in ("grace_seconds", "overreplicated_grace_seconds"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"gc.{name}={getattr(self, name)} must be >= 0")
 
 
@@ -271,7 +295,7 @@ class ScrubConfig:
     rate_entries_per_second: float = 60.0  # Entries read and verified per second, per shard.
 
     def __post_init__(self) -> None:
-        if self.period_seconds < 0:
+        if not self.period_seconds >= 0:
             raise ConfigError(f"scrub.period_seconds={self.period_seconds} must be >= 0 (0: off)")
         if not 0 < self.rate_entries_per_second <= 1_000_000:
             raise ConfigError(

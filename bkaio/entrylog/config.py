@@ -52,18 +52,19 @@ class StorageConfig:
                 f"storage directories must be distinct: ledger_dirs={self.ledger_dirs} "
                 f"index_dirs={self.index_dirs}"
             )
-        if self.write_cache_bytes <= 0:
+        # Written `not x > 0` rather than `x <= 0` so that NaN fails them too.
+        if not self.write_cache_bytes > 0:
             raise ConfigError(f"storage.write_cache_bytes={self.write_cache_bytes} must be > 0")
-        if self.write_cache_max_wait_seconds < 0:
+        if not self.write_cache_max_wait_seconds >= 0:
             raise ConfigError(
                 f"storage.write_cache_max_wait_seconds={self.write_cache_max_wait_seconds} "
                 "must be >= 0"
             )
-        if self.flush_interval_seconds <= 0:
+        if not self.flush_interval_seconds > 0:
             raise ConfigError(
                 f"storage.flush_interval_seconds={self.flush_interval_seconds} must be > 0"
             )
-        if self.flush_sync_bytes < 0:
+        if not self.flush_sync_bytes >= 0:
             raise ConfigError(
                 f"storage.flush_sync_bytes={self.flush_sync_bytes} must be >= 0 (0 = one sync)"
             )

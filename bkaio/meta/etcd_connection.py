@@ -107,7 +107,8 @@ class EtcdConnection:
     async def connect(self) -> None:
         config = self.config
         credentials: Any = None
-        if config.ca_file or config.cert_file:
+        # Present, not truthy: an empty file name is an error when read, never plain text.
+        if config.ca_file is not None or config.cert_file is not None:
             import grpc  # type: ignore[import-untyped]  # Only the TLS path needs it.
 
             def read(path: str | None) -> bytes | None:

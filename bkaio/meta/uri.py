@@ -3,14 +3,22 @@
 etcd://host:port[,host:port...]/prefix[?ca=..&cert=..&key=..&user=..&password=..&timeout=..
     &retry_seconds=..&connect_timeout=..]
 sqlite:///absolute/path/meta.db[?synchronous=full|normal&prefix=/root]
+
+Whatever would fail later (at connect, after a timeout, or with a traceback) is a ConfigError
+here: an endpoint without a host, a port that is no port, credentials before the host, an empty
+file option, a timeout that is not a finite number > 0, a NUL byte in a path. Errors show the
+URI with its password redacted.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from bkaio.errors import ConfigError
+from bkaio.security.tokens import redact_uri
 
 DEFAULT_ETCD_PORT = 2379
 DEFAULT_ROOT = "/bkaio"
@@ -43,6 +51,14 @@ _ETCD_OPTIONS = {
     "ca", "cert", "key", "user", "password", "timeout", "retry_seconds", "connect_timeout",
 }  # fmt: skip
 _SQLITE_OPTIONS = {"synchronous", "prefix"}
+# Options naming a file: an empty one would read as absent, and an absent `ca` is no TLS.
+_FILE_OPTIONS = ("ca", "cert", "key")
+_USERINFO = re.compile(r"(://)[^/?#]*@")
+
+
+def _shown(uri: str) -> str:
+    """`uri` as an error may show it: no password, in the query or before the host."""
+    return _USERINFO.sub(r"\1***@", redact_uri(uri))
 
 
 def _root(path: str, uri: str) -> str:
@@ -58,10 +74,31 @@ def _float_option(options: dict[str, str], name: str, default: float, uri: str) 
     try:
         value = float(options[name])
     except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"metadata URI {uri!r}: {name}={options[name]!r} must be > 0 seconds")
+        value = math.nan
+    # float() reads "nan" and "inf": NaN would pass a `<= 0` check, infinity waits forever.
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"metadata URI {uri!r}: {name}={options[name]!r} must be a finite number of seconds > 0"
+        )
     return value
+
+
+def _endpoint(endpoint: str, uri: str) -> tuple[str, int]:
+    """`host:port`, `host` (port 2379), `[v6]:port` or `[v6]` as (host, port)."""
+    host, colon, port_text = endpoint.rpartition(":")
+    if not colon or endpoint.endswith("]"):
+        host, port_text = endpoint, str(DEFAULT_ETCD_PORT)
+    host = host.strip("[]")
+    if not host.strip():
+        raise ConfigError(
+            f"metadata URI {uri!r}: bad endpoint {endpoint!r}: no host (want host:port)"
+        )
+    if not (port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536):
+        raise ConfigError(
+            f"metadata URI {uri!r}: bad endpoint {endpoint!r}: port {port_text!r} is not a "
+            "number in [1, 65535] (want host:port)"
+        )
+    return host, int(port_text)
 
 
 def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
@@ -76,34 +113,41 @@ def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
 
 def parse_etcd_uri(uri: str) -> EtcdUri:
     parts = urlsplit(uri)
+    shown = _shown(uri)
     if parts.scheme != "etcd":
-        raise ConfigError(f"metadata URI {uri!r}: scheme must be etcd://")
+        raise ConfigError(f"metadata URI {shown!r}: scheme must be etcd://")
     if not parts.netloc:
-        raise ConfigError(f"metadata URI {uri!r}: no etcd endpoint (etcd://host:port/prefix)")
-    endpoints: list[tuple[str, int]] = []
-    for endpoint in parts.netloc.replace(";", ",").split(","):
-        host, _, port_text = endpoint.rpartition(":")
-        if not host:
-            host, port_text = endpoint, str(DEFAULT_ETCD_PORT)
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ConfigError(f"metadata URI {uri!r}: bad endpoint {endpoint!r} (want host:port)")
-        endpoints.append((host.strip("[]"), int(port_text)))
-    options = _options(parts.query, _ETCD_OPTIONS, uri)
+        raise ConfigError(f"metadata URI {shown!r}: no etcd endpoint (etcd://host:port/prefix)")
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"metadata URI {shown!r}: credentials do not go before the host; pass them as "
+            "options: etcd://host:port/prefix?user=NAME&password=SECRET"
+        )
+    endpoints = [
+        _endpoint(endpoint, shown) for endpoint in parts.netloc.replace(";", ",").split(",")
+    ]
+    options = _options(parts.query, _ETCD_OPTIONS, shown)
     if ("user" in options) != ("password" in options):
-        raise ConfigError(f"metadata URI {uri!r}: user and password go together")
+        raise ConfigError(f"metadata URI {shown!r}: user and password go together")
+    for name in _FILE_OPTIONS:
+        if name in options and not options[name].strip():
+            raise ConfigError(
+                f"metadata URI {shown!r}: {name}= is empty: give the PEM file's path, or leave "
+                "the option out"
+            )
     if ("cert" in options) != ("key" in options):
-        raise ConfigError(f"metadata URI {uri!r}: cert and key go together")
+        raise ConfigError(f"metadata URI {shown!r}: cert and key go together")
     return EtcdUri(
         endpoints=tuple(endpoints),
-        root=_root(parts.path, uri) if parts.path not in ("", "/") else DEFAULT_ROOT,
+        root=_root(parts.path, shown) if parts.path not in ("", "/") else DEFAULT_ROOT,
         ca_file=options.get("ca"),
         cert_file=options.get("cert"),
         key_file=options.get("key"),
         user=options.get("user"),
         password=options.get("password"),
-        operation_timeout_seconds=_float_option(options, "timeout", 10.0, uri),
-        retry_seconds=_float_option(options, "retry_seconds", 30.0, uri),
-        connect_timeout_seconds=_float_option(options, "connect_timeout", 5.0, uri),
+        operation_timeout_seconds=_float_option(options, "timeout", 10.0, shown),
+        retry_seconds=_float_option(options, "retry_seconds", 30.0, shown),
+        connect_timeout_seconds=_float_option(options, "connect_timeout", 5.0, shown),
     )
 
 
@@ -123,19 +167,23 @@ def with_connect_timeout(uri: str, seconds: float) -> str:
 
 def parse_sqlite_uri(uri: str) -> SqliteUri:
     parts = urlsplit(uri)
+    shown = _shown(uri)
     if parts.scheme != "sqlite":
-        raise ConfigError(f"metadata URI {uri!r}: scheme must be sqlite://")
+        raise ConfigError(f"metadata URI {shown!r}: scheme must be sqlite://")
     if parts.netloc:
         raise ConfigError(
-            f"metadata URI {uri!r}: host {parts.netloc!r} not allowed; use sqlite:///abs/path.db"
+            f"metadata URI {shown!r}: host {parts.netloc!r} not allowed; use sqlite:///abs/path.db"
         )
     path = unquote(parts.path)
     if not path.startswith("/") or path.endswith("/"):
         raise ConfigError(
-            f"metadata URI {uri!r}: want an absolute file path, sqlite:///dir/meta.db"
+            f"metadata URI {shown!r}: want an absolute file path, sqlite:///dir/meta.db"
         )
-    options = _options(parts.query, _SQLITE_OPTIONS, uri)
+    if "\x00" in path:  # %00: no file system path holds one (open() raises ValueError).
+        raise ConfigError(f"metadata URI {shown!r}: the path holds a NUL byte (%00)")
+    options = _options(parts.query, _SQLITE_OPTIONS, shown)
     synchronous = options.get("synchronous", "full").lower()
     if synchronous not in ("full", "normal"):
-        raise ConfigError(f"metadata URI {uri!r}: synchronous must be full or normal")
-    return SqliteUri(path=path, root=_root(options.get("prefix", ""), uri), synchronous=synchronous)
+        raise ConfigError(f"metadata URI {shown!r}: synchronous must be full or normal")
+    root = _root(options.get("prefix", ""), shown)
+    return SqliteUri(path=path, root=root, synchronous=synchronous)

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bkaio.config import build_bookie_config, load_bookie_config
+from bkaio.config import (
+    AutorecoveryConfig,
+    GcConfig,
+    MetadataSection,
+    ReadOnlyConfig,
+    ScrubConfig,
+    ServerConfig,
+    build_bookie_config,
+    load_bookie_config,
+)
+from bkaio.entrylog.config import StorageConfig
 from bkaio.errors import ConfigError
+from bkaio.journal import JournalConfig
 
 MINIMAL = {
     "bookie": {"host": "127.0.0.1", "port": 4000, "shards": 2},
@@ -79,6 +94,64 @@ def test_environment_overrides_the_file() -> None:
             {},
             "unknown key read_only.debug_disk_usage_file",
         ),
+        # No float key takes nan or inf, from the file (TOML spells them) or the environment.
+        (
+            {"server": {"hello_timeout_seconds": math.nan}},
+            {},
+            "server.hello_timeout_seconds=nan must be a finite number",
+        ),
+        ({"gc": {"grace_seconds": math.inf}}, {}, "gc.grace_seconds=inf must be a finite number"),
+        (
+            {"scrub": {"period_seconds": math.inf}},
+            {},
+            "scrub.period_seconds=inf must be a finite number",
+        ),
+        (
+            {
+                "storage": {
+                    "journal_dirs": ["/j"],
+                    "ledger_dirs": ["/d"],
+                    "flush_interval_seconds": math.nan,
+                }
+            },
+            {},
+            "storage.flush_interval_seconds=nan must be a finite number",
+        ),
+        (
+            {},
+            {"BKAIO_READ_ONLY_DISK_CHECK_INTERVAL_SECONDS": "nan"},
+            "environment BKAIO_READ_ONLY_DISK_CHECK_INTERVAL_SECONDS='nan' must be a finite",
+        ),
+        (
+            {},
+            {"BKAIO_AUTORECOVERY_LOST_BOOKIE_DELAY_SECONDS": "inf"},
+            "BKAIO_AUTORECOVERY_LOST_BOOKIE_DELAY_SECONDS='inf' must be a finite number",
+        ),
+        (
+            {},
+            {"BKAIO_SERVER_MAX_LONG_POLL_SECONDS": "NaN"},
+            "BKAIO_SERVER_MAX_LONG_POLL_SECONDS='NaN' must be a finite number",
+        ),
+        # The bookie id is a metadata key: the registration refuses a '/' in it.
+        ({"bookie": {"bookie_id": "x/y"}}, {}, "bookie.bookie_id='x/y' must not contain '/'"),
+        (
+            {"bookie": {"host": "127.0.0.1", "advertised_host": "a/b"}},
+            {},
+            "bookie.advertised_host='a/b' must not contain '/'",
+        ),
+        ({"bookie": {"host": ""}}, {}, "bookie.host is empty"),
+        ({"bookie": {"host": " "}}, {}, "bookie.host is empty"),
+        # An entry and its envelope (4 KiB) must fit one frame.
+        (
+            {"server": {"max_entry_bytes": 20_000_000}},
+            {},
+            "server.max_entry_bytes=20000000 must be <= server.max_frame_bytes=8388608 - 4096",
+        ),
+        (
+            {"server": {"max_frame_bytes": 64 * 1024, "max_entry_bytes": 64 * 1024 - 4095}},
+            {},
+            "server.max_entry_bytes=61441 must be <= server.max_frame_bytes=65536 - 4096",
+        ),
     ],
 )
 def test_bad_input_is_a_config_error_naming_the_key(
@@ -99,3 +172,58 @@ def test_load_reports_missing_and_broken_files(tmp_path: Path) -> None:
     good.write_text('[bookie]\nport = 3999\nhost = "127.0.0.1"\nshards = 1\n')
     config = load_bookie_config(good, env={})
     assert config.source == good and config.bookie_id == "127.0.0.1:3999"
+
+
+def test_an_entry_that_fits_a_frame_with_its_envelope_is_accepted() -> None:
+    server = {"max_frame_bytes": 64 * 1024, "max_entry_bytes": 64 * 1024 - 4096}
+    config = build_bookie_config({**MINIMAL, "server": server}, env={})
+    assert config.server.max_entry_bytes == 60 * 1024
+
+
+def _storage(**options: Any) -> StorageConfig:
+    journal = JournalConfig(directories=(Path("/j"),))
+    return StorageConfig(
+        journal=journal, ledger_dirs=(Path("/d"),), index_dirs=(Path("/i"),), **options
+    )
+
+
+def _float_fields(cls: type[Any]) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if f.init and hints[f.name] is float]
+
+
+_SECTIONS_WITH_FLOATS = (
+    MetadataSection,
+    ServerConfig,
+    ReadOnlyConfig,
+    AutorecoveryConfig,
+    GcConfig,
+    ScrubConfig,
+    StorageConfig,
+)
+
+
+@pytest.mark.parametrize(
+    ("cls", "name"),
+    [(cls, name) for cls in _SECTIONS_WITH_FLOATS for name in _float_fields(cls)],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_a_section_built_directly_refuses_nan_in_every_float(cls: type[Any], name: str) -> None:
+    """The decoding refuses nan for the file and the environment; a section built in code is
+    checked by its own rules, each written so that NaN (false in every comparison) fails it."""
+    build = _storage if cls is StorageConfig else cls
+    with pytest.raises(ConfigError, match=f"{name}"):
+        build(**{name: math.nan})
+
+
+def test_every_directory_names_the_key_that_places_it() -> None:
+    derived = build_bookie_config(MINIMAL, env={})
+    shard = derived.storage[1]
+    assert derived.directory_setting(shard.journal.directories[0]) == "storage.journal_dirs"
+    assert derived.directory_setting(shard.ledger_dirs[1]) == "storage.ledger_dirs"
+    assert derived.directory_setting(shard.index_dirs[1]) == "storage.ledger_dirs"
+    storage = {"journal_dirs": ["/j"], "ledger_dirs": ["/d1", "/d2"], "index_dirs": ["/i1", "/i2"]}
+    explicit = build_bookie_config({**MINIMAL, "storage": storage}, env={})
+    shard = explicit.storage[0]
+    assert explicit.directory_setting(shard.ledger_dirs[0]) == "storage.ledger_dirs"
+    assert explicit.directory_setting(shard.index_dirs[1]) == "storage.index_dirs"

@@ -7,11 +7,14 @@ is fast; tests/integration/cli runs a few of them through the installed `bkaio` 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
-from bkaio.cli.main import main
+from bkaio.cli.main import cli, main
+from bkaio.cli.params import FiniteFloat
 
 SQLITE = "sqlite:////nonexistent/dir/meta.db"  # Never opened: validation comes first.
 
@@ -61,6 +64,13 @@ def bookie_config(tmp_path: Path) -> str:
         ("shell", "simpletest", "-w", "1", "-a", "2"),
         ("shell", "nukeexistingcluster"),
         ("shell", "nosuchcommand"),
+        # float() reads nan and inf: every float option refuses them (NaN passes any bound).
+        ("shell", "listledgers", "--timeout", "nan"),
+        ("shell", "listledgers", "--timeout", "inf"),
+        ("shell", "bookiesanity", "127.0.0.1:1", "--check-timeout", "nan"),
+        ("shell", "decommission", "h:1", "--grace", "nan"),
+        ("shell", "decommission", "h:1", "--decommission-timeout", "inf"),
+        ("shell", "lostbookierecoverydelay", "--set", "nan"),
     ],
 )
 def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +83,17 @@ def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[st
 
 @pytest.mark.parametrize(
     "uri",
-    ["nosuchscheme://what", "etcd://host:notaport/x", "sqlite://relative.db", "etcd://h:1/x?y=1"],
+    [
+        "nosuchscheme://what",
+        "etcd://host:notaport/x",
+        "sqlite://relative.db",
+        "etcd://h:1/x?y=1",
+        "etcd://:2379/p",
+        "etcd://user:pw@h:2379",
+        "etcd://h:1/p?ca=",
+        "etcd://h:1/p?timeout=nan",
+        "sqlite:///tmp/%00x.db",
+    ],
 )
 def test_metadata_uris_are_checked_up_front(uri: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["shell", "listledgers", "--metadata", uri]) == 2
@@ -117,12 +137,74 @@ def test_bookie_arguments(
         ("stream", "truncate", "ns/s", "--before", "garbage"),
         ("stream", "tail", "ns/s", "--from", "1:2"),
         ("autorecovery", "--lost-bookie-delay", "-1"),
+        ("autorecovery", "--lost-bookie-delay", "nan"),
+        ("stream", "retain", "--every", "nan"),
+        ("stream", "retain", "--every", "inf"),
+        ("stream", "create", "ns", "--retention-seconds", "nan"),
     ],
 )
 def test_other_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*args, "--metadata", SQLITE]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1, captured
+
+
+def _float_params(command: click.Command, path: str) -> Iterator[tuple[str, click.Parameter]]:
+    for param in command.params:
+        if isinstance(param.type, click.types.FloatParamType):
+            yield f"{path} {param.name}", param
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _float_params(sub, f"{path} {name}")
+
+
+def test_every_float_option_refuses_nan_and_inf() -> None:
+    """One float type for the whole CLI: a new option typed click.FloatRange (or float, or a
+    float default) would let `nan` through to the library."""
+    found = dict(_float_params(cli, "bkaio"))
+    assert (
+        "bkaio shell listledgers metadata_timeout" in found
+        and "bkaio stream retain interval" in found
+    )
+    assert {
+        name for name, param in found.items() if not isinstance(param.type, FiniteFloat)
+    } == set()
+
+
+def test_format_names_the_key_of_a_directory_it_cannot_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The directory cannot be made: the error names storage.journal_dirs, and nothing that
+    --force would wipe is wiped."""
+    (tmp_path / "a-file").write_text("")
+    ledgers = tmp_path / "ledgers"
+    config = tmp_path / "bookie.toml"
+    config.write_text(
+        "\n".join(
+            [
+                "[bookie]",
+                'host = "127.0.0.1"',
+                "port = 45181",
+                "shards = 1",
+                "[metadata]",
+                f'uri = "sqlite://{tmp_path / "meta.db"}"',
+                "[storage]",
+                f'journal_dirs = ["{tmp_path / "a-file" / "journal"}"]',
+                f'ledger_dirs = ["{ledgers}"]',
+                "",
+            ]
+        )
+    )
+    assert main(["shell", "initnewcluster", "--metadata", f"sqlite://{tmp_path / 'meta.db'}"]) == 0
+    held = ledgers / "shard-0" / "entrylog" / "data"
+    held.parent.mkdir(parents=True)
+    held.write_text("kept")
+    capsys.readouterr()
+    assert main(["bookie", "format", "--force", "--config", str(config)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error, error
+    assert error.startswith("bkaio: ConfigError: storage.journal_dirs: cannot create "), error
+    assert held.read_text() == "kept"
 
 
 def test_a_missing_config_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

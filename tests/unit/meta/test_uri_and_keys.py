@@ -13,9 +13,10 @@ from bkaio.meta.bookies import (
     registration_key,
 )
 from bkaio.meta.errors import InvalidMetadataError
+from bkaio.meta.etcd_connection import EtcdConnection
 from bkaio.meta.ledgers import ledger_id_of, ledger_key
 from bkaio.meta.store import KeyValue, prefix_end
-from bkaio.meta.uri import parse_etcd_uri, parse_sqlite_uri
+from bkaio.meta.uri import EtcdUri, parse_etcd_uri, parse_sqlite_uri
 
 
 def test_etcd_uri_with_several_endpoints_and_options() -> None:
@@ -43,12 +44,58 @@ def test_etcd_uri_defaults() -> None:
         ("etcd://host:1/p?colour=red", "unknown option"),
         ("etcd://host:1/p?user=u", "user and password go together"),
         ("etcd://host:1/p?cert=c", "cert and key go together"),
-        ("etcd://host:1/p?timeout=-1", "must be > 0"),
+        ("etcd://host:1/p?timeout=-1", "timeout='-1' must be a finite number of seconds > 0"),
+        # float() reads these: NaN passes a `<= 0` check, infinity waits forever.
+        ("etcd://host:1/p?timeout=nan", "timeout='nan' must be a finite number"),
+        ("etcd://host:1/p?connect_timeout=nan", "connect_timeout='nan' must be a finite"),
+        ("etcd://host:1/p?retry_seconds=NaN", "retry_seconds='NaN' must be a finite"),
+        ("etcd://host:1/p?connect_timeout=inf", "connect_timeout='inf' must be a finite"),
+        # An empty file option would read as absent: no TLS at all.
+        ("etcd://host:1/p?ca=", "ca= is empty"),
+        ("etcd://host:1/p?cert=&key=", "cert= is empty"),
+        ("etcd://host:1/p?cert=/c.pem&key=", "key= is empty"),
+        ("etcd://host:1/p?key=/k.pem", "cert and key go together"),
+        # Mistyped endpoints: refused here, not at connect after the timeout.
+        ("etcd://:2379/p", "bad endpoint ':2379': no host"),
+        ("etcd://h:1,,h:2/p", "bad endpoint '': no host"),
+        ("etcd://user:pw@h:2379", "credentials do not go before the host.*user=NAME&password="),
+        ("etcd://h:0/p", "port '0' is not a number in"),
+        ("etcd://h:65536/p", "port '65536' is not a number in"),
+        ("etcd://h:\u00b2/p", "port '\u00b2' is not a number in"),  # isdigit, yet not int().
     ],
 )
 def test_bad_etcd_uris_say_what_is_wrong(uri: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_etcd_uri(uri)
+
+
+def test_etcd_endpoints_in_brackets_take_the_default_port() -> None:
+    parsed = parse_etcd_uri("etcd://[::1],[fd00::2]:2380/p")
+    assert parsed.endpoints == (("::1", 2379), ("fd00::2", 2380))
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "etcd://bkaio:s3cret@h:2379/p",
+        "etcd://h:1/p?user=bkaio&password=s3cret&colour=red",
+        "etcd://h:1/p?user=bkaio&password=s3cret&timeout=nan",
+    ],
+)
+def test_uri_errors_do_not_show_the_password(uri: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_etcd_uri(uri)
+    assert "s3cret" not in str(error.value) and "metadata URI 'etcd://" in str(error.value)
+
+
+async def test_an_empty_tls_file_name_is_an_error_not_a_plain_channel() -> None:
+    """Past the parser (an EtcdUri built in code), an empty CA is read as a file and fails:
+    it never means "no TLS"."""
+    config = EtcdUri(endpoints=(("127.0.0.1", 1),), root="/p", ca_file="")
+    connection = EtcdConnection("etcd://127.0.0.1:1/p", config)
+    with pytest.raises(ConfigError, match="cannot read TLS file"):
+        await connection.connect()
+    assert connection.members == []
 
 
 def test_sqlite_uri() -> None:
@@ -67,6 +114,7 @@ def test_sqlite_uri() -> None:
         ("sqlite://relative.db", "not allowed"),
         ("sqlite:///dir/", "absolute file path"),
         ("sqlite:///m.db?synchronous=off", "full or normal"),
+        ("sqlite:///tmp/%00x.db", "NUL byte"),
     ],
 )
 def test_bad_sqlite_uris_say_what_is_wrong(uri: str, message: str) -> None:
