@@ -186,6 +186,13 @@ class AdminConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"admin.port={self.port} must be in [0, 65535]")
+        if not self.host.strip():
+            # asyncio binds an empty host on every interface: the opposite of the default's
+            # intent, and more likely an unset template variable than a choice ("0.0.0.0" is).
+            raise ConfigError(
+                "admin.host is empty; give an address (127.0.0.1 for this machine only, "
+                "0.0.0.0 for every interface)"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -77,6 +77,7 @@ def test_environment_overrides_the_file() -> None:
             "server.max_frame_bytes='big' must be an integer",
         ),
         ({"admin": {"enabled": 1}}, {}, "must be a boolean"),
+        ({"admin": {"host": ""}}, {}, "admin.host is empty"),
         (
             {},
             {"BKAIO_SERVER_MAX_FRAMES": "3"},
