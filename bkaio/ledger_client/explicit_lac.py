@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
+from bkaio.errors import BKError
 from bkaio.ledger_client.handle_state import HandleState, PendingAdd
 from bkaio.protocol.digest import entry_digest
-from bkaio.supervision import spawn_job
+from bkaio.supervision import loop_supervisor, spawn_job
 
 
 class ExplicitLac(HandleState):
@@ -75,15 +76,18 @@ class ExplicitLac(HandleState):
         task.add_done_callback(self._lac_tasks.discard)
 
     async def _write_lac(self, lac: int) -> None:
-        """WRITE_LAC to the live bookies of the current ensemble; failures only delay readers."""
+        """WRITE_LAC to the live bookies of the current ensemble; a bookie's failure only delays
+        readers, anything else is a bug, reported."""
         bookies = [b for i, b in enumerate(self._ensemble) if not self._down_mask >> i & 1]
         results = await asyncio.gather(
             *(self._ctx.ops.write_lac(b, self.ledger_id, self._master_key, lac) for b in bookies),
             return_exceptions=True,
         )
         for bookie_id, result in zip(bookies, results, strict=True):
-            if isinstance(result, BaseException):
+            if isinstance(result, BKError | asyncio.CancelledError):  # Expected: a bookie down.
                 self._log.debug("explicit_lac_failed", bookie_id=bookie_id, error=str(result))
+            elif isinstance(result, BaseException):  # A bug: logged at ERROR and counted.
+                loop_supervisor().report("explicit_lac", result)
 
     def _stop_explicit_lac(self) -> None:
         self._lac_stopped = True

@@ -16,6 +16,7 @@ from types import TracebackType
 
 import structlog
 
+from bkaio.backoff import Backoff
 from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
 from bkaio.ledger_client.acknowledged import last_acknowledged_entry
 from bkaio.ledger_client.context import ClientContext
@@ -55,6 +56,10 @@ class ReadHandle:
         )
         self._ranges = RangeReader(context, metadata.ledger_id, metadata.write_quorum, self._reader)
         self._poller = TailPoller(context, metadata.ledger_id, metadata.write_quorum)
+        config = context.config
+        self._tail_pause = Backoff(
+            config.tail_backoff_min, config.tail_backoff_max, rng=context.rng
+        )
         # The ensemble index an E = Qw segment's range reads ask first (`sticky_reads`).
         self._sticky = metadata.ledger_id if context.config.sticky_reads else None
         # Entries a tail poll brought beyond what `wait_for_entries` returned (contiguous).
@@ -146,7 +151,9 @@ class ReadHandle:
         max_entries: int | None = None,
     ) -> list[Entry]:
         """Tail: entries entry_id, entry_id + 1, ... as soon as they are confirmed (<= LAC):
-        at least one, at most `max_entries`; [] when `timeout` seconds pass first.
+        at least one, at most `max_entries`; [] when `timeout` seconds pass first (also while
+        no bookie answers: a poll round that every bookie failed is followed by a jittered
+        pause, `tail_backoff_min`..`tail_backoff_max`, within the timeout).
 
         A long poll answers with the entries themselves (tailing.py: one round trip from the
         writer's acknowledgement to the reader); entries it brought beyond what is returned
@@ -180,12 +187,20 @@ class ReadHandle:
             if remaining <= 0:
                 return []
             wait = min(remaining, _LONG_POLL_ROUND_SECONDS)
-            lac, entries = await self._poller.poll(self._md.ensembles[-1][1], entry_id - 1, wait)
-            if lac > self._lac:
-                self._lac = lac
-                tail.extend(entries)  # From entry_id on (what the poll asked for).
-            elif lac <= entry_id - 1:
-                await self.refresh_metadata()
+            polled = await self._poller.poll(self._md.ensembles[-1][1], entry_id - 1, wait)
+            # A round's LAC is at least its previous_lac (entry_id - 1) even when no bookie's
+            # is: only one past it is news.
+            if polled.lac >= entry_id:
+                self._lac = polled.lac
+                tail.extend(polled.entries)  # From entry_id on (what the poll asked for).
+            else:
+                await self.refresh_metadata()  # Stuck: closed, or a new ensemble?
+            if not polled.cut_short:
+                self._tail_pause.reset()
+            elif not self._md.is_closed:
+                # No bookie waited (all down, or answering at once): not again at once.
+                pause = self._tail_pause.next_delay()
+                await asyncio.sleep(min(pause, max(0.0, deadline - clock())))
 
     # ----------------------------------------------------------------- entries
 
@@ -297,12 +312,6 @@ class ReadHandle:
             for part in again:
                 entries += await self._ranges.read_piece(part, max_bytes)
             return entries
-
-    async def _read_one(self, entry_id: int) -> Entry:
-        md = self._md  # One piece of one entry, its first bookie chosen as for a range read.
-        (piece,) = plan_pieces(md.ensembles, md.write_quorum, entry_id, entry_id, 1, self._sticky)
-        (entry,) = await self._read_piece(piece, self._request_bytes(1))
-        return entry
 
     async def close(self) -> None:
         """Release the handle: cancels the long polls a tail sent ahead (else they end within

@@ -12,6 +12,9 @@ the entries it holds up to that LAC. So that every entry comes once:
 - striped: bookie j is asked for the stride of entries that start their write set at j; the
   round ends once every entry up to the highest LAC came, or `STRAGGLER_SECONDS` after the
   first answer that moved the LAC.
+Whatever the bookies do, a round is over by the end of its wait, and asks each bookie at most
+once: when every one fails at once (connections waiting out their reconnect backoff), the round
+ends at once, says it was cut short, and the caller (read_handle.py) pauses before the next.
 Imports no transport code (bookies are reached through `ClientContext.ops`).
 """
 
@@ -21,7 +24,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from itertools import repeat
-from typing import cast
+from typing import NamedTuple, cast
 
 import structlog
 
@@ -31,6 +34,7 @@ from bkaio.ledger_client.reads import cancel_all
 from bkaio.ledger_client.types import EntriesAnswer, Entry
 from bkaio.protocol.messages import I64_MAX
 from bkaio.protocol.records import scan_records
+from bkaio.supervision import loop_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -45,9 +49,45 @@ LAC_ONLY_AFTER_SECONDS = 0.005
 _Asks = dict[asyncio.Future[EntriesAnswer], tuple[int, int]]  # A poll -> (index, first entry).
 
 
+class PollRound(NamedTuple):
+    """What one poll round learned."""
+
+    lac: int  # The highest LAC any bookie answered, at least the round's previous_lac.
+    entries: list[Entry]  # previous_lac + 1 ... that came, in order, without a gap; maybe none.
+    # No progress, and over before half its time: no bookie waited (every poll failed, or the
+    # bookies answered at once: a fenced ledger). The caller pauses before the next round.
+    cut_short: bool
+
+
+class _Ahead(NamedTuple):
+    """The next round's polls, sent as soon as a round moved the LAC (they wait at the bookies
+    while the consumer works)."""
+
+    bookies: tuple[str, ...]
+    previous_lac: int
+    asks: _Asks
+    started: float
+    ends_at: float  # The end of their long poll: the bookies have answered them by then.
+
+
 def _retrieve(ask: asyncio.Future[EntriesAnswer]) -> None:
-    if not ask.cancelled():
-        ask.exception()
+    """A poll sent ahead, perhaps never awaited: a BKError is expected (a bookie down; a round
+    that uses the poll sees it); anything else is a bug, reported (ERROR, counted)."""
+    if ask.cancelled():
+        return
+    error = ask.exception()
+    if error is not None and not isinstance(error, BKError):
+        loop_supervisor().report("tail_poll", error)
+
+
+def _moved(ask: asyncio.Future[EntriesAnswer], previous_lac: int) -> bool:
+    """The poll was answered with a LAC past `previous_lac`."""
+    return (
+        ask.done()
+        and not ask.cancelled()
+        and ask.exception() is None
+        and ask.result().lac > previous_lac
+    )
 
 
 _new_entry = cast(
@@ -63,9 +103,7 @@ class TailPoller:
         self.ledger_id = ledger_id
         self._write_quorum = write_quorum
         self._entries_index = 0  # Ensemble == write quorum: the bookie asked for entries.
-        # The next round's polls, sent as soon as a round moved the LAC (a poll is waiting at
-        # the bookies while the consumer works): (bookies, previous_lac, asks, started at).
-        self._next: tuple[tuple[str, ...], int, _Asks, float] | None = None
+        self._next: _Ahead | None = None
 
     def _ask(
         self,
@@ -113,17 +151,32 @@ class TailPoller:
 
     def close(self) -> None:
         """Cancel the polls sent ahead for a round nobody asked for."""
-        if self._next is not None:
-            _, _, asks, _ = self._next
-            self._next = None
-            for ask in asks:
+        ahead, self._next = self._next, None
+        if ahead is not None:
+            for ask in ahead.asks:
                 ask.cancel()
+
+    def _take_ahead(self, bookies: tuple[str, ...], previous_lac: int, now: float) -> _Ahead | None:
+        """The polls sent ahead, if they are this round's and of use: their long poll is not
+        over, or one of them moved the LAC (answered while the consumer worked). Polls answered
+        at their end without news would end the round at once and look like a failed one."""
+        ahead = self._next
+        if (
+            ahead is not None
+            and ahead.bookies == bookies
+            and ahead.previous_lac == previous_lac
+            and (now < ahead.ends_at or any(_moved(ask, previous_lac) for ask in ahead.asks))
+        ):
+            self._next = None
+            return ahead
+        self.close()
+        return None
 
     async def poll(
         self, bookies: tuple[str, ...], previous_lac: int, wait_seconds: float
-    ) -> tuple[int, list[Entry]]:
-        """One round: (the highest LAC any bookie answered, at least `previous_lac`; the entries
-        previous_lac + 1 ... that came, in order and without a gap, possibly none).
+    ) -> PollRound:
+        """One round, over within `wait_seconds` (sooner for polls sent ahead, whose wait
+        started earlier) whatever the bookies do: a bookie is asked at most once a round.
 
         Polls sent ahead by the previous round (for this `previous_lac`) are used as they are;
         when this round moves the LAC, the next round's polls are sent before it returns.
@@ -132,37 +185,37 @@ class TailPoller:
         first = previous_lac + 1
         striped = size != self._write_quorum
         loop = asyncio.get_running_loop()
-        ahead = self._next
-        if ahead is not None and ahead[0] == bookies and ahead[1] == previous_lac:
-            self._next = None
-            _, _, asks, started = ahead
+        now = loop.time()
+        ahead = self._take_ahead(bookies, previous_lac, now)
+        if ahead is not None:
+            asks, started = ahead.asks, ahead.started
+            round_ends_at = min(ahead.ends_at, now + wait_seconds)
         else:
-            self.close()
-            asks, started = self._first_asks(bookies, previous_lac, wait_seconds), loop.time()
-        # Contiguous segment: the other bookies are asked for their LAC only once the entries
-        # bookie has been quiet for LAC_ONLY_AFTER_SECONDS (entries flowing: one request a
-        # round; the entries bookie down or stuck: the others tell the LAC moved).
+            asks = self._first_asks(bookies, previous_lac, wait_seconds)
+            started, round_ends_at = now, now + wait_seconds
+        asked = {index for index, _ in asks.values()}
+        count = self._ctx.config.read_batch_entries
+        # Contiguous segment: the round's one poll for entries. The other bookies are asked
+        # for their LAC only once it has been quiet for LAC_ONLY_AFTER_SECONDS, or has failed
+        # (entries flowing: one request a round; the entries bookie down or stuck: the others
+        # tell the LAC moved).
+        entries_ask = None if striped else next(iter(asks))
         lac_only_at = None if striped else started + LAC_ONLY_AFTER_SECONDS
         best = previous_lac
         found: dict[int, bytes] = {}
         entries_answered = False
-        ends_at: float | None = None  # Stop waiting for stragglers then.
+        stragglers_until: float | None = None  # Stop waiting for stragglers then.
         pending = set(asks)
         try:
+            # Asks already answered (polls sent ahead) are looked at before any is sent.
             while pending:
-                deadlines = [t for t in (ends_at, lac_only_at) if t is not None]
-                timeout = max(0.0, min(deadlines) - loop.time()) if deadlines else None
+                deadlines = (stragglers_until, lac_only_at, round_ends_at)
+                deadline = min(t for t in deadlines if t is not None)
                 done, pending = await asyncio.wait(
-                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    pending, timeout=max(0.0, deadline - now), return_when=asyncio.FIRST_COMPLETED
                 )
                 now = loop.time()
-                if lac_only_at is not None and now >= lac_only_at:
-                    lac_only_at = None
-                    for index, bookie_id in enumerate(bookies):
-                        if index != self._entries_index % size:
-                            ask = self._ask(bookie_id, first, 1, 0, previous_lac, wait_seconds)
-                            asks[ask] = (index, first)
-                            pending.add(ask)
+                left = round_ends_at - now  # The long poll of an ask sent now.
                 for ask in done:
                     index, start = asks[ask]
                     error = ask.exception()
@@ -175,13 +228,21 @@ class TailPoller:
                             bookie_id=bookies[index],
                             error=str(error),
                         )
-                        if not striped and index == self._entries_index % size:
-                            self._entries_index += 1  # Ask another one from now on.
+                        if ask is entries_ask:
+                            self._entries_index += 1  # Ask another one, unless it was asked.
+                            then = self._entries_index % size
+                            if then not in asked and left > 0:
+                                asked.add(then)
+                                entries_ask = self._ask(
+                                    bookies[then], first, 1, count, previous_lac, left
+                                )
+                                asks[entries_ask] = (then, first)
+                                pending.add(entries_ask)
                             lac_only_at = now  # And the others for their LAC at once.
                         continue
                     answer = ask.result()
                     best = max(best, answer.lac)
-                    if not striped and index == self._entries_index % size:
+                    if ask is entries_ask:
                         entries_answered = answer.lac > previous_lac
                     if answer.records:
                         scan = scan_records(
@@ -194,19 +255,34 @@ class TailPoller:
                     # is read by range reads); else the stragglers get a moment.
                     if len(found) == best - previous_lac or entries_answered:
                         break
-                    if ends_at is None:
-                        ends_at = now + STRAGGLER_SECONDS
-                    elif now >= ends_at:
-                        if not striped:
+                    if stragglers_until is None:
+                        stragglers_until = now + STRAGGLER_SECONDS
+                    elif now >= stragglers_until:
+                        if entries_ask in pending:
                             self._entries_index += 1  # It stayed quiet while the LAC moved.
                         break
+                if left <= 0:
+                    break
+                if lac_only_at is not None and now >= lac_only_at:
+                    lac_only_at = None
+                    for index, bookie_id in enumerate(bookies):
+                        if index not in asked:  # Once a round: a bookie failing at once
+                            asked.add(index)  # (reconnecting) must not be asked in a loop.
+                            ask = self._ask(bookie_id, first, 1, 0, previous_lac, left)
+                            asks[ask] = (index, first)
+                            pending.add(ask)
         finally:
             await cancel_all(list(pending))
+        # A bookie answers a long poll at its end (or just before: the wire rounds the wait
+        # down to milliseconds), so a round over before half its time without news had no
+        # bookie waiting: asking again at once would spin.
+        cut_short = best == previous_lac and now < (started + round_ends_at) / 2
         if best > previous_lac:
             ahead_asks = self._first_asks(bookies, best, wait_seconds)
             for ask in ahead_asks:  # Perhaps never awaited (the reader moved on or went away).
                 ask.add_done_callback(_retrieve)
-            self._next = (bookies, best, ahead_asks, loop.time())
+            started = loop.time()
+            self._next = _Ahead(bookies, best, ahead_asks, started, started + wait_seconds)
         payloads: list[bytes] = []
         for entry_id in range(first, best + 1):
             payload = found.get(entry_id)
@@ -214,4 +290,5 @@ class TailPoller:
                 break
             payloads.append(payload)
         ids = range(first, first + len(payloads))
-        return best, list(map(_new_entry, zip(repeat(self.ledger_id), ids, payloads)))
+        entries = list(map(_new_entry, zip(repeat(self.ledger_id), ids, payloads)))
+        return PollRound(best, entries, cut_short)

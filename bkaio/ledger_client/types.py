@@ -199,6 +199,11 @@ class ClientConfig:
     ensemble_change_backoff_min: float = 0.05
     ensemble_change_backoff_max: float = 2.0
     read_timeout: float = 5.0  # Per bookie read.
+    # A tail's poll round that no bookie waited in (every poll failed at once, or they answered
+    # at once without news) is followed by a jittered, doubling pause from the min up to the
+    # max (within the caller's timeout), reset by a round that makes progress or lasts.
+    tail_backoff_min: float = 0.05
+    tail_backoff_max: float = 1.0
     placement: str = "default"
     client_id: str = "bkaio-client"
     auth_token: str | None = None
@@ -284,6 +289,11 @@ class ClientConfig:
             raise ConfigError(
                 f"ensemble_change_backoff_min={self.ensemble_change_backoff_min} must be in "
                 f"(0, ensemble_change_backoff_max={self.ensemble_change_backoff_max}]"
+            )
+        if not 0 < self.tail_backoff_min <= self.tail_backoff_max:
+            raise ConfigError(
+                f"tail_backoff_min={self.tail_backoff_min} must be in "
+                f"(0, tail_backoff_max={self.tail_backoff_max}]"
             )
         if self.read_ahead_requests < 1:
             raise ConfigError(f"read_ahead_requests={self.read_ahead_requests} must be >= 1")
