@@ -20,6 +20,11 @@ metadata and the delete; checked without the lock, a copy that started in that w
 ledger marked and claimed just then, with this bookie as the replacement) was deleted under
 it, and the metadata then named this bookie for entries it had lost. A ledger whose lock a
 replicator holds is left for a later run.
+
+Only a *closed* ledger is ever over-replicated (BookKeeper's GC skips the others too): an open
+ledger's writer may pick this bookie in an ensemble change at any moment, and its new entries
+would land on a shard that deletes the ledger after its last look at the metadata; the lock
+keeps replicators away, not writers.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import structlog
 
@@ -52,13 +57,20 @@ class GcStorage(Protocol):
     async def compact(self) -> CompactionReport: ...
 
 
+class Placement(NamedTuple):
+    """Where a ledger's metadata puts it, as far as collection cares."""
+
+    bookies: frozenset[str]  # Named by any of its segments.
+    closed: bool  # Sealed: no writer can add this bookie to it any more.
+
+
 class GcMetadata(Protocol):
     async def ledger_ids(self) -> set[int]:
         """Every ledger id in metadata."""
         ...
 
-    async def bookies_of(self, ledger_id: int) -> set[str] | None:
-        """Bookies named by the ledger's segments; None if it has no metadata."""
+    async def placement(self, ledger_id: int) -> Placement | None:
+        """The ledger's bookies and whether it is closed; None if it has no metadata."""
         ...
 
     async def marked(self, ledger_id: int) -> bool:
@@ -128,8 +140,7 @@ class GarbageCollector:
         if self._collect_over:
             unnamed: set[int] = set()
             for ledger_id in sorted(local & in_metadata):
-                bookies = await self._metadata.bookies_of(ledger_id)
-                if bookies is not None and self._bookie_id not in bookies:
+                if self._overreplicated(await self._metadata.placement(ledger_id)):
                     unnamed.add(ledger_id)
             over_due = self._due(unnamed, self._unnamed_since, now, self._over_grace)
         if over_due:
@@ -176,16 +187,21 @@ class GarbageCollector:
         over-replicated ones are re-read with their locks held (`hold`)."""
         doomed: list[int] = []
         for ledger_id in deleted_due:
-            if await self._metadata.bookies_of(ledger_id) is None:
+            if await self._metadata.placement(ledger_id) is None:
                 doomed.append(ledger_id)
         for ledger_id in over_held:
-            bookies = await self._metadata.bookies_of(ledger_id)
-            if bookies is None or self._bookie_id in bookies:
+            if not self._overreplicated(await self._metadata.placement(ledger_id)):
                 continue
             if await self._metadata.marked(ledger_id):
                 continue  # A replicator whose lease lapsed may still be copying here.
             doomed.append(ledger_id)
         return doomed
+
+    def _overreplicated(self, placement: Placement | None) -> bool:
+        """Closed, and no segment names this bookie."""
+        return (
+            placement is not None and placement.closed and self._bookie_id not in placement.bookies
+        )
 
 
 class MetadataGcSource:
@@ -198,12 +214,13 @@ class MetadataGcSource:
     async def ledger_ids(self) -> set[int]:
         return {ledger_id async for ledger_id in self._metadata.ledgers.list_ids()}
 
-    async def bookies_of(self, ledger_id: int) -> set[str] | None:
+    async def placement(self, ledger_id: int) -> Placement | None:
         try:
             record = await self._metadata.ledgers.get(ledger_id)
         except NoSuchLedgerError:
             return None
-        return {bookie_id for _, ensemble in record.ensembles for bookie_id in ensemble}
+        bookies = frozenset(bookie_id for _, ensemble in record.ensembles for bookie_id in ensemble)
+        return Placement(bookies, record.is_closed)
 
     async def marked(self, ledger_id: int) -> bool:
         return await self._metadata.underreplication.get(ledger_id) is not None

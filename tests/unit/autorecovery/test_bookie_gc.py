@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 
-from bkaio.bookie.gc import GarbageCollector, MetadataGcSource
+from bkaio.bookie.gc import GarbageCollector, MetadataGcSource, Placement
 from bkaio.entrylog.types import CompactionReport
 from bkaio.meta import Metadata
 
@@ -37,18 +37,23 @@ class FakeGcStorage:
 
 
 class FakeGcMetadata:
-    """Ledgers' bookies, marks, and under-replication locks (ledger id -> holder)."""
+    """Ledgers' bookies, marks, and under-replication locks (ledger id -> holder); every ledger
+    closed unless in `open_ids`."""
 
     def __init__(self, ledgers: dict[int, set[str]]) -> None:
         self.ledgers = ledgers
+        self.open_ids: set[int] = set()
         self.marked_ids: set[int] = set()
         self.locks: dict[int, str] = {}
 
     async def ledger_ids(self) -> set[int]:
         return set(self.ledgers)
 
-    async def bookies_of(self, ledger_id: int) -> set[str] | None:
-        return self.ledgers.get(ledger_id)
+    async def placement(self, ledger_id: int) -> Placement | None:
+        bookies = self.ledgers.get(ledger_id)
+        if bookies is None:
+            return None
+        return Placement(frozenset(bookies), ledger_id not in self.open_ids)
 
     async def marked(self, ledger_id: int) -> bool:
         return ledger_id in self.marked_ids
@@ -150,6 +155,18 @@ async def test_overreplicated_ledger_is_collected_unless_being_replicated() -> N
     report = await gc.run_once()
     assert report.overreplicated == (3,) and storage.ledgers == {4, 5}
     assert metadata.locks == {5: "worker"}  # Left to its holder; the collector's given back.
+
+
+async def test_an_open_ledger_is_never_overreplicated() -> None:
+    """Its writer may put this bookie back into it in an ensemble change at any moment (and
+    send entries here at once), which the lock does not keep away: only closed ledgers go."""
+    storage = FakeGcStorage([3, 4])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}})
+    metadata.open_ids.add(4)
+    gc = _collector(storage, metadata, FakeClock(), overreplicated_grace_seconds=0.0)
+    await gc.run_once()
+    report = await gc.run_once()
+    assert report.overreplicated == (3,) and storage.ledgers == {4}
 
 
 async def test_a_ledger_copied_here_while_being_collected_is_not_deleted_under_the_copy() -> None:
