@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from bkaio.errors import ConfigError
 
@@ -62,6 +63,9 @@ class MetadataSection:
                 f"metadata.registration_ttl_seconds={self.registration_ttl_seconds} "
                 "must be in [1, 3600]"
             )
+
+
+MIN_LONG_POLL_CAP_SECONDS: Final = 1.0  # server.max_long_poll_seconds's floor.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +131,15 @@ class ServerConfig:
         for name in positive_floats:
             if not getattr(self, name) > 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
+        if not self.max_long_poll_seconds >= MIN_LONG_POLL_CAP_SECONDS:
+            # A client's tail round long-polls for 1 s (read_handle._LONG_POLL_ROUND_SECONDS)
+            # and takes a round answered in under half of that, with nothing new, for bookies
+            # that cannot wait (a fenced ledger): it backs off. A lower cap would make every
+            # idle round look like that, and tailing readers pause up to a second.
+            raise ConfigError(
+                f"server.max_long_poll_seconds={self.max_long_poll_seconds} must be >= "
+                f"{MIN_LONG_POLL_CAP_SECONDS} (a client's long-poll round)"
+            )
         if not 0 <= self.auth_failure_delay_seconds <= self.auth_failure_max_delay_seconds:
             raise ConfigError(
                 f"server.auth_failure_delay_seconds={self.auth_failure_delay_seconds} must be in "

@@ -18,7 +18,7 @@ from tests.fixtures.shard import served_shard
 
 LEDGER = 3
 U32_MAX = 2**32 - 1
-CAP = "max_long_poll_seconds = 0.05\n"
+CAP = "max_long_poll_seconds = 1.0\n"  # The lowest allowed: a client's long-poll round.
 
 
 def _capped(server: ShardServer) -> float | None:
@@ -56,4 +56,12 @@ async def test_a_lac_poll_asking_for_more_than_the_cap_is_answered_at_the_cap(
 @pytest.mark.parametrize("value", [0.0, -1.0])
 def test_the_cap_must_be_positive(value: float) -> None:
     with pytest.raises(ConfigError, match=f"server.max_long_poll_seconds={value} must be > 0"):
+        ServerConfig(max_long_poll_seconds=value)
+
+
+@pytest.mark.parametrize("value", [0.05, 0.999])
+def test_the_cap_is_at_least_a_client_s_long_poll_round(value: float) -> None:
+    # Below it every idle tail round would end early with nothing new, which tailing readers
+    # take for bookies that cannot wait, and back off.
+    with pytest.raises(ConfigError, match=f"server.max_long_poll_seconds={value} must be >= 1"):
         ServerConfig(max_long_poll_seconds=value)
