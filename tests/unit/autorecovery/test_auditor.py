@@ -281,10 +281,12 @@ async def test_a_stopped_auditor_leaves_no_task_behind(meta: Metadata) -> None:
         meta, AutorecoveryMetrics(), lost_bookie_delay_seconds=3600.0, audit_interval_seconds=3600.0
     )
     task = asyncio.create_task(auditor.run())
-    for _ in range(100):  # Until the control watch waits for its first event.
+    for _ in range(1000):  # Until the control watch waits for its first event.
         await asyncio.sleep(0.01)
         if any("Queue.get" in repr(t.get_coro()) for t in asyncio.all_tasks()):
             break
+    else:
+        raise AssertionError("the control watch never waited on its queue")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await asyncio.sleep(0)  # A cancelled task ends at its next step.

@@ -287,6 +287,15 @@ async def test_a_worker_whose_lock_lapsed_leaves_the_lock_another_worker_took(
     await meta.underreplication.mark(13, [DEAD])
     replicator = FakeReplicatorOutlivingItsLock(meta, failing={13} if copy_fails else set())
     metrics = AutorecoveryMetrics()
+    releases: list[bool] = []  # Each release's outcome, once it has happened.
+    release = meta.underreplication.release
+
+    async def recorded_release(ledger_id: int, lock_version: int | None = None) -> bool:
+        released = await release(ledger_id, lock_version)
+        releases.append(released)
+        return released
+
+    meta.underreplication.release = recorded_release  # type: ignore[method-assign]
     task = asyncio.create_task(_worker(meta, replicator, metrics).run())
     try:
 
@@ -299,7 +308,12 @@ async def test_a_worker_whose_lock_lapsed_leaves_the_lock_another_worker_took(
             return await meta.underreplication.get(13) is None  # Completed: its copy is done.
 
         await _until(attempt_over, 10.0)
-        await asyncio.sleep(0.5)  # The worker's release comes right after; and its retries.
+
+        async def worker_released() -> bool:  # The lapse's own release first, then the worker's.
+            return len(releases) >= 2
+
+        await _until(worker_released, 10.0)
+        await asyncio.sleep(0.2)  # Room for a retry to claim the ledger again (it must not).
         lock = await meta.store.get(f"{LOCKS_PREFIX}{13:020d}")
         assert lock is not None and lock.value == b"other-worker"
         assert replicator.calls == [13]  # Not claimed again beside the other worker.
