@@ -106,12 +106,17 @@ class Preallocator:
         if error is None:
             return
         self.failures += 1
-        log.warning(
+        # The disk refusing (ENOSPC, EIO) is the operator's to see; the journal goes on with
+        # files created as it rolls. Anything else is a bug: at ERROR, with its traceback.
+        # (This runs on the preparation's thread, where the loop's supervisor cannot be told.)
+        report = log.warning if isinstance(error, OSError) else log.error
+        report(
             "journal_preallocation_failed",
             journal_dir=str(self._directory),
             file_id=file_id,
-            error=str(error),
+            error=str(error) or repr(error),
             failures=self.failures,
+            exc_info=None if isinstance(error, OSError) else error,
         )
 
     def take(self, file_id: int) -> Path | None:

@@ -177,6 +177,27 @@ def test_a_failed_preparation_is_told_removed_and_the_roll_creates_the_file(
     assert preallocator.failures == len(failures)
 
 
+class BrokenPreparations(FakeDisk):
+    """A bug (not a disk error) in writing the journal's preparations."""
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".prealloc"):
+            raise RuntimeError("a bug in preparing")
+        super().write(fd, data, offset)
+
+
+def test_a_preparation_failing_with_a_bug_is_logged_at_error(tmp_path: Path) -> None:
+    disk = BrokenPreparations()
+    preallocator = Preallocator(tmp_path, 1024 * 1024, sync=True, disk=disk)
+    with structlog.testing.capture_logs() as logs:
+        preallocator.prepare(2)
+        assert isinstance(preallocator._jobs[2][0].exception(timeout=30), RuntimeError)
+        preallocator.shutdown()  # Waits for the preparation's thread (and so its report).
+    (failure,) = _preallocation_failures(logs)
+    assert failure["log_level"] == "error" and "a bug in preparing" in failure["error"]
+    assert not list(tmp_path.glob("*.prealloc"))
+
+
 async def test_a_journal_whose_preparations_fail_rolls_and_commits(
     config: JournalConfig,
 ) -> None:
