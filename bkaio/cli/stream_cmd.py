@@ -269,6 +269,8 @@ async def _write_pipelined(
         try:
             while (record := await _unless_failed(anext(records, None), printer)) is not None:
                 await _unless_failed(room.acquire(), printer)
+                # Past the handle's bound (or a roll's): wait, not TooManyRequestsError.
+                await _unless_failed(writer.wait_for_capacity(), printer)
                 future = writer.write(record)
                 # A failed write fails the command through the printer; the others' errors
                 # are the same failure and must not be reported as never retrieved.

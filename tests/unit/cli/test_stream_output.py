@@ -100,6 +100,20 @@ async def test_write_prints_each_position_once_in_order(
     assert json.loads(last)["seq"] == 1500 and json.loads(last)["position"].endswith("@1500")
 
 
+async def test_write_with_a_window_wider_than_the_ledgers_bound_waits_for_room(
+    make_client: ClientFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A window of 100 against a handle (and a roll's hold) taking 2 + 3 at once: a write was
+    # refused with TooManyRequestsError, failing the command as if its input were bad.
+    client = await make_client(max_outstanding_adds=2, max_queued_adds=3)
+    ns = await open_namespace(client, "tenant", create=True)
+    writer = await ns.open_writer("s", roll_bytes=64)  # Rolls hold the writes that come.
+    await _write_pipelined(writer, given([b"r%d" % i for i in range(50)]), 100, False)
+    await writer.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rpartition("@")[2] for line in lines] == [str(i) for i in range(50)]
+
+
 async def test_a_slow_stdout_does_not_block_the_loop_while_tail_prints(
     make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
