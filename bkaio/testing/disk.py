@@ -20,6 +20,11 @@
 
 The journal commits a group with `write_synced`, here this disk's write then its sync: the
 journal's production commit path runs under every fault above.
+With `journal.preallocate_next_file` on, the preparation of the next journal file writes and
+syncs through this disk too, from its own thread: its syncs count toward `eio_after_syncs`
+(aim the fault with `eio_file_suffix` to keep the count deterministic), a failed one makes the
+disk fail from then on like any other, and `crash()` drops a preparation's unsynced zeros.
+The option is off by default and no fault test turns it on.
 
 A bookie gets one from its test entry point's `--disk` option (bkaio.testing.bookie), a spec
 that `disk_from_spec` reads; the shard's journal, entry logs and disk checks share it:
