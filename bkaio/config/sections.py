@@ -12,11 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from bkaio.errors import ConfigError
-
-# Room the defaults leave in a frame beside one entry (8 MiB frames, entries up to 8 MiB - 4 KiB):
-# an ADD carries ids, flags, the master key and a digest with the payload, a READ answer the
-# same; 4 KiB is far above what they take.
-FRAME_ENVELOPE_BYTES = 4096
+from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES  # Shared with the client's entry limit.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +90,7 @@ class ServerConfig:
     auth_failure_delay_seconds: float = 0.25
     auth_failure_max_delay_seconds: float = 5.0
     # One entry's payload; the frame adds a small envelope. More is a broken or hostile client.
-    max_entry_bytes: int = 8 * 1024 * 1024 - 4096
+    max_entry_bytes: int = 8 * 1024 * 1024 - FRAME_ENVELOPE_BYTES
     # Unsent response bytes per connection before it stops being read (a client that does not
     # read its responses cannot make the bookie buffer without bound).
     write_buffer_high_bytes: int = 4 * 1024 * 1024

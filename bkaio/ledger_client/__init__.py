@@ -8,7 +8,11 @@ recovery paths. Imports `bkaio.protocol` and `bkaio.meta`, never `journal` or `e
 from __future__ import annotations
 
 from bkaio.ledger_client.bookkeeper import BookKeeper, password_hash
-from bkaio.ledger_client.errors import InvalidArgumentError, LedgerRecoveryError
+from bkaio.ledger_client.errors import (
+    InvalidArgumentError,
+    LedgerRecoveryError,
+    RequestRefusedError,
+)
 from bkaio.ledger_client.ledger_handle import LedgerHandle
 from bkaio.ledger_client.read_handle import ReadHandle
 from bkaio.ledger_client.types import ClientConfig, Entry
@@ -21,5 +25,6 @@ __all__ = [
     "LedgerHandle",
     "LedgerRecoveryError",
     "ReadHandle",
+    "RequestRefusedError",
     "password_hash",
 ]

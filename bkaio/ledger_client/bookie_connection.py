@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, ProtocolError, error_for_status
 from bkaio.ledger_client.connection_lifecycle import ConnectionLifecycle
+from bkaio.ledger_client.errors import RequestRefusedError
 from bkaio.ledger_client.requests_in_flight import _LAST_ID, ResponseCallback, Waiter
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol import (
@@ -52,9 +53,21 @@ _OP_ADD_ENTRY = int(Op.ADD_ENTRY)
 _ADD_ENTRY_FIELDS = 8  # ledger, entry, flags, master key, LAC, length, digest, payload.
 _OP_ADD_ENTRIES = int(Op.ADD_ENTRIES)
 _STATUS_OK = Status.OK
+_STATUS_BAD_REQUEST = Status.BAD_REQUEST
 _STATUS_OK_INT = int(Status.OK)
 # For ints, `(a | b) >> _I64_BITS == 0` means 0 <= a <= I64_MAX and 0 <= b <= I64_MAX.
 _I64_BITS = I64_MAX.bit_length()
+
+
+def add_error(bookie_id: str, status: Status, ledger_id: int, entry_id: int) -> BKError:
+    """The error of an add that `bookie_id` answered with `status` (not OK)."""
+    message = f"bookie {bookie_id}: add of ledger {ledger_id} entry {entry_id} failed"
+    if status is _STATUS_BAD_REQUEST:  # The add itself: the next bookie would refuse it too.
+        return RequestRefusedError(
+            f"{message} with BAD_REQUEST: it refuses the add itself (an entry above its "
+            "server.max_entry_bytes, or a malformed request)"
+        )
+    return error_for_status(status, f"{message} with {status.name}")
 
 
 class BookieAddress(Protocol):
@@ -148,7 +161,7 @@ class BookieConnection(ConnectionLifecycle):
         try:
             self._encoder.add(body)
         except BKError as error:  # An oversized frame: the bookie would refuse it anyway.
-            self._loop.call_soon(callback, error)
+            self._loop.call_soon(callback, RequestRefusedError(str(error)))
             return
         self._queued(request_id, callback, timeout)
 
@@ -168,7 +181,7 @@ class BookieConnection(ConnectionLifecycle):
         try:
             self._encoder.add_prepacked(op, request_id, field_count, packed)
         except BKError as error:
-            self._loop.call_soon(callback, error)
+            self._loop.call_soon(callback, RequestRefusedError(str(error)))
             return
         self._waiters[request_id] = callback
         if timeout == self._batch_timeout:
@@ -199,7 +212,7 @@ class BookieConnection(ConnectionLifecycle):
         try:
             self._encoder.add_to_entries(request_id, ledger_id, flags, master_key, packed_entry)
         except BKError as error:
-            self._loop.call_soon(callback, error)
+            self._loop.call_soon(callback, RequestRefusedError(str(error)))
             return
         self._queued(request_id, callback, timeout)
 
@@ -257,11 +270,11 @@ class BookieConnection(ConnectionLifecycle):
             self._loop.call_soon(self._flush)
 
     def _fail_adds(self, request_ids: range, error: BKError) -> None:
-        """Fail the queued adds `request_ids` soon with `error` (their frame was refused)."""
+        """Fail the queued adds `request_ids` soon: `error` refused their frame."""
         for request_id in request_ids:
             callback = self._waiters.pop(request_id, None)
             if callback is not None:
-                self._loop.call_soon(callback, type(error)(str(error)))
+                self._loop.call_soon(callback, RequestRefusedError(str(error)))
 
     def _queued(self, request_id: int, callback: Waiter, timeout: float) -> None:
         self._waiters[request_id] = callback
@@ -375,10 +388,8 @@ class BookieConnection(ConnectionLifecycle):
                 waiter(None)
             else:
                 waiter(
-                    error_for_status(
-                        response.status,
-                        f"bookie {self.bookie_id}: add of ledger {response.ledger_id} entry "
-                        f"{response.entry_id} failed with {response.status.name}",
+                    add_error(
+                        self.bookie_id, response.status, response.ledger_id, response.entry_id
                     )
                 )
         elif isinstance(response, ErrorResponse):
@@ -405,10 +416,5 @@ class BookieConnection(ConnectionLifecycle):
             if status is _STATUS_OK:
                 waiter(None)
             else:
-                waiter(
-                    error_for_status(
-                        status,
-                        f"bookie {self.bookie_id}: add of ledger {response.ledger_id} entry "
-                        f"{response.entry_id + request_id - first} failed with {status.name}",
-                    )
-                )
+                entry_id = response.entry_id + request_id - first
+                waiter(add_error(self.bookie_id, status, response.ledger_id, entry_id))

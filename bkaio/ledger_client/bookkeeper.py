@@ -23,6 +23,7 @@ import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, ConfigError, UnauthorizedError
+from bkaio.ledger_client.arguments import check_count, check_ledger_id
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.context import ClientContext, LedgerStore
 from bkaio.ledger_client.errors import InvalidArgumentError
@@ -235,10 +236,16 @@ class BookKeeper:
     ) -> LedgerHandle:
         """Create a ledger on `ensemble_size` writable bookies and open it for writing.
 
-        Needs ensemble_size >= write_quorum >= ack_quorum >= 1 (InvalidArgumentError);
-        NotEnoughBookiesError when fewer writable bookies are registered.
+        Needs ints (not bools) with ensemble_size >= write_quorum >= ack_quorum >= 1
+        (InvalidArgumentError); NotEnoughBookiesError when fewer writable bookies are registered.
         """
-        if not 1 <= ack_quorum <= write_quorum <= ensemble_size:
+        for name, size in (
+            ("ensemble_size", ensemble_size),
+            ("write_quorum", write_quorum),
+            ("ack_quorum", ack_quorum),
+        ):
+            check_count(size, name)
+        if not ack_quorum <= write_quorum <= ensemble_size:
             raise InvalidArgumentError(
                 f"need ensemble_size ({ensemble_size}) >= write_quorum ({write_quorum}) >= "
                 f"ack_quorum ({ack_quorum}) >= 1"
@@ -279,8 +286,10 @@ class BookKeeper:
         With `recovery` (the default) the ledger is fenced, recovered and sealed first: its
         old writer can add nothing more, and the handle reads up to the agreed last entry.
         Without, nothing is fenced and the handle reads up to the LAC. NoSuchLedgerError if
-        it does not exist; UnauthorizedError on a wrong password.
+        it does not exist; UnauthorizedError on a wrong password; InvalidArgumentError unless
+        `ledger_id` is an int in [0, 2**63 - 1].
         """
+        check_ledger_id(ledger_id)
         metadata = await self._context.ledgers.get(ledger_id)
         if metadata.password_hash and not hmac.compare_digest(
             metadata.password_hash, password_hash(password, ledger_id)
@@ -302,8 +311,10 @@ class BookKeeper:
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete a ledger's metadata; bookies drop its entries at their next GC.
 
-        NoSuchLedgerError if it does not exist.
+        NoSuchLedgerError if it does not exist; InvalidArgumentError unless `ledger_id` is an
+        int in [0, 2**63 - 1].
         """
+        check_ledger_id(ledger_id)
         await self._context.ledgers.delete(ledger_id)
         log.info("ledger_deleted", ledger_id=ledger_id)
 
@@ -313,8 +324,9 @@ class BookKeeper:
             yield ledger_id
 
     async def get_ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        """The ledger's metadata record (NoSuchLedgerError if it does not exist)."""
-        return await self._context.ledgers.get(ledger_id)
+        """The ledger's metadata record (NoSuchLedgerError if it does not exist;
+        InvalidArgumentError unless `ledger_id` is an int in [0, 2**63 - 1])."""
+        return await self._context.ledgers.get(check_ledger_id(ledger_id))
 
 
 class _Connecting(Generic[_Client]):

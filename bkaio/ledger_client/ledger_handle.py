@@ -14,6 +14,11 @@ The add path (BookKeeper's PendingAddOp, docs/client.md):
   cannot write fails after at most as many changes as there are bookies. Changes after the
   first back off (jittered); the change runs as a supervised job.
 - Fencing (FENCED from any bookie, or metadata no longer OPEN) is fatal for the handle.
+- An add refused for what it is (`RequestRefusedError`: BAD_REQUEST, e.g. an entry above a
+  bookie's max_entry_bytes) changes no bookie, which would refuse it as well: the handle fails
+  (entry ids are consecutive, none may be skipped). `append` refuses a payload above the
+  client's limit (`ClientConfig.max_entry_bytes`) before it takes an entry id, so that one
+  oversized append leaves the handle usable.
 
 `LedgerHandle` is assembled from one part per responsibility, each a mixin over `HandleState`
 (handle_state.py, with `PendingAdd`): here the public surface, the add path and the handle's
@@ -36,12 +41,13 @@ from bkaio.ledger_client.add_batching import AddBatching
 from bkaio.ledger_client.bookie_replacement import BookieReplacement
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.ensemble_change import BookieFailures
-from bkaio.ledger_client.errors import InvalidArgumentError, copy_error
+from bkaio.ledger_client.errors import InvalidArgumentError, RequestRefusedError, copy_error
 from bkaio.ledger_client.explicit_lac import ExplicitLac
 from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, AnswerHandler, PendingAdd
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.sealing import Sealing
 from bkaio.meta.ledger_metadata import LedgerMetadata
+from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES
 from bkaio.protocol.digest import entry_digest
 
 log = structlog.get_logger(__name__)
@@ -116,6 +122,7 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
+        self._max_entry_bytes = context.config.max_entry_bytes
         # The adaptive batching wait of a burst (`_send_unsent`, ClientConfig.add_batch_wait_us).
         self._batch_wait_seconds = context.config.add_batch_wait_us / 1e6
         self._batch_timer: asyncio.TimerHandle | None = None  # The unsent burst waits.
@@ -155,7 +162,9 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         The entry id is assigned and the requests are sent now; the future resolves after Qa
         bookies of the entry's write set confirmed it and every earlier entry resolved.
         Raises LedgerClosedError after `close`, and the handle's failure (LedgerFencedError,
-        NotEnoughBookiesError, ...) once it has failed.
+        NotEnoughBookiesError, ...) once it has failed; InvalidArgumentError, taking no entry
+        id (the handle goes on), for a payload that is not bytes-like or is larger than
+        `ClientConfig.max_entry_bytes` (max_frame_bytes - 4096).
         """
         if self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id}: append after close")
@@ -167,6 +176,11 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
                     f"ledger {self.ledger_id}: payload must be bytes, got {type(payload).__name__}"
                 )
             payload = bytes(payload)
+        if len(payload) > self._max_entry_bytes:  # Every bookie would refuse it.
+            raise InvalidArgumentError(
+                f"ledger {self.ledger_id}: payload of {len(payload)} bytes is above the entry "
+                f"limit of {self._max_entry_bytes} (max_frame_bytes - {FRAME_ENVELOPE_BYTES})"
+            )
         if len(self._waiting) >= self._max_queued_adds:
             raise TooManyRequestsError(
                 f"ledger {self.ledger_id}: {len(self._waiting)} appends already queued behind "
@@ -333,7 +347,23 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         if isinstance(error, FATAL_ADD_ERRORS):
             self._fail(error)
             return
-        if self._error is None and not (self._closing and self._is_idle):
+        if self._closing and self._is_idle:
+            return  # Every add resolved: the seal is at the LAC, nothing more depends on it.
+        if isinstance(error, RequestRefusedError):
+            # Not the bookie's fault: another would refuse it too (an entry above its
+            # max_entry_bytes, which may be smaller than this client's limit). An entry that
+            # cannot be added cannot be skipped either: the handle stops, close() seals at the
+            # LAC, as when no bookie can take the adds.
+            failure = RequestRefusedError(
+                f"ledger {self.ledger_id}: a bookie refused entry {add.entry_id} itself "
+                f"({error}); no bookie is replaced for that (another would refuse it too), and "
+                f"entry ids are consecutive: the handle stops, close() seals the ledger at "
+                f"its last add confirmed"
+            )
+            failure.__cause__ = error
+            self._fail(failure)
+            return
+        if self._error is None:
             # Also for an entry that already completed: a slow or dead bookie is swapped
             # out before later entries depend on it (BookKeeper's delayed write failure).
             self._bookie_failed(index, bookie_id, error)

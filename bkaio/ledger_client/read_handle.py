@@ -19,6 +19,7 @@ import structlog
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, BookieUnavailableError, NoSuchEntryError
 from bkaio.ledger_client.acknowledged import last_acknowledged_entry
+from bkaio.ledger_client.arguments import check_count, check_entry_id, check_timeout
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import InvalidArgumentError
 from bkaio.ledger_client.range_reads import (
@@ -158,12 +159,13 @@ class ReadHandle:
         A long poll answers with the entries themselves (tailing.py: one round trip from the
         writer's acknowledgement to the reader); entries it brought beyond what is returned
         are kept for the next call. NoSuchEntryError when the ledger is closed before
-        `entry_id`.
+        `entry_id`; InvalidArgumentError, before any request, unless `entry_id` is an int in
+        [0, 2**63 - 1] and `timeout` a finite number of seconds >= 0.
         """
-        if entry_id < 0:
-            raise InvalidArgumentError(f"ledger {self.ledger_id}: entry id {entry_id} < 0")
-        if max_entries is not None and max_entries < 1:
-            raise InvalidArgumentError(f"max_entries={max_entries} must be >= 1")
+        check_entry_id(self.ledger_id, entry_id)
+        check_timeout(timeout)
+        if max_entries is not None:
+            check_count(max_entries, "max_entries")
         clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
         deadline = clock() + timeout
         while True:
@@ -209,6 +211,8 @@ class ReadHandle:
 
         NoSuchEntryError when `last_entry_id` is beyond that bound; BookieUnavailableError
         when too few bookies answer; a corrupt copy is skipped for another one.
+        InvalidArgumentError, before any request, unless both are ints with
+        0 <= first <= last <= 2**63 - 1.
         """
         entries: list[Entry] = []
         async for batch in self.read_batches(first_entry_id, last_entry_id):
@@ -235,8 +239,8 @@ class ReadHandle:
         return until it is handed out); always at least one piece. Errors as for `read`,
         raised at the batch they concern. Closing the iterator early cancels what is in flight.
         """
-        if batch_entries is not None and batch_entries < 1:
-            raise InvalidArgumentError(f"batch_entries={batch_entries} must be >= 1")
+        if batch_entries is not None:
+            check_count(batch_entries, "batch_entries")
         await self._check_range(first_entry_id, last_entry_id)
         config = self._ctx.config
         md = self._md
@@ -269,7 +273,9 @@ class ReadHandle:
             self._entry_bytes = max(1.0, (self._entry_bytes + average) / 2)
 
     async def _check_range(self, first_entry_id: int, last_entry_id: int) -> None:
-        if first_entry_id < 0 or last_entry_id < first_entry_id:
+        check_entry_id(self.ledger_id, first_entry_id, "first entry id")
+        check_entry_id(self.ledger_id, last_entry_id, "last entry id")
+        if last_entry_id < first_entry_id:
             raise InvalidArgumentError(
                 f"ledger {self.ledger_id}: bad range {first_entry_id}..{last_entry_id} "
                 f"(need 0 <= first <= last)"

@@ -3,16 +3,20 @@
 `BookieOps` is everything a ledger handle asks of bookies, by bookie id. `BookiePool`
 (connections.py) implements it over the wire protocol; unit tests implement it with
 in-memory `FakeBookie`s. Handles never see connections, frames or shards.
-Imports nothing from asyncio's transports, the codec or the metadata store.
+Imports nothing from asyncio's transports, the codec (but its leaf of constants) or the
+metadata store.
 """
 
 from __future__ import annotations
 
+import math
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
 from bkaio.errors import BKError, ConfigError
+from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES
 
 
 class Entry(NamedTuple):
@@ -257,55 +261,93 @@ class ClientConfig:
     reconnect_backoff_max: float = 2.0
     max_frame_bytes: int = 8 * 1024 * 1024
 
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest payload `LedgerHandle.append` takes: `max_frame_bytes` less the frame's
+        envelope (`FRAME_ENVELOPE_BYTES`), as with the bookie's default server.max_entry_bytes.
+        A larger one is refused before it is sent, which BookKeeper's client does too: every
+        bookie would refuse it, and that is no reason to replace them."""
+        return self.max_frame_bytes - FRAME_ENVELOPE_BYTES
+
     def __post_init__(self) -> None:
+        # Types first: the range checks compare numbers, and a NaN, a str or a bool there would
+        # pass some of them (`nan < 1` is False) or fail with a TypeError naming no option.
+        for name, (kind, optional) in _FIELD_KINDS.items():
+            value = getattr(self, name)
+            if not ((value is None and optional) or _is_kind(value, kind)):
+                kind_name = _KIND_NAMES[kind] + (" or None" if optional else "")
+                raise ConfigError(f"{name}={value!r} must be {kind_name}")
+        # Below, each check is written "not <the rule>": a value it does not expect fails it.
         for name in ("add_timeout", "read_timeout", "connect_timeout", "bookie_quarantine_seconds"):
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
-        if self.explicit_lac_interval < 0:
+        if not self.explicit_lac_interval >= 0:
             raise ConfigError(
                 f"explicit_lac_interval={self.explicit_lac_interval!r} must be >= 0 (0 = off)"
             )
-        if self.speculative_read_timeout is not None and self.speculative_read_timeout <= 0:
-            raise ConfigError(
-                f"speculative_read_timeout={self.speculative_read_timeout!r} must be > 0 or None"
-            )
-        if self.max_outstanding_adds < 1:
-            raise ConfigError(f"max_outstanding_adds={self.max_outstanding_adds} must be >= 1")
-        if self.max_queued_adds < 1:  # 0 would refuse every append: nothing may ever wait.
-            raise ConfigError(f"max_queued_adds={self.max_queued_adds} must be >= 1")
+        speculative = self.speculative_read_timeout
+        if speculative is not None and not speculative > 0:
+            raise ConfigError(f"speculative_read_timeout={speculative!r} must be > 0 or None")
+        at_least_one = (
+            "max_outstanding_adds",
+            "max_queued_adds",  # 0 would refuse every append: nothing may ever wait.
+            "read_window",
+            "read_batch_entries",
+            "read_batch_bytes",
+            "read_ahead_requests",
+            "read_ahead_bytes",
+        )
+        for name in at_least_one:
+            value = getattr(self, name)
+            if not value >= 1:
+                raise ConfigError(f"{name}={value!r} must be >= 1")
         if not 0 <= self.add_batch_wait_us <= MAX_ADD_BATCH_WAIT_US:
             raise ConfigError(
                 f"add_batch_wait_us={self.add_batch_wait_us} must be in "
                 f"[0, {MAX_ADD_BATCH_WAIT_US}] (0 = off)"
             )
-        if self.read_window < 1:
-            raise ConfigError(f"read_window={self.read_window} must be >= 1")
-        if self.read_batch_entries < 1:
-            raise ConfigError(f"read_batch_entries={self.read_batch_entries} must be >= 1")
-        if self.read_batch_bytes < 1:
-            raise ConfigError(f"read_batch_bytes={self.read_batch_bytes} must be >= 1")
-        if not 0 < self.ensemble_change_backoff_min <= self.ensemble_change_backoff_max:
-            raise ConfigError(
-                f"ensemble_change_backoff_min={self.ensemble_change_backoff_min} must be in "
-                f"(0, ensemble_change_backoff_max={self.ensemble_change_backoff_max}]"
-            )
-        if not 0 < self.tail_backoff_min <= self.tail_backoff_max:
-            raise ConfigError(
-                f"tail_backoff_min={self.tail_backoff_min} must be in "
-                f"(0, tail_backoff_max={self.tail_backoff_max}]"
-            )
-        if self.read_ahead_requests < 1:
-            raise ConfigError(f"read_ahead_requests={self.read_ahead_requests} must be >= 1")
-        if self.read_ahead_bytes < 1:
-            raise ConfigError(f"read_ahead_bytes={self.read_ahead_bytes} must be >= 1")
+        for prefix in ("ensemble_change_backoff", "tail_backoff", "reconnect_backoff"):
+            low, high = getattr(self, f"{prefix}_min"), getattr(self, f"{prefix}_max")
+            if not 0 < low <= high:
+                raise ConfigError(f"{prefix}_min={low!r} must be in (0, {prefix}_max={high!r}]")
         pace = self.read_ahead_entries_per_second
         if pace is not None and not pace > 0:
             raise ConfigError(
                 f"read_ahead_entries_per_second={pace!r} must be > 0 or None (no pace)"
             )
-        if not 0 < self.reconnect_backoff_min <= self.reconnect_backoff_max:
+        if not self.max_frame_bytes > FRAME_ENVELOPE_BYTES:
             raise ConfigError(
-                f"reconnect_backoff_min={self.reconnect_backoff_min} must be in "
-                f"(0, reconnect_backoff_max={self.reconnect_backoff_max}]"
+                f"max_frame_bytes={self.max_frame_bytes} must be > {FRAME_ENVELOPE_BYTES}: a frame "
+                f"holds an entry of up to max_frame_bytes - {FRAME_ENVELOPE_BYTES} bytes and its "
+                "envelope"
             )
+
+
+_KIND_NAMES = {int: "an int", float: "a finite number", str: "a str", bool: "a bool"}
+
+
+def _is_kind(value: object, kind: type) -> bool:
+    """`value` is of the declared `kind`: a bool is no int here (True would be a count of 1),
+    an int is a float (a whole number of seconds), a float is finite."""
+    if kind is bool or kind is str:
+        return isinstance(value, kind)
+    if isinstance(value, bool):
+        return False
+    if kind is int:
+        return isinstance(value, int)
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _field_kinds() -> dict[str, tuple[type, bool]]:
+    """(kind, optional) of each ClientConfig field, from its annotation (`float | None`: float,
+    optional). Every field is a bool, int, float or str, or one of them | None."""
+    kinds: dict[str, tuple[type, bool]] = {}
+    for name, hint in typing.get_type_hints(ClientConfig).items():
+        members = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+        assert len(members) == 1 and members[0] in _KIND_NAMES, (name, hint)
+        kinds[name] = (members[0], members[0] is not hint)
+    return kinds
+
+
+_FIELD_KINDS = _field_kinds()

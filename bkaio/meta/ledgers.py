@@ -14,7 +14,12 @@ from collections.abc import AsyncIterator
 import structlog
 
 from bkaio.backoff import Backoff
-from bkaio.errors import MetadataError, MetadataVersionError, NoSuchLedgerError
+from bkaio.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from bkaio.meta.errors import LedgerExistsError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import (
     MAX_LEDGER_ID,
@@ -33,9 +38,24 @@ FIRST_LEDGER_ID = 1
 DEFAULT_ID_BLOCK = 1000
 
 
+def check_ledger_id(ledger_id: object) -> int:
+    """`ledger_id` when it is a ledger id: an int (not a bool) in [0, MAX_LEDGER_ID], else
+    InvalidArgumentError. A real check, not an assert: ids come from callers (the client's
+    open, delete and metadata calls) and asserts are gone under python -O."""
+    if (
+        not isinstance(ledger_id, int)
+        or isinstance(ledger_id, bool)
+        or not 0 <= ledger_id <= MAX_LEDGER_ID
+    ):
+        raise InvalidArgumentError(
+            f"ledger id must be an int in [0, 2**63 - 1], got {ledger_id!r} "
+            f"({type(ledger_id).__name__})"
+        )
+    return ledger_id
+
+
 def ledger_key(ledger_id: int) -> str:
-    assert 0 <= ledger_id <= MAX_LEDGER_ID, ledger_id
-    return f"{LEDGERS_PREFIX}{ledger_id:020d}"
+    return f"{LEDGERS_PREFIX}{check_ledger_id(ledger_id):020d}"
 
 
 def ledger_id_of(key: str) -> int:

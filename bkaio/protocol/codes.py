@@ -17,6 +17,12 @@ U32_MAX = 2**32 - 1
 I64_MAX = 2**63 - 1
 U64_MAX = 2**64 - 1
 
+# Room left in a frame beside one entry's payload: an ADD carries ids, flags, the master key and
+# a digest with it, a READ answer the same; 4 KiB is far above what they take. So an entry is
+# at most max_frame_bytes - FRAME_ENVELOPE_BYTES: the bookie's default server.max_entry_bytes
+# and the client's entry limit (`ClientConfig.max_entry_bytes`) both derive from it.
+FRAME_ENVELOPE_BYTES = 4096
+
 
 class Op(IntEnum):
     """Operation codes. Values are wire format: never renumber."""

@@ -115,6 +115,7 @@ class StreamWriter:
         # As many writes as a ledger handle takes at once: the held ones all fit the next one.
         # No byte bound: the handle has none either (quota_bytes counts held bytes).
         self._max_held = bk.config.max_outstanding_adds + bk.config.max_queued_adds
+        self._max_entry_bytes = bk.config.max_entry_bytes
         # Set while writes go straight to the handle: no roll, nothing held (wait_for_capacity).
         self._not_holding = asyncio.Event()
         self._not_holding.set()
@@ -153,6 +154,8 @@ class StreamWriter:
         once the ack quorum confirmed the record. Raises QuotaExceededError when the namespace
         quota would be exceeded, LedgerClosedError after `close`, and the writer's failure
         (LedgerFencedError once another writer opened the stream) after it failed.
+        InvalidStreamArgumentError (the writer goes on) for a payload above the client's
+        `max_entry_bytes` (max_frame_bytes - 4096).
         TooManyRequestsError (the write is refused, the writer goes on) past the ledger
         handle's max_outstanding_adds + max_queued_adds, counting writes held during a roll:
         await earlier writes or `wait_for_capacity()`.
@@ -166,6 +169,12 @@ class StreamWriter:
                 f"stream {self._where}: payload must be bytes, got {type(payload).__name__}"
             )
         payload = bytes(payload)
+        # Refused here, not by the ledger handle: `_submit` fails the writer on its refusal.
+        if len(payload) > self._max_entry_bytes:
+            raise InvalidStreamArgumentError(
+                f"stream {self._where}: payload of {len(payload)} bytes is above the entry "
+                f"limit of {self._max_entry_bytes} (the client's max_frame_bytes - 4096)"
+            )
         self._check_quota(len(payload))
         holding = self._roll_task is not None or bool(self._held)  # Order: behind held ones.
         if holding and len(self._held) >= self._max_held:

@@ -2,12 +2,12 @@
 
 `FakeBookie` keeps the storage semantics a real shard has (master key on first sight, fencing,
 RECOVERY_ADD, LAC = max of piggybacked and explicit); `FakeBookieOps` implements the client's
-`BookieOps` seam on top of a set of them, with knobs to take a bookie down, hang it, or hold
-its adds until released. Its batch and fan-out calls (`add_entries`, `add_entry_many`) apply
-each add through `add_entry`, so the storage semantics and the knobs are the same on every
-path; it records each batch it takes, and a bookie in `refuse_batches` takes none (False, as the
-wire pool answers for a connection that takes no ADD_ENTRIES frames). `FakeLedgerStore` is a
-CAS store of `LedgerMetadata`.
+`BookieOps` seam on top of a set of them, with knobs to take a bookie down, hang it, hold
+its adds until released, or give it a max_entry_bytes. Its batch and fan-out calls
+(`add_entries`, `add_entry_many`) apply each add through `add_entry`, so the storage
+semantics and the knobs are the same on every path; it records each batch it takes, and a
+bookie in `refuse_batches` takes none (False, as the wire pool answers for a connection that
+takes no ADD_ENTRIES frames). `FakeLedgerStore` is a CAS store of `LedgerMetadata`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bkaio.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
+from bkaio.ledger_client.bookie_connection import add_error
 from bkaio.ledger_client.types import (
     AddCallback,
     AddFrame,
@@ -43,6 +44,7 @@ from bkaio.meta.bookies import BookieInfo
 from bkaio.meta.errors import LedgerExistsError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata
 from bkaio.protocol.records import pack_record
+from bkaio.status import Status
 
 
 @dataclass
@@ -132,6 +134,9 @@ class FakeBookieOps:
         self.hung: set[str] = set()  # Never answer: requests time out.
         self.held: dict[str, list[Callable[[], None]]] = {}  # Adds parked until release().
         self.fence_lost: set[str] = set()  # Fencing READ_LAC requests to these are dropped.
+        # A bookie's server.max_entry_bytes: a larger add is answered BAD_REQUEST (as the real
+        # connection hands that answer on: `add_error`).
+        self.max_entry_bytes: dict[str, int] = {}
         self.slow_reads: set[str] = set()  # Reads from these time out.
         self.stalled_reads: set[str] = set()  # Reads from these wait until cancelled.
         self.add_count: dict[str, int] = {}
@@ -180,6 +185,9 @@ class FakeBookieOps:
         def apply() -> None:
             if bookie_id in self.down:
                 callback(BookieUnavailableError(f"{bookie_id} is down"))
+                return
+            if len(payload) > self.max_entry_bytes.get(bookie_id, len(payload)):
+                callback(add_error(bookie_id, Status.BAD_REQUEST, ledger_id, entry_id))
                 return
             try:
                 self.bookies[bookie_id].add(ledger_id, copy, master_key, recovery)

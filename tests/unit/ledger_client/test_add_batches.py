@@ -14,9 +14,16 @@ from typing import Any
 
 import pytest
 
-from bkaio.errors import BKError, BKTimeoutError, BookieUnavailableError, LedgerFencedError
+from bkaio.errors import (
+    BKError,
+    BKTimeoutError,
+    BookieUnavailableError,
+    LedgerFencedError,
+    ProtocolError,
+)
 from bkaio.ledger_client.add_batching import _frames_of
 from bkaio.ledger_client.connections import BookieConnection, BookiePool
+from bkaio.ledger_client.errors import RequestRefusedError
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.protocol import (
     PROTOCOL_VERSION,
@@ -222,7 +229,7 @@ async def test_an_entry_above_max_frame_bytes_fails_its_adds_only() -> None:
     await _flushed()
     assert [add.entry.entry_id for add, _ in answers.calls] == [2]
     error = answers.calls[0][1]
-    assert isinstance(error, BKError) and "max_frame_bytes=100000" in str(error)
+    assert isinstance(error, RequestRefusedError) and "max_frame_bytes=100000" in str(error)
     assert [request.request_id for request in transport.requests()] == [2, 5]
     _answer(connection, AddEntryResponse(2, Status.OK, LEDGER, 0))
     _answer(connection, AddEntriesResponse(3, Status.OK, LEDGER, 1, 1))
@@ -292,6 +299,28 @@ async def test_an_error_answer_gives_each_add_its_mapped_error() -> None:
     for add, error in answers.calls:
         assert isinstance(error, LedgerFencedError)
         assert f"entry {add.entry.entry_id} " in str(error)
+    await connection.close()
+
+
+async def test_a_bad_request_answer_is_a_refusal_of_the_add_itself() -> None:
+    """BAD_REQUEST to an add (above the bookie's max_entry_bytes), as ADD_ENTRIES or ADD_ENTRY
+    answer: a RequestRefusedError (a ProtocolError) per add, which a ledger handle does not
+    take for a failed bookie; the connection stays up."""
+    connection, transport = _batching()
+    answers = Answers()
+    adds = _adds(0, 3)
+    _send(connection, answers, adds)
+    _answer(
+        connection,
+        AddEntriesResponse(2, Status.BAD_REQUEST, LEDGER, 0, 2),
+        AddEntryResponse(4, Status.BAD_REQUEST, LEDGER, 2),
+    )
+    assert [add for add, _ in answers.calls] == adds
+    for add, error in answers.calls:
+        assert isinstance(error, RequestRefusedError) and isinstance(error, ProtocolError)
+        assert f"entry {add.entry.entry_id} failed with BAD_REQUEST" in str(error)
+        assert "max_entry_bytes" in str(error)
+    assert not transport.closed
     await connection.close()
 
 

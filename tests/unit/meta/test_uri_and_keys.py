@@ -1,11 +1,14 @@
-"""Metadata URIs, key layout helpers and BookieInfo checks: pure functions."""
+"""Metadata URIs, key layout helpers (and the ledger id check they make) and BookieInfo checks."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import msgpack
 import pytest
 
-from bkaio.errors import ConfigError
+from bkaio.errors import ConfigError, InvalidArgumentError
+from bkaio.meta import LedgerIdGenerator, LedgerManager, open_store
 from bkaio.meta.bookies import (
     BookieInfo,
     decode_bookie_info,
@@ -14,7 +17,7 @@ from bkaio.meta.bookies import (
 )
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.etcd_connection import EtcdConnection
-from bkaio.meta.ledgers import ledger_id_of, ledger_key
+from bkaio.meta.ledgers import check_ledger_id, ledger_id_of, ledger_key
 from bkaio.meta.store import KeyValue, prefix_end
 from bkaio.meta.uri import EtcdUri, parse_etcd_uri, parse_sqlite_uri
 
@@ -127,6 +130,33 @@ def test_ledger_keys_sort_numerically() -> None:
     keys = [ledger_key(ledger_id) for ledger_id in ids]
     assert sorted(keys) == keys
     assert [ledger_id_of(key) for key in keys] == ids
+
+
+@pytest.mark.parametrize("ledger_id", [-1, 2**63, 2**64, "1", 1.5, True, None])
+def test_a_ledger_key_of_no_ledger_id_is_an_invalid_argument(ledger_id: object) -> None:
+    """A real check, not an assert (gone under python -O): out of range, not an int, a bool."""
+    with pytest.raises(
+        InvalidArgumentError, match=r"ledger id must be an int in \[0, 2\*\*63 - 1\]"
+    ):
+        ledger_key(ledger_id)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        check_ledger_id(ledger_id)
+
+
+async def test_the_ledger_manager_refuses_a_bad_ledger_id_before_the_store(
+    tmp_path: Path,
+) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'meta.db'}")
+    ledgers = LedgerManager(store, LedgerIdGenerator(store))
+    try:
+        with pytest.raises(InvalidArgumentError, match="got -1"):
+            await ledgers.get(-1)
+        with pytest.raises(InvalidArgumentError, match="got 9223372036854775808"):
+            await ledgers.delete(2**63)
+        with pytest.raises(InvalidArgumentError, match=r"got 1\.5 \(float\)"):
+            await ledgers.exists(1.5)  # type: ignore[arg-type]
+    finally:
+        await store.close()
 
 
 def test_prefix_end_bounds_exactly_the_prefix() -> None:
