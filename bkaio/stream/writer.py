@@ -430,10 +430,12 @@ class StreamWriter:
                 self._start_roll()
                 return
             payload, future = held.popleft()  # Out first: a failure resolves what is held.
+            self._held_bytes -= len(payload)  # Before: a failure (`_fail`) zeroes the count.
             try:
                 self._submit(payload, future)
             except TooManyRequestsError:
                 held.appendleft((payload, future))
+                self._held_bytes += len(payload)
                 self._resend_task = spawn_job(
                     f"stream-{self._where}-resend",
                     self._resend_held,
@@ -441,7 +443,6 @@ class StreamWriter:
                     on_failure=partial(self._job_failed, "re-sending held writes"),
                 )
                 return
-            self._held_bytes -= len(payload)
         if self._error is None and self._roll_due():
             self._start_roll()
         elif not held:
