@@ -172,7 +172,8 @@ def parse_sqlite_uri(uri: str) -> SqliteUri:
         raise ConfigError(f"metadata URI {shown!r}: scheme must be sqlite://")
     if parts.netloc:
         raise ConfigError(
-            f"metadata URI {shown!r}: host {parts.netloc!r} not allowed; use sqlite:///abs/path.db"
+            f"metadata URI {shown!r}: host {parts.netloc.rpartition('@')[2]!r} not allowed; "
+            "use sqlite:///abs/path.db"  # The host alone: what precedes an '@' may be a secret.
         )
     path = unquote(parts.path)
     if not path.startswith("/") or path.endswith("/"):

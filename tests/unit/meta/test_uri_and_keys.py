@@ -125,6 +125,12 @@ def test_bad_sqlite_uris_say_what_is_wrong(uri: str, message: str) -> None:
         parse_sqlite_uri(uri)
 
 
+def test_a_bad_sqlite_uri_s_error_shows_no_password() -> None:
+    with pytest.raises(ConfigError, match="host 'host' not allowed") as caught:
+        parse_sqlite_uri("sqlite://user:s3cret@host/meta.db")
+    assert "s3cret" not in str(caught.value)
+
+
 def test_ledger_keys_sort_numerically() -> None:
     ids = [0, 1, 9, 10, 99, 1000, 2**63 - 1]
     keys = [ledger_key(ledger_id) for ledger_id in ids]
