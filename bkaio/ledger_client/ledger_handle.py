@@ -15,9 +15,11 @@ The add path (BookKeeper's PendingAddOp, docs/client.md):
   first back off (jittered); the change runs as a supervised job.
 - Fencing (FENCED from any bookie, or metadata no longer OPEN) is fatal for the handle.
 - An add refused for what it is (`RequestRefusedError`: BAD_REQUEST, e.g. an entry above a
-  bookie's max_entry_bytes) changes no bookie, which would refuse it as well: the handle fails
-  (entry ids are consecutive, none may be skipped). `append` refuses a payload above the
-  client's limit (`ClientConfig.max_entry_bytes`) before it takes an entry id, so that one
+  bookie's max_entry_bytes): the first bookie to refuse an entry is replaced like a failed one
+  (BookKeeper's rule: that bookie's limits differ from the others', as in a rolling change of
+  them), a second, different one refusing the same entry fails the handle (the entry itself is
+  refused; entry ids are consecutive, none may be skipped). `append` refuses a payload above
+  the client's limit (`ClientConfig.max_entry_bytes`) before it takes an entry id, so that one
   oversized append leaves the handle usable.
 
 `LedgerHandle` is assembled from one part per responsibility, each a mixin over `HandleState`
@@ -109,6 +111,8 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         self._push_lac = context.config.explicit_lac_on_ack
         self._lac_push_due = False  # A `_lac_pushed` is scheduled.
         self._log = log.bind(ledger_id=self.ledger_id)
+        # Entry id -> the first bookie that refused it (BAD_REQUEST): only refusals fill it.
+        self._refused_by: dict[int, str] = {}
         # Bound once: called per append.
         self._add_entry_many = context.ops.add_entry_many
         self._add_entries = context.ops.add_entries
@@ -350,19 +354,28 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         if self._closing and self._is_idle:
             return  # Every add resolved: the seal is at the LAC, nothing more depends on it.
         if isinstance(error, RequestRefusedError):
-            # Not the bookie's fault: another would refuse it too (an entry above its
-            # max_entry_bytes, which may be smaller than this client's limit). An entry that
-            # cannot be added cannot be skipped either: the handle stops, close() seals at the
-            # LAC, as when no bookie can take the adds.
-            failure = RequestRefusedError(
-                f"ledger {self.ledger_id}: a bookie refused entry {add.entry_id} itself "
-                f"({error}); no bookie is replaced for that (another would refuse it too), and "
-                f"entry ids are consecutive: the handle stops, close() seals the ledger at "
-                f"its last add confirmed"
+            first = self._refused_by.setdefault(add.entry_id, bookie_id)
+            if first != bookie_id:
+                # Two bookies refuse the entry itself (or this client its frame, on every
+                # connection): another would too, and an entry that cannot be added cannot be
+                # skipped (ids are consecutive): the handle stops, close() seals at the LAC.
+                failure = RequestRefusedError(
+                    f"ledger {self.ledger_id}: bookies {first} and {bookie_id} refused entry "
+                    f"{add.entry_id} itself ({error}); entry ids are consecutive: the handle "
+                    f"stops, close() seals the ledger at its last add confirmed"
+                )
+                failure.__cause__ = error
+                self._fail(failure)
+                return
+            # One bookie refusing: its limits differ from the others' (a smaller
+            # server.max_entry_bytes, a rolling change of it), replaced like a failed bookie
+            # below, as BookKeeper's client replaces a bookie whose add fails.
+            self._log.warning(
+                "add_refused_by_bookie",
+                bookie_id=bookie_id,
+                entry_id=add.entry_id,
+                error=str(error),
             )
-            failure.__cause__ = error
-            self._fail(failure)
-            return
         if self._error is None:
             # Also for an entry that already completed: a slow or dead bookie is swapped
             # out before later entries depend on it (BookKeeper's delayed write failure).

@@ -3,13 +3,15 @@
 `BookieOps` is everything a ledger handle asks of bookies, by bookie id. `BookiePool`
 (connections.py) implements it over the wire protocol; unit tests implement it with
 in-memory `FakeBookie`s. Handles never see connections, frames or shards.
-Imports nothing from asyncio's transports, the codec (but its leaf of constants) or the
-metadata store.
+Imports nothing from asyncio's transports or the metadata store; from the codec only a
+constant (`FRAME_ENVELOPE_BYTES`, which loads the `bkaio.protocol` package: the client has it
+loaded anyway).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -325,6 +327,7 @@ class ClientConfig:
 
 
 _KIND_NAMES = {int: "an int", float: "a finite number", str: "a str", bool: "a bool"}
+_FLOAT_MAX = sys.float_info.max
 
 
 def _is_kind(value: object, kind: type) -> bool:
@@ -336,7 +339,9 @@ def _is_kind(value: object, kind: type) -> bool:
         return False
     if kind is int:
         return isinstance(value, int)
-    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, int):  # 10**400 is an int no float can hold: not a number of seconds.
+        return abs(value) <= _FLOAT_MAX
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _field_kinds() -> dict[str, tuple[type, bool]]:

@@ -1,7 +1,8 @@
 """The entry size limit against real bookies (server.max_entry_bytes = 1000): a client whose own
 limit is the same refuses the oversized append before sending it, and goes on; a client with
-a larger limit gets the bookies' BAD_REQUEST, which fails its handle with RequestRefusedError
-and replaces no bookie (it used to churn through every bookie to NotEnoughBookiesError).
+a larger limit gets the bookies' BAD_REQUEST: the first refusing bookie may be replaced, the
+second refusing the same entry fails the handle with RequestRefusedError (it used to churn
+through every bookie to NotEnoughBookiesError).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ LIMIT = 1000
 _GUARD_SECONDS = 30.0  # Hang guard only.
 
 
-async def test_an_entry_above_the_bookies_limit_changes_no_bookie(
+async def test_an_entry_above_the_bookies_limit_stops_the_handle_after_one_change_at_most(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
     cluster = await bookie_cluster_factory(count=4, config={"server": {"max_entry_bytes": LIMIT}})
@@ -43,5 +44,7 @@ async def test_an_entry_above_the_bookies_limit_changes_no_bookie(
                 assert isinstance(caught.value, ProtocolError)
             await lh.close()
             md = await bk.get_ledger_metadata(lh.ledger_id)
-            assert len(md.ensembles) == 1
+            # The first bookie to refuse may be replaced (one change at most): the second
+            # refusing the same entry stops the handle.
+            assert len(md.ensembles) <= 2
             assert md.is_closed and md.last_entry_id == 0

@@ -35,6 +35,7 @@ NAN = math.nan
         ("tail_backoff_max", NAN),
         ("add_timeout", math.inf),
         ("read_ahead_entries_per_second", math.inf),
+        ("add_timeout", 10**400),  # An int no float holds: failed only when first used.
         # max_frame_bytes was not checked at all.
         ("max_frame_bytes", 0),
         ("max_frame_bytes", -1),
