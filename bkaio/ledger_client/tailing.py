@@ -68,12 +68,14 @@ class _Ahead(NamedTuple):
     asks: _Asks
     started: float
     ends_at: float  # The end of their long poll: the bookies have answered them by then.
+    taken: list[bool]  # [True] once a round took them up: it raises a bug it finds itself.
 
 
-def _retrieve(ask: asyncio.Future[EntriesAnswer]) -> None:
+def _retrieve(taken: list[bool], ask: asyncio.Future[EntriesAnswer]) -> None:
     """A poll sent ahead, perhaps never awaited: a BKError is expected (a bookie down; a round
-    that uses the poll sees it); anything else is a bug, reported (ERROR, counted)."""
-    if ask.cancelled():
+    that uses the poll sees it); anything else is a bug, reported (ERROR, counted) unless a
+    round took the poll up (it raises the bug to its caller: counted there, once)."""
+    if taken[0] or ask.cancelled():
         return
     error = ask.exception()
     if error is not None and not isinstance(error, BKError):
@@ -168,8 +170,7 @@ class TailPoller:
             and (now < ahead.ends_at or any(_moved(ask, previous_lac) for ask in ahead.asks))
         ):
             self._next = None
-            for ask in ahead.asks:  # This round raises a bug it finds: not reported twice.
-                ask.remove_done_callback(_retrieve)
+            ahead.taken[0] = True  # Also for a poll whose callback is scheduled already.
             return ahead
         self.close()
         return None
@@ -281,10 +282,12 @@ class TailPoller:
         cut_short = best == previous_lac and now < (started + round_ends_at) / 2
         if best > previous_lac:
             ahead_asks = self._first_asks(bookies, best, wait_seconds)
+            taken = [False]
+            retrieve = functools.partial(_retrieve, taken)
             for ask in ahead_asks:  # Perhaps never awaited (the reader moved on or went away).
-                ask.add_done_callback(_retrieve)
+                ask.add_done_callback(retrieve)
             started = loop.time()
-            self._next = _Ahead(bookies, best, ahead_asks, started, started + wait_seconds)
+            self._next = _Ahead(bookies, best, ahead_asks, started, started + wait_seconds, taken)
         payloads: list[bytes] = []
         for entry_id in range(first, best + 1):
             payload = found.get(entry_id)
