@@ -15,7 +15,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Final, NamedTuple, Protocol, TypeVar
 
 from bkaio.errors import BKError, ConfigError
 from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES
@@ -267,14 +267,14 @@ class ClientConfig:
     def max_entry_bytes(self) -> int:
         """The largest payload `LedgerHandle.append` takes: `max_frame_bytes` less the frame's
         envelope (`FRAME_ENVELOPE_BYTES`), as with the bookie's default server.max_entry_bytes.
-        A larger one is refused before it is sent, which BookKeeper's client does too: every
-        bookie would refuse it, and that is no reason to replace them."""
+        A larger one is refused before it is sent: every bookie with the default limit would
+        refuse it, and that is no reason to replace them."""
         return self.max_frame_bytes - FRAME_ENVELOPE_BYTES
 
     def __post_init__(self) -> None:
         # Types first: the range checks compare numbers, and a NaN, a str or a bool there would
         # pass some of them (`nan < 1` is False) or fail with a TypeError naming no option.
-        for name, (kind, optional) in _FIELD_KINDS.items():
+        for name, (kind, optional) in CONFIG_FIELD_KINDS.items():
             value = getattr(self, name)
             if not ((value is None and optional) or _is_kind(value, kind)):
                 kind_name = _KIND_NAMES[kind] + (" or None" if optional else "")
@@ -355,4 +355,5 @@ def _field_kinds() -> dict[str, tuple[type, bool]]:
     return kinds
 
 
-_FIELD_KINDS = _field_kinds()
+# Also how the Spark options (bkaio/spark/options.py) convert `bkaio.client.<field>` strings.
+CONFIG_FIELD_KINDS: Final = _field_kinds()

@@ -19,15 +19,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import types
-import typing
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from bkaio.errors import ConfigError
-from bkaio.ledger_client.types import ClientConfig
+from bkaio.ledger_client.types import CONFIG_FIELD_KINDS, ClientConfig
 from bkaio.meta.ledger_metadata import MAX_LEDGER_ID
 from bkaio.spark.errors import SparkOptionError
 
@@ -194,21 +192,9 @@ def split_stream_name(name: str, key: str = "stream") -> tuple[str, str]:
     return namespace, stream
 
 
-def _client_field_types() -> dict[str, tuple[type, bool]]:
-    """(type, optional) of every ClientConfig field, from its declared type: a field whose
-    default is None (auth_token: str | None) is typed by its annotation, not its default."""
-    fields: dict[str, tuple[type, bool]] = {}
-    for name, hint in typing.get_type_hints(ClientConfig).items():
-        optional = False
-        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-            members = [m for m in typing.get_args(hint) if m is not type(None)]
-            optional = len(members) < len(typing.get_args(hint))
-            hint = members[0] if len(members) == 1 else hint
-        fields[name] = (hint, optional)
-    return fields
-
-
-_CLIENT_FIELDS: Final = _client_field_types()
+# (kind, optional) of every ClientConfig field, from its declared type (a field whose default
+# is None, auth_token: str | None, is typed by its annotation, not its default).
+_CLIENT_FIELDS: Final = CONFIG_FIELD_KINDS
 
 
 def _client_value(options: dict[str, str], key: str, kind: type, optional: bool) -> Any:
@@ -221,8 +207,7 @@ def _client_value(options: dict[str, str], key: str, kind: type, optional: bool)
         return None
     if kind is bool:
         return _bool(options, key, False)
-    if kind not in (int, float):
-        raise SparkOptionError(f"option {key}: a {kind} setting cannot be given as a Spark option")
+    # Every ClientConfig field is a str, bool, int or float (types.CONFIG_FIELD_KINDS checks).
     try:
         value = kind(text)
     except ValueError:
