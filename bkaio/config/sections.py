@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Final
 
 from bkaio.errors import ConfigError
-from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES  # Shared with the client's entry limit.
+
+# Shared with the client: its entry limit, and the length of its tail's long-poll rounds.
+from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES, LONG_POLL_ROUND_SECONDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +63,7 @@ class MetadataSection:
             )
 
 
-MIN_LONG_POLL_CAP_SECONDS: Final = 1.0  # server.max_long_poll_seconds's floor.
+MIN_LONG_POLL_CAP_SECONDS: Final = LONG_POLL_ROUND_SECONDS  # max_long_poll_seconds's floor.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,10 +130,10 @@ class ServerConfig:
             if not getattr(self, name) > 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"server.{name}={getattr(self, name)} must be > 0")
         if not self.max_long_poll_seconds >= MIN_LONG_POLL_CAP_SECONDS:
-            # A client's tail round long-polls for 1 s (read_handle._LONG_POLL_ROUND_SECONDS)
-            # and takes a round answered in under half of that, with nothing new, for bookies
-            # that cannot wait (a fenced ledger): it backs off. A lower cap would make every
-            # idle round look like that, and tailing readers pause up to a second.
+            # A client's tail round long-polls for LONG_POLL_ROUND_SECONDS and takes a round
+            # answered in under half of that, with nothing new, for bookies that cannot wait
+            # (a fenced ledger): it backs off. A lower cap would make every idle round look
+            # like that, and tailing readers pause up to a second.
             raise ConfigError(
                 f"server.max_long_poll_seconds={self.max_long_poll_seconds} must be >= "
                 f"{MIN_LONG_POLL_CAP_SECONDS} (a client's long-poll round)"

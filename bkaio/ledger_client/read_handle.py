@@ -33,12 +33,13 @@ from bkaio.ledger_client.reads import EntryReader
 from bkaio.ledger_client.tailing import TailPoller
 from bkaio.ledger_client.types import Entry
 from bkaio.meta.ledger_metadata import LedgerMetadata
+from bkaio.protocol.codes import LONG_POLL_ROUND_SECONDS
 
 log = structlog.get_logger(__name__)
 
-# A tail's long poll is cut into rounds this long; between rounds the handle re-reads the
-# metadata, so a close or an ensemble change is noticed within one round.
-_LONG_POLL_ROUND_SECONDS = 1.0
+# A tail's long poll is cut into rounds of LONG_POLL_ROUND_SECONDS (bkaio/protocol/codes.py);
+# between rounds the handle re-reads the metadata, so a close or an ensemble change is noticed
+# within one round.
 _payload_of = itemgetter(2)  # Of an `Entry` (a NamedTuple), without a Python call.
 # Payload bytes per entry assumed until the handle has read some (an open ledger's metadata has
 # no length): generous, so a first request is rarely cut short.
@@ -188,7 +189,7 @@ class ReadHandle:
             remaining = deadline - clock()
             if remaining <= 0:
                 return []
-            wait = min(remaining, _LONG_POLL_ROUND_SECONDS)
+            wait = min(remaining, LONG_POLL_ROUND_SECONDS)
             polled = await self._poller.poll(self._md.ensembles[-1][1], entry_id - 1, wait)
             # A round's LAC is at least its previous_lac (entry_id - 1) even when no bookie's
             # is: only one past it is news.

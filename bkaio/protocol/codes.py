@@ -23,6 +23,11 @@ U64_MAX = 2**64 - 1
 # and the client's entry limit (`ClientConfig.max_entry_bytes`) both derive from it.
 FRAME_ENVELOPE_BYTES = 4096
 
+# A client's tailing long poll is cut into rounds this long (bkaio/ledger_client/read_handle.py);
+# a bookie may not cap long polls below it (server.max_long_poll_seconds): a round answered
+# early with nothing new is taken for bookies that cannot wait, and backed off from.
+LONG_POLL_ROUND_SECONDS = 1.0
+
 
 class Op(IntEnum):
     """Operation codes. Values are wire format: never renumber."""
