@@ -222,6 +222,10 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
             entry_log_disk,
         )
         storage._written_marks = list(marks)
+        # Applied up to its mark already: a checkpoint during an earlier journal's replay (or
+        # the close of a start that failed) writes every journal's mark, and one reset to
+        # nothing would replay that journal from its oldest file, deleted ledgers included.
+        storage._marks = [AppliedMarks(mark) for mark in marks]
         try:
             for journal_index, mark in enumerate(marks):
                 await storage._replay(journal_index, mark)
