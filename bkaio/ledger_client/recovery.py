@@ -14,7 +14,9 @@ With the two fixes the TLA+ model found (reference/faults.md A2):
    in local segments that start after start (recovery_rewrite.py, BookKeeper's recovery add
    path), so the sealed ledger never names a dead bookie that a spare could replace.
 6. CAS to CLOSED with the agreed last entry and length (and the local segments, if any). If
-   someone else closed first, adopt their close. A CAS whose outcome is unknown is re-read.
+   someone else closed first, adopt their close; a CAS lost otherwise (autorecovery moved a
+   fragment of an earlier segment) is retried on the record as it is then. A CAS whose
+   outcome is unknown is re-read.
 Imports no transport code.
 
 `RecoveryReadPolicy` is the seam the fault suite's mutation check uses: production reads
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
+from collections.abc import Sequence
 from typing import Final, Protocol
 
 import structlog
@@ -35,7 +38,7 @@ import structlog
 from bkaio.errors import BKError, MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
-from bkaio.ledger_client.quorum import bookies_for_entry, with_new_segment, write_set
+from bkaio.ledger_client.quorum import Segment, bookies_for_entry, with_new_segment, write_set
 from bkaio.ledger_client.reads import EntryReader
 from bkaio.ledger_client.recovery_rewrite import RecoveryRewrite
 from bkaio.ledger_client.types import BookieOps, StoredCopy
@@ -112,10 +115,8 @@ class LedgerRecovery:
         rewrite = RecoveryRewrite(
             self._ctx, self.ledger_id, self._master_key, md.write_quorum, md.ack_quorum
         )
-        ensembles = md.ensembles
-        for first_entry_id, bookies in await rewrite.run(found, ensemble):
-            ensembles = with_new_segment(ensembles, first_entry_id, bookies)
-        closed = await self._seal(md, ensembles, last_entry_id, length)
+        segments = await rewrite.run(found, ensemble)
+        closed = await self._seal(md, segments, last_entry_id, length)
         self._log.info(
             "ledger_recovered",
             last_entry_id=closed.last_entry_id,
@@ -138,14 +139,24 @@ class LedgerRecovery:
         return md
 
     async def _seal(
-        self,
-        md: LedgerMetadata,
-        ensembles: tuple[tuple[int, tuple[str, ...]], ...],
-        last_entry_id: int,
-        length: int,
+        self, md: LedgerMetadata, segments: Sequence[Segment], last_entry_id: int, length: int
     ) -> LedgerMetadata:
+        """CAS `md` to CLOSED at (`last_entry_id`, `length`) with the re-write's `segments`.
+
+        A lost CAS is retried on the record as it is then: autorecovery may have moved a
+        fragment of an earlier segment meanwhile (it leaves only the open tail alone), which a
+        seal of the ensembles read before would undo. The re-write's segments start at or
+        after the last segment's first entry, so they apply on top of any such record.
+        """
         ledgers = self._ctx.ledgers
-        target = md.replace(ensembles=ensembles).closed(last_entry_id, length)
+
+        def sealed(current: LedgerMetadata) -> LedgerMetadata:
+            ensembles = current.ensembles
+            for first_entry_id, bookies in segments:
+                ensembles = with_new_segment(ensembles, first_entry_id, bookies)
+            return current.replace(ensembles=ensembles).closed(last_entry_id, length)
+
+        target = sealed(md)
         while True:
             try:
                 return await ledgers.update(target)
@@ -159,7 +170,7 @@ class LedgerRecovery:
                 raise LedgerRecoveryError(
                     f"ledger {self.ledger_id} went back to {current.state.name} during recovery"
                 )
-            target = current.replace(ensembles=ensembles).closed(last_entry_id, length)
+            target = sealed(current)
 
     # ----------------------------------------------------------------- reading forward
 

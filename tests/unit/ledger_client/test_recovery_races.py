@@ -1,0 +1,49 @@
+"""Recovery and ensemble changes racing other metadata writers and further bookie failures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bkaio.meta.ledger_metadata import LedgerState
+from tests.unit.ledger_client.cluster import fake_cluster
+
+
+async def test_a_replicator_swap_in_an_earlier_segment_survives_the_recovery_seal() -> None:
+    """Autorecovery moves fragments of closed segments of a ledger that is not CLOSED
+    (autorecovery/replicator.py `_swap`) while a recovery is under way: the recovery's seal,
+    retried after that compare-and-swap, keeps the swap and adds only its own end."""
+    cluster = fake_cluster(5, explicit_lac_interval=0)
+    lh = await cluster.client.create_ledger(3, 3, 2, password=b"pw")
+    await asyncio.gather(*(lh.append(b"%d" % i) for i in range(4)))
+    first = lh.metadata.ensembles[0][1]
+    cluster.ops.down.add(first[1])  # First of entry 4's write set: a change at entry 4.
+    await lh.append(b"4")  # Entry 4 carries LAC 3: recovery re-writes it.
+    cluster.ops.down.clear()
+    second = lh.metadata.ensembles[1][1]
+    assert [s for s, _ in lh.metadata.ensembles] == [0, 4]
+    held = second[2]
+    cluster.ops.hold(held)  # The recovery's re-write of entry 4 waits here.
+    rewriting = asyncio.Event()
+    add_entry = cluster.ops.add_entry
+
+    def noting_adds(bookie_id: str, *args: Any, **kwargs: Any) -> None:
+        add_entry(bookie_id, *args, **kwargs)
+        if bookie_id == held:
+            rewriting.set()
+
+    cluster.ops.add_entry = noting_adds  # type: ignore[method-assign]
+    recovery = asyncio.ensure_future(cluster.second_client().open_ledger(lh.ledger_id, b"pw"))
+    await rewriting.wait()
+    # The replicator moves segment 0's copy from first[0] to a bookie in no ensemble.
+    spare = next(b for b in cluster.ops.bookies if b not in {*first, *second})
+    md = cluster.store.records[lh.ledger_id]
+    assert md.state is LedgerState.IN_RECOVERY
+    swapped = tuple(spare if b == first[0] else b for b in first)
+    await cluster.store.update(md.replace(ensembles=((0, swapped), md.ensembles[1])))
+    cluster.ops.release(held)
+    rh = await recovery
+    assert rh.last_entry_id == 4
+    sealed = cluster.store.records[lh.ledger_id]
+    assert sealed.state is LedgerState.CLOSED
+    assert sealed.ensembles == ((0, swapped), (4, second))
