@@ -22,6 +22,7 @@ from pathlib import Path
 import crc32c
 
 from bkaio.entrylog.cookie import fsync_directory
+from bkaio.errors import BookieIOError
 from bkaio.journal.crash_points import NO_CRASH_POINTS, CrashPoints
 from bkaio.journal.disk import OS_DISK, Disk
 from bkaio.wal.records import JournalMark
@@ -66,17 +67,22 @@ def write_last_mark(
     """Blocking: atomically replace `directory/lastMark` and make it durable.
 
     Its bytes are written and synced through `disk`, like the entry logs' (a fault test's
-    disk can fail a checkpoint); creating, renaming and the directory sync are plain calls."""
+    disk can fail a checkpoint); creating, renaming and the directory sync are plain calls.
+    Raises BookieIOError naming the file: the OS's own error names none, and a full or broken
+    disk must be told apart from the other ledger directories."""
     temporary = directory / (LAST_MARK_FILE + ".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        disk.write(descriptor, encode_marks(marks), 0)
-        disk.fdatasync(descriptor)
-    finally:
-        disk.close(descriptor)
-    crash_points.reached("checkpoint.before_rename")
-    os.replace(temporary, directory / LAST_MARK_FILE)
-    fsync_directory(directory)
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            disk.write(descriptor, encode_marks(marks), 0)
+            disk.fdatasync(descriptor)
+        finally:
+            disk.close(descriptor)
+        crash_points.reached("checkpoint.before_rename")
+        os.replace(temporary, directory / LAST_MARK_FILE)
+        fsync_directory(directory)
+    except OSError as error:
+        raise BookieIOError(f"{directory / LAST_MARK_FILE}: checkpoint failed: {error}") from error
 
 
 def read_last_mark(directories: list[Path], journal_count: int) -> list[JournalMark | None]:
