@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bkaio.meta.ledger_metadata import LedgerState
+from bkaio.ledger_client.quorum import bookies_for_entry
+from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 from tests.unit.ledger_client.cluster import fake_cluster
 
 
@@ -47,3 +48,66 @@ async def test_a_replicator_swap_in_an_earlier_segment_survives_the_recovery_sea
     sealed = cluster.store.records[lh.ledger_id]
     assert sealed.state is LedgerState.CLOSED
     assert sealed.ensembles == ((0, swapped), (4, second))
+
+
+async def test_a_second_bookie_failing_during_an_ensemble_change_is_replaced_after_it() -> None:
+    cluster = fake_cluster(6)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await lh.append(b"0")
+    first, _, third = lh.metadata.ensembles[0][1]
+    cluster.ops.hold(third)
+    update = cluster.store.update
+    changes = 0
+
+    async def failing_third_meanwhile(md: LedgerMetadata) -> LedgerMetadata:
+        nonlocal changes
+        changes += 1
+        if changes == 1:  # The first change's compare-and-swap is under way: third fails.
+            cluster.ops.down.add(third)
+            cluster.ops.release(third)
+        return await update(md)
+
+    cluster.store.update = failing_third_meanwhile  # type: ignore[method-assign,assignment]
+    cluster.ops.down.add(first)
+    appended = [lh.append(b"%d" % i) for i in range(1, 6)]
+    assert await asyncio.gather(*appended) == list(range(1, 6))
+    await lh.close()
+    md = cluster.store.records[lh.ledger_id]
+    assert [s for s, _ in md.ensembles] == [0, 1]  # Both changes at LAC + 1 = entry 1.
+    assert first not in md.ensembles[-1][1] and third not in md.ensembles[-1][1]
+    for entry_id in range(md.last_entry_id + 1):
+        for bookie_id in bookies_for_entry(md.ensembles, entry_id, md.write_quorum):
+            stored = cluster.bookie(bookie_id).ledgers[md.ledger_id].entries
+            assert entry_id in stored, (entry_id, bookie_id, md.ensembles)
+
+
+async def test_a_close_during_an_ensemble_change_waits_for_it_and_seals_at_the_lac() -> None:
+    """A bookie fails adds that already completed (a delayed write failure): the change it
+    starts is still writing its segment when close() is called."""
+    cluster = fake_cluster(4)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    slow = lh.metadata.ensembles[0][1][2]
+    cluster.ops.hold(slow)
+    assert await asyncio.gather(*(lh.append(b"%d" % i) for i in range(3))) == [0, 1, 2]
+    gate = asyncio.Event()
+    changing = asyncio.Event()
+    update = cluster.store.update
+
+    async def gated(md: LedgerMetadata) -> LedgerMetadata:
+        if not md.is_closed:
+            changing.set()
+            await gate.wait()
+        return await update(md)
+
+    cluster.store.update = gated  # type: ignore[method-assign,assignment]
+    cluster.ops.down.add(slow)
+    cluster.ops.release(slow)  # Its three adds fail now.
+    await changing.wait()
+    closing = asyncio.ensure_future(lh.close())
+    await asyncio.sleep(0)
+    assert not closing.done()
+    gate.set()
+    await closing
+    md = cluster.store.records[lh.ledger_id]
+    assert md.state is LedgerState.CLOSED and md.last_entry_id == 2
+    assert [s for s, _ in md.ensembles] == [0, 3] and slow not in md.ensembles[1][1]
