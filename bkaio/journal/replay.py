@@ -48,20 +48,50 @@ _NON_ZERO: Final = re.compile(b"[^\\x00]")
 RELEASE_PAGES_BYTES: Final = 32 * 1024 * 1024
 
 
-def find_next_record(buffer: memoryview, start: int) -> int | None:
-    """Offset of the first valid record at or after `start`, or None."""
-    for match in _CANDIDATE.finditer(buffer, start + 4):
-        offset = match.start() - 4
-        try:
-            check_record(buffer, offset)
-        except RecordError:
-            continue
-        return offset
+# A candidate's header (its length and kind, 5 bytes) starts before the end of a scan window
+# but may end after it: each window is searched this much further.
+_CANDIDATE_BYTES: Final = 5
+
+
+def find_next_record(buffer: memoryview, start: int, mapped: mmap.mmap | None = None) -> int | None:
+    """Offset of the first valid record at or after `start`, or None.
+
+    With `mapped` (the mapping `buffer` views), the bytes are searched a window of
+    RELEASE_PAGES_BYTES at a time and each window's pages handed back once searched: the
+    stretch searched can be the rest of a file of preallocated zeros, or junk."""
+    window = RELEASE_PAGES_BYTES
+    position = start + 4  # Candidates are found by their length field, 4 bytes in.
+    released = start
+    while position < len(buffer):
+        window_end = min(position + window, len(buffer))
+        search_end = min(window_end + _CANDIDATE_BYTES, len(buffer))
+        for match in _CANDIDATE.finditer(buffer, position, search_end):
+            if match.start() >= window_end:
+                break  # The next window's.
+            offset = match.start() - 4
+            try:
+                check_record(buffer, offset)
+            except RecordError:
+                continue
+            return offset
+        position = window_end
+        if mapped is not None:
+            released = _release_pages(mapped, released, position)
     return None
 
 
-def is_all_zeros(buffer: memoryview, start: int) -> bool:
-    return _NON_ZERO.search(buffer, start) is None
+def is_all_zeros(buffer: memoryview, start: int, mapped: mmap.mmap | None = None) -> bool:
+    """Whether `buffer` holds only zeros from `start`; with `mapped`, handing the pages back
+    as `find_next_record` does."""
+    released = position = start
+    while position < len(buffer):
+        window_end = min(position + RELEASE_PAGES_BYTES, len(buffer))
+        if _NON_ZERO.search(buffer, position, window_end) is not None:
+            return False
+        position = window_end
+        if mapped is not None:
+            released = _release_pages(mapped, released, position)
+    return True
 
 
 class JournalReader:
@@ -136,7 +166,7 @@ class JournalReader:
             ):
                 offset = start
                 if problem is not None:  # A torn creation: only junk can follow, or corruption.
-                    offset, tail = self._skip_bad_data(path, view, 0, problem)
+                    offset, tail = self._skip_bad_data(path, mapped, view, 0, problem)
                     if tail is not None:
                         return tail
                 released = 0  # Pages before this offset were handed back to the kernel.
@@ -146,7 +176,7 @@ class JournalReader:
                     try:
                         record, end = decode_record(view, offset)
                     except RecordError as error:
-                        offset, tail = self._skip_bad_data(path, view, offset, str(error))
+                        offset, tail = self._skip_bad_data(path, mapped, view, offset, str(error))
                         if tail is not None:
                             return tail
                         continue
@@ -157,12 +187,12 @@ class JournalReader:
         return None
 
     def _skip_bad_data(
-        self, path: Path, view: memoryview, offset: int, reason: str
+        self, path: Path, mapped: mmap.mmap, view: memoryview, offset: int, reason: str
     ) -> tuple[int, TornTail | None]:
         """After a bad record at `offset`: the next valid record's offset, or the torn tail."""
-        resume = find_next_record(view, offset + 1)
+        resume = find_next_record(view, offset + 1, mapped)
         if resume is None:
-            if is_all_zeros(view, offset):
+            if is_all_zeros(view, offset, mapped):
                 reason = f"zeros from here to the end of the file ({reason})"
             return len(view), TornTail(path, offset, reason)
         self.corruption.append(Corruption(path, offset, f"{reason}; next valid record at {resume}"))
