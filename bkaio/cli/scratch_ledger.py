@@ -3,7 +3,7 @@
     async with scratch_ledger(bk, handle):
         ... append, close, read back ...
 
-On the way out, whatever happened, the ledger is closed (if still open) and deleted. A cleanup
+On the way out, whatever happened, the ledger is closed (if still open) and deleted. A delete
 that fails is never silent: it becomes the command's error (naming the ledger left behind),
 chained to the failure that was in flight, if any.
 """
@@ -40,18 +40,21 @@ class ScratchClient(Protocol):
 
 
 async def discard(bk: ScratchClient, handle: ScratchHandle) -> list[str]:
-    """Close (if open) and delete the ledger; what went wrong, if anything."""
-    problems: list[str] = []
+    """Close (if open) and delete the ledger; what went wrong if it is left behind, else
+    nothing. Only a failed delete leaves it behind: a deleted ledger is gone from metadata and
+    its bookies collect its entries whether or not it was closed, so a close that failed (the
+    bookie that failed the command refuses it too) is then no problem to report."""
+    close_problem: list[str] = []
     if not handle.is_closed:
         try:
             await handle.close()
         except BKError as error:
-            problems.append(f"close: {error}")
+            close_problem.append(f"close: {error}")
     try:
         await bk.delete_ledger(handle.ledger_id)
     except BKError as error:
-        problems.append(f"delete: {error}")
-    return problems
+        return [*close_problem, f"delete: {error}"]
+    return []
 
 
 @contextlib.asynccontextmanager

@@ -69,12 +69,24 @@ async def test_an_interruption_still_cleans_up() -> None:
     assert handle.is_closed and client.deleted == [7]
 
 
-async def test_a_close_that_fails_still_deletes_and_names_the_ledger() -> None:
+async def test_a_close_that_fails_before_a_delete_that_works_leaves_nothing_behind() -> None:
+    """`bookiesanity` of a bookie that refuses our auth token: the add fails, the close fails
+    for the same reason, the delete works. The error is the add's, not a ledger "left behind"
+    that was deleted."""
     client, handle = FakeClient(), FakeHandle(7, close_fails=True)
-    with pytest.raises(LedgerLeftBehindError, match="append failed; test ledger 7") as caught:
+    with pytest.raises(NotEnoughBookiesError, match="append failed"):
         async with scratch_ledger(client, handle):
             raise NotEnoughBookiesError("append failed")
     assert client.deleted == [7]  # The delete is tried even when the close failed.
+
+
+async def test_a_close_and_a_delete_that_fail_name_the_ledger_and_both_failures() -> None:
+    client, handle = FakeClient(delete_fails=True), FakeHandle(7, close_fails=True)
+    with pytest.raises(LedgerLeftBehindError, match="append failed; test ledger 7") as caught:
+        async with scratch_ledger(client, handle):
+            raise NotEnoughBookiesError("append failed")
+    assert "close: fake: no bookie" in str(caught.value)
+    assert "delete: fake: metadata unreachable" in str(caught.value)
     assert isinstance(caught.value.__cause__, NotEnoughBookiesError)
 
 
