@@ -87,6 +87,7 @@ class HandleState:
     _error: BKError | None
     _closing: bool
     _closed: bool
+    _close_lock: asyncio.Lock
     _max_piggybacked_lac: int
     _lac_timer: asyncio.TimerHandle | None
     _lac_tasks: set[asyncio.Task[None]]

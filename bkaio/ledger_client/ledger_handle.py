@@ -104,6 +104,7 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         self._error: BKError | None = None
         self._closing = False
         self._closed = False
+        self._close_lock = asyncio.Lock()  # One close() seals; another waits for it (sealing.py).
         self._max_piggybacked_lac = -1
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_tasks: set[asyncio.Task[None]] = set()

@@ -26,11 +26,18 @@ class Sealing(HandleState):
     async def close(self) -> None:
         """Wait for pending adds, then seal the ledger: metadata CLOSED at the LAC.
 
-        Idempotent. Raises LedgerFencedError when another client recovered (or closed) the
+        Idempotent, also when called again before the first call returned: the later call
+        waits for the first one's seal (which would otherwise look like another client's
+        close). Raises LedgerFencedError when another client recovered (or closed) the
         ledger meanwhile; the ledger's end is then whatever that client sealed.
         """
         if self._closed:
             return
+        async with self._close_lock:
+            if not self._closed:
+                await self._close()
+
+    async def _close(self) -> None:
         self._closing = True
         if self._batch_timer is not None:  # A waiting burst goes now: nothing else will come.
             self._send_unsent(now=True)

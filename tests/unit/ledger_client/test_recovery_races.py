@@ -111,3 +111,17 @@ async def test_a_close_during_an_ensemble_change_waits_for_it_and_seals_at_the_l
     md = cluster.store.records[lh.ledger_id]
     assert md.state is LedgerState.CLOSED and md.last_entry_id == 2
     assert [s for s, _ in md.ensembles] == [0, 3] and slow not in md.ensembles[1][1]
+
+
+async def test_two_concurrent_closes_of_one_handle_seal_once_and_both_succeed() -> None:
+    """(`async with` around a body that also calls close(), say.) The second close used to
+    find the first one's CLOSED record and raise LedgerFencedError, "closed by another
+    client"."""
+    cluster = fake_cluster(3)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await lh.append(b"a")
+    updates = cluster.store.updates
+    await asyncio.gather(lh.close(), lh.close())
+    assert cluster.store.updates == updates + 1
+    md = cluster.store.records[lh.ledger_id]
+    assert md.state is LedgerState.CLOSED and md.last_entry_id == 0
