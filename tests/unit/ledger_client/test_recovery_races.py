@@ -125,3 +125,32 @@ async def test_two_concurrent_closes_of_one_handle_seal_once_and_both_succeed() 
     assert cluster.store.updates == updates + 1
     md = cluster.store.records[lh.ledger_id]
     assert md.state is LedgerState.CLOSED and md.last_entry_id == 0
+
+
+async def test_a_writer_keeps_a_replicator_swap_through_its_ensemble_change_and_close() -> None:
+    """Both compare-and-swaps of the writer lose to autorecovery's move of a fragment of an
+    earlier segment: each is retried on the record as it is then."""
+    cluster = fake_cluster(7)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await asyncio.gather(*(lh.append(b"%d" % i) for i in range(3)))
+    first = lh.metadata.ensembles[0][1]
+    cluster.ops.down.add(first[0])  # First of entry 3's write set: a change at entry 3.
+    assert await lh.append(b"3") == 3
+    cluster.ops.down.clear()
+    second = lh.metadata.ensembles[1][1]
+    spare = next(b for b in cluster.ops.bookies if b not in {*first, *second})
+    swapped = tuple(spare if b == first[1] else b for b in first)
+    md = cluster.store.records[lh.ledger_id]
+    md = await cluster.store.update(md.replace(ensembles=((0, swapped), md.ensembles[1])))
+    cluster.ops.down.add(second[1])  # First of entry 4's write set: a change at entry 4.
+    assert await lh.append(b"4") == 4
+    third = lh.metadata.ensembles[2][1]
+    md = cluster.store.records[lh.ledger_id]
+    assert md.ensembles == ((0, swapped), (3, second), (4, third))
+    spare = next(b for b in cluster.ops.bookies if b not in {*swapped, *second, *third})
+    moved = tuple(spare if b == second[0] else b for b in second)
+    await cluster.store.update(md.replace(ensembles=((0, swapped), (3, moved), (4, third))))
+    await lh.close()
+    md = cluster.store.records[lh.ledger_id]
+    assert md.state is LedgerState.CLOSED and md.last_entry_id == 4
+    assert md.ensembles == ((0, swapped), (3, moved), (4, third))
