@@ -231,6 +231,7 @@ class SupervisedBookie:
     quick_deaths: int = 0  # Deaths in a row, each before HEALTHY_SECONDS of life.
     restarts: int = 0
     given_up: bool = False
+    log_offset: int = 0  # Where this run's lines start in the log (earlier runs' come before).
     backoff: Backoff = field(
         default_factory=lambda: Backoff(RESTART_INITIAL_SECONDS, RESTART_MAX_SECONDS)
     )
@@ -242,6 +243,7 @@ class SupervisedBookie:
     def spawn(self, now: float | None = None) -> None:
         """Start the bookie process; `now` (time.monotonic()'s clock) is when, for its age."""
         with self.log_path.open("ab") as log_file:
+            self.log_offset = log_file.tell()
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bkaio.bookie", "--config", str(self.config_path)],
                 stdout=log_file,
@@ -252,12 +254,33 @@ class SupervisedBookie:
         self.started_at = time.monotonic() if now is None else now
         self.restart_at = None
 
-    def last_log_line(self) -> str:
+    def exit_reason(self) -> str:
+        """The line of this run's log that says why the bookie stopped: its last error, else
+        its last line. Not simply the last line: a bookie that fails to start (a port in use, a
+        cookie that does not match) logs the error, then its orderly stop at info level."""
         try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+            with self.log_path.open("rb") as log_file:
+                log_file.seek(self.log_offset)
+                lines = log_file.read().decode(errors="replace").strip().splitlines()
         except OSError:
             return ""
+        for line in reversed(lines):
+            reason = _logged_error(line)
+            if reason is not None:
+                return reason[:300]
         return lines[-1][:300] if lines else ""
+
+
+def _logged_error(line: str) -> str | None:
+    """`event: error` of a JSON log line at level error or above; None for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("level") not in ("error", "critical"):
+        return None
+    error = record.get("error")
+    return f"{record.get('event')}: {error}" if error else str(record.get("event"))
 
 
 class StandaloneMetrics:
@@ -347,7 +370,7 @@ class StandaloneCluster:
             if bookie.process is not None and bookie.process.poll() is not None:
                 raise StandaloneError(
                     f"bookie {bookie.index} exited with {bookie.process.returncode}: "
-                    f"{bookie.last_log_line()} (full log: {bookie.log_path})"
+                    f"{bookie.exit_reason()} (full log: {bookie.log_path})"
                 )
 
     def supervise(self, now: float) -> bool:
@@ -384,7 +407,7 @@ class StandaloneCluster:
             self.metrics.bookies_given_up.inc()
             log.error(
                 "standalone_bookie_given_up", bookie=bookie.index, returncode=code,
-                deaths_in_a_row=bookie.quick_deaths, last_log_line=bookie.last_log_line(),
+                deaths_in_a_row=bookie.quick_deaths, reason=bookie.exit_reason(),
                 log=str(bookie.log_path),
             )  # fmt: skip
             return
@@ -393,7 +416,7 @@ class StandaloneCluster:
         log.error(
             "standalone_bookie_died", bookie=bookie.index, returncode=code,
             lived_seconds=round(lived, 1), restart_in_seconds=round(delay, 2),
-            last_log_line=bookie.last_log_line(), log=str(bookie.log_path),
+            reason=bookie.exit_reason(), log=str(bookie.log_path),
         )  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
