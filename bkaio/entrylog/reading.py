@@ -7,7 +7,7 @@ Part of `ShardStorage` (a mixin over `StorageState`, see state.py).
 
 from __future__ import annotations
 
-from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory
+from bkaio.entrylog.entry_log import EntryLocation, EntryLogDirectory, log_file_name
 from bkaio.entrylog.index import LedgerIndex
 from bkaio.entrylog.record_reads import RecordRun, read_records
 from bkaio.entrylog.state import StorageState
@@ -105,19 +105,26 @@ class StorageReads(StorageState):
         self, ledger_id: int, entry_id: int, location: EntryLocation | None
     ) -> StoredEntry | None:
         disk = self.config.disk_of(ledger_id)
+        logs = self._logs[disk]
         for _attempt in range(3):  # Compaction may move the entry between lookup and read.
             if location is None:
                 return None
-            entry = self._logs[disk].read(location)
+            entry = logs.read(location)
             if entry is not None:
                 if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
                     raise BookieIOError(
-                        f"{self._logs[disk].directory}: location {location} of ledger "
+                        f"{logs.directory}: location {location} of ledger "
                         f"{ledger_id} entry {entry_id} holds ledger {entry.ledger_id} entry "
                         f"{entry.entry_id}: index and entry log disagree"
                     )
                 return entry
-            location = self._indexes[disk].get(ledger_id, entry_id)
+            moved = self._indexes[disk].get(ledger_id, entry_id)
+            if moved == location:  # Compaction repoints the index before it removes a log.
+                raise BookieIOError(
+                    f"{logs.directory / log_file_name(location.log_id)}: entry log missing; "
+                    f"the index has ledger {ledger_id} entry {entry_id} in it"
+                )
+            location = moved
         raise BookieIOError(f"ledger {ledger_id}: entry {entry_id} keeps moving under compaction")
 
     async def read_records(

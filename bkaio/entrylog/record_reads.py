@@ -77,6 +77,7 @@ async def read_records(
         if recent is not None:
             recent.next_entry_id = min(recent.next_entry_id, last_entry_id + 1)
             return recent
+    previous: list[bytes] | None = None
     for _attempt in range(_ATTEMPTS):
         scan, parts = await loop.run_in_executor(
             pool,
@@ -92,6 +93,12 @@ async def read_records(
         )
         if parts is not None:
             break
+        if scan.locations == previous:  # Compaction repoints the index before it removes a log.
+            raise BookieIOError(
+                f"ledger {ledger_id}: entries {first_entry_id}..{last_entry_id}: an entry log "
+                f"in {logs.directory} that the index points into is missing"
+            )
+        previous = scan.locations
     else:
         raise BookieIOError(
             f"ledger {ledger_id}: the entry logs of entries {first_entry_id}..{last_entry_id} "
