@@ -41,6 +41,17 @@ def admin_token_option(function: F) -> F:
     return decorator(function)
 
 
+def require_admin_token(admin_token: str, command: str) -> None:
+    """Copying a ledger's entries needs its master key, which bookies give only to a request
+    with their admin token: without one every ledger would fail, after the whole timeout."""
+    if not admin_token:
+        raise click.UsageError(
+            f"{command} copies entries, which needs the bookies' admin token ([admin] token): "
+            "pass --admin-token or set BKAIO_ADMIN_TOKEN (bkaio standalone keeps its token in "
+            "standalone.json)"
+        )
+
+
 def timeout_option(action: str, default: float) -> Callable[[F], F]:
     # Not `--timeout`: every shell command's `--timeout` is the wait for etcd (metadata_option).
     return click.option(
@@ -212,6 +223,7 @@ def recover(
         )
         emit(plan.to_dict(), as_json=as_json, human=_plan_human(plan, detailed=dry_run))
         return
+    require_admin_token(admin_token, "recover")
 
     async def go() -> Any:
         with _ProgressView("recover", bookie_id) as view:
@@ -253,6 +265,8 @@ def decommission(
 ) -> None:
     """Drain a bookie: read-only for good (until recommission), copy its fragments elsewhere."""
     from bkaio import autorecovery
+
+    require_admin_token(admin_token, "decommission")
 
     async def go() -> Any:
         with _ProgressView("decommission", bookie_id) as view:

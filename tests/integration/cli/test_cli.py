@@ -151,7 +151,9 @@ def test_bookie_format_refuses_to_wipe_data_without_force(tmp_path: Path) -> Non
 def test_recover_of_an_unknown_bookie_fails_naming_it(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'meta.db'}"
     initialise_cluster_blocking(uri)
-    done = bkaio("shell", "recover", "127.0.0.1:1", "--metadata", uri, "--json")
+    done = bkaio(
+        "shell", "recover", "127.0.0.1:1", "--metadata", uri, "--json", "--admin-token", "t"
+    )
     assert done.returncode == 1 and "127.0.0.1:1" in done.stderr and "unknown" in done.stderr
     auditor = json.loads(bkaio("shell", "whoisauditor", "--json", "--metadata", uri).stdout)
     assert auditor == {"auditor": None}

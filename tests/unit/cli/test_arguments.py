@@ -81,6 +81,27 @@ def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[st
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize("command", ["recover", "decommission"])
+def test_recover_and_decommission_need_the_admin_token(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without it no bookie gives a ledger's master key: every ledger failed, after the whole
+    --recover-timeout (600 s) or --decommission-timeout (900 s), with HTTP 403s as the reason."""
+    monkeypatch.delenv("BKAIO_ADMIN_TOKEN", raising=False)
+    code = main(["shell", command, "127.0.0.1:1", "--metadata", SQLITE])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert "--admin-token" in captured.err and captured.err.count("\n") == 1, captured
+
+
+def test_a_recovery_plan_needs_no_admin_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BKAIO_ADMIN_TOKEN", raising=False)
+    code = main(["shell", "recover", "127.0.0.1:1", "--query", "--metadata", SQLITE])
+    assert code == 1 and "ClusterNotInitialisedError" in capsys.readouterr().err  # Went on.
+
+
 @pytest.mark.parametrize(
     "uri",
     [
