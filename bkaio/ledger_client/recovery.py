@@ -16,7 +16,8 @@ With the two fixes the TLA+ model found (reference/faults.md A2):
 6. CAS to CLOSED with the agreed last entry and length (and the local segments, if any). If
    someone else closed first, adopt their close; a CAS lost otherwise (autorecovery moved a
    fragment of an earlier segment) is retried on the record as it is then. A CAS whose
-   outcome is unknown is re-read.
+   outcome is unknown is re-read. Steps 1 and 6 each try at most _MAX_METADATA_ATTEMPTS
+   compare-and-swaps (MetadataError after that).
 Imports no transport code.
 
 `RecoveryReadPolicy` is the seam the fault suite's mutation check uses: production reads
@@ -35,7 +36,7 @@ from typing import Final, Protocol
 
 import structlog
 
-from bkaio.errors import BKError, MetadataVersionError
+from bkaio.errors import BKError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
 from bkaio.ledger_client.quorum import Segment, bookies_for_entry, with_new_segment, write_set
@@ -50,6 +51,10 @@ log = structlog.get_logger(__name__)
 # Fencing reads kept in flight ahead of the entry being decided. Reads past the end are
 # harmless (they only fence), and a window hides the round trip per entry.
 _RECOVERY_READ_WINDOW = 16
+# Compare-and-swaps one metadata step (marking, sealing) may try, as for a writer's ensemble
+# change: each lost one means another writer changed the record or the store lost the answer;
+# a store that keeps losing them fails the attempt (the ledger stays as it is; open retries).
+_MAX_METADATA_ATTEMPTS = 8
 
 
 class RecoveryReadPolicy(Protocol):
@@ -131,12 +136,16 @@ class LedgerRecovery:
     async def _mark_in_recovery(self) -> LedgerMetadata:
         ledgers = self._ctx.ledgers
         md = self._md
-        while md.state is LedgerState.OPEN:
+        for _attempt in range(_MAX_METADATA_ATTEMPTS):
+            if md.state is not LedgerState.OPEN:
+                return md
             try:
-                md = await ledgers.update(md.with_state(LedgerState.IN_RECOVERY))
+                return await ledgers.update(md.with_state(LedgerState.IN_RECOVERY))
             except (MetadataVersionError, MetadataOutcomeUnknownError):
                 md = await ledgers.get(self.ledger_id)
-        return md
+        if md.state is not LedgerState.OPEN:
+            return md
+        raise self._too_many_attempts("marking it IN_RECOVERY")
 
     async def _seal(
         self, md: LedgerMetadata, segments: Sequence[Segment], last_entry_id: int, length: int
@@ -157,7 +166,7 @@ class LedgerRecovery:
             return current.replace(ensembles=ensembles).closed(last_entry_id, length)
 
         target = sealed(md)
-        while True:
+        for _attempt in range(_MAX_METADATA_ATTEMPTS):
             try:
                 return await ledgers.update(target)
             except MetadataVersionError:
@@ -171,6 +180,13 @@ class LedgerRecovery:
                     f"ledger {self.ledger_id} went back to {current.state.name} during recovery"
                 )
             target = sealed(current)
+        raise self._too_many_attempts("sealing it")
+
+    def _too_many_attempts(self, step: str) -> MetadataError:
+        return MetadataError(
+            f"ledger {self.ledger_id}: recovery gave up {step} after {_MAX_METADATA_ATTEMPTS} "
+            f"compare-and-swap attempts (the ledger stays as it is; opening it retries)"
+        )
 
     # ----------------------------------------------------------------- reading forward
 

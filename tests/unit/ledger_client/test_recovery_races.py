@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from bkaio.errors import MetadataError
 from bkaio.ledger_client.quorum import bookies_for_entry
+from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
 from tests.unit.ledger_client.cluster import fake_cluster
 
@@ -154,3 +158,30 @@ async def test_a_writer_keeps_a_replicator_swap_through_its_ensemble_change_and_
     md = cluster.store.records[lh.ledger_id]
     assert md.state is LedgerState.CLOSED and md.last_entry_id == 4
     assert md.ensembles == ((0, swapped), (3, moved), (4, third))
+
+
+@pytest.mark.parametrize("landing", [0, 1], ids=["marking", "sealing"])
+async def test_recovery_gives_up_after_a_bounded_number_of_lost_metadata_updates(
+    landing: int,
+) -> None:
+    """A store that loses every answer (MetadataOutcomeUnknownError, nothing written) after
+    `landing` updates: the recovery fails, retryably, instead of retrying for ever."""
+    cluster = fake_cluster(3)
+    lh = await cluster.client.create_ledger(3, 3, 2, password=b"pw")
+    await lh.append(b"a")
+    update = cluster.store.update
+    lost = 0
+
+    async def losing(md: LedgerMetadata) -> LedgerMetadata:
+        nonlocal landing, lost
+        if landing:
+            landing -= 1
+            return await update(md)
+        lost += 1
+        assert lost < 100, "recovery retries its metadata update without bound"
+        raise MetadataOutcomeUnknownError("connection lost during the update")
+
+    cluster.store.update = losing  # type: ignore[method-assign,assignment]
+    with pytest.raises(MetadataError, match="compare-and-swap attempts"):
+        await cluster.second_client().open_ledger(lh.ledger_id, b"pw")
+    assert cluster.store.records[lh.ledger_id].state is not LedgerState.CLOSED
