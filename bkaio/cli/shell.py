@@ -24,7 +24,7 @@ from bkaio.cli.params import ENTRY_ID, LEDGER_ID, check_range
 from bkaio.cli.scratch_ledger import scratch_ledger
 from bkaio.cli.shell_autorecovery import add_autorecovery_commands
 from bkaio.display import ledger_metadata_dict
-from bkaio.errors import NoSuchEntryError
+from bkaio.errors import NoSuchEntryError, UnauthorizedError
 
 PASSWORD_HELP = "Ledger password (default: empty)."
 PROGRESS_THRESHOLD = 1000  # Below this many entries a progress bar is only noise.
@@ -111,7 +111,13 @@ def read_ledger(
 
     async def go() -> list[dict[str, Any]]:
         async with _client(metadata_uri) as bk:
-            handle = await bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
+            try:
+                handle = await bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
+            except UnauthorizedError as error:
+                if password:
+                    raise
+                # Forgetting --password is likelier than a ledger whose password is empty.
+                raise UnauthorizedError(f"{error}: none given; pass --password") from error
             end = (
                 handle.last_entry_id if handle.is_closed else await handle.read_last_add_confirmed()
             )
