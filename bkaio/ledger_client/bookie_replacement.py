@@ -19,15 +19,11 @@ import dataclasses
 
 from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.ensemble_change import not_enough_bookies, plan_replacements
-from bkaio.ledger_client.handle_state import HandleState
+from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS, HandleState
 from bkaio.ledger_client.quorum import with_new_segment
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
 from bkaio.supervision import spawn_job
-
-# Compare-and-swaps one ensemble change may try: each lost one means another client changed
-# the record (a recovery, which fences this writer) or the store lost the answer.
-_MAX_METADATA_ATTEMPTS = 8
 
 
 class BookieReplacement(HandleState):
@@ -138,7 +134,7 @@ class BookieReplacement(HandleState):
         ledgers = self._ctx.ledgers
         md = self._md
         first_entry_id = self._lac + 1
-        for _attempt in range(_MAX_METADATA_ATTEMPTS):
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             if md.state is not LedgerState.OPEN:
                 raise LedgerFencedError(
                     f"ledger {self.ledger_id} is {md.state.name} in metadata: another client "
@@ -163,5 +159,5 @@ class BookieReplacement(HandleState):
             return
         raise MetadataError(
             f"ledger {self.ledger_id}: ensemble change not recorded after "
-            f"{_MAX_METADATA_ATTEMPTS} compare-and-swap attempts"
+            f"{MAX_METADATA_ATTEMPTS} compare-and-swap attempts"
         )

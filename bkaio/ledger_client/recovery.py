@@ -16,7 +16,7 @@ With the two fixes the TLA+ model found (reference/faults.md A2):
 6. CAS to CLOSED with the agreed last entry and length (and the local segments, if any). If
    someone else closed first, adopt their close; a CAS lost otherwise (autorecovery moved a
    fragment of an earlier segment) is retried on the record as it is then. A CAS whose
-   outcome is unknown is re-read. Steps 1 and 6 each try at most _MAX_METADATA_ATTEMPTS
+   outcome is unknown is re-read. Steps 1 and 6 each try at most MAX_METADATA_ATTEMPTS
    compare-and-swaps (MetadataError after that).
 Imports no transport code.
 
@@ -39,6 +39,7 @@ import structlog
 from bkaio.errors import BKError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
+from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.quorum import Segment, bookies_for_entry, with_new_segment, write_set
 from bkaio.ledger_client.reads import EntryReader
 from bkaio.ledger_client.recovery_rewrite import RecoveryRewrite
@@ -51,10 +52,6 @@ log = structlog.get_logger(__name__)
 # Fencing reads kept in flight ahead of the entry being decided. Reads past the end are
 # harmless (they only fence), and a window hides the round trip per entry.
 _RECOVERY_READ_WINDOW = 16
-# Compare-and-swaps one metadata step (marking, sealing) may try, as for a writer's ensemble
-# change: each lost one means another writer changed the record or the store lost the answer;
-# a store that keeps losing them fails the attempt (the ledger stays as it is; open retries).
-_MAX_METADATA_ATTEMPTS = 8
 
 
 class RecoveryReadPolicy(Protocol):
@@ -136,7 +133,7 @@ class LedgerRecovery:
     async def _mark_in_recovery(self) -> LedgerMetadata:
         ledgers = self._ctx.ledgers
         md = self._md
-        for _attempt in range(_MAX_METADATA_ATTEMPTS):
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             if md.state is not LedgerState.OPEN:
                 return md
             try:
@@ -166,7 +163,7 @@ class LedgerRecovery:
             return current.replace(ensembles=ensembles).closed(last_entry_id, length)
 
         target = sealed(md)
-        for _attempt in range(_MAX_METADATA_ATTEMPTS):
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             try:
                 return await ledgers.update(target)
             except MetadataVersionError:
@@ -184,7 +181,7 @@ class LedgerRecovery:
 
     def _too_many_attempts(self, step: str) -> MetadataError:
         return MetadataError(
-            f"ledger {self.ledger_id}: recovery gave up {step} after {_MAX_METADATA_ATTEMPTS} "
+            f"ledger {self.ledger_id}: recovery gave up {step} after {MAX_METADATA_ATTEMPTS} "
             f"compare-and-swap attempts (the ledger stays as it is; opening it retries)"
         )
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from bkaio.errors import BKError, LedgerFencedError, MetadataVersionError
+from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.errors import copy_error
-from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, HandleState
+from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, MAX_METADATA_ATTEMPTS, HandleState
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
 
@@ -60,6 +60,7 @@ class Sealing(HandleState):
         ledgers = self._ctx.ledgers
         md = self._md
         outcome_unknown = False
+        attempts = 0
         while True:
             if md.state is LedgerState.CLOSED:
                 if outcome_unknown and (md.last_entry_id, md.length) == (
@@ -76,6 +77,12 @@ class Sealing(HandleState):
                 raise LedgerFencedError(
                     f"ledger {self.ledger_id} is {md.state.name}: another client is recovering it"
                 )
+            if attempts == MAX_METADATA_ATTEMPTS:
+                raise MetadataError(
+                    f"ledger {self.ledger_id}: close not recorded after {attempts} "
+                    f"compare-and-swap attempts (the ledger stays OPEN until a recovery seals it)"
+                )
+            attempts += 1
             target = md.closed(self._lac, self._acked_length)
             try:
                 self._md = await ledgers.update(target)

@@ -185,3 +185,21 @@ async def test_recovery_gives_up_after_a_bounded_number_of_lost_metadata_updates
     with pytest.raises(MetadataError, match="compare-and-swap attempts"):
         await cluster.second_client().open_ledger(lh.ledger_id, b"pw")
     assert cluster.store.records[lh.ledger_id].state is not LedgerState.CLOSED
+
+
+async def test_close_gives_up_after_a_bounded_number_of_lost_metadata_updates() -> None:
+    cluster = fake_cluster(3)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await lh.append(b"a")
+    lost = 0
+
+    async def losing(md: LedgerMetadata) -> LedgerMetadata:
+        nonlocal lost
+        lost += 1
+        assert lost < 100, "close retries its metadata update without bound"
+        raise MetadataOutcomeUnknownError("connection lost during the update")
+
+    cluster.store.update = losing  # type: ignore[method-assign,assignment]
+    with pytest.raises(MetadataError, match="compare-and-swap attempts"):
+        await lh.close()
+    assert cluster.store.records[lh.ledger_id].state is LedgerState.OPEN
