@@ -6,6 +6,7 @@ import asyncio
 import signal
 
 import click
+import structlog
 
 from bkaio.cli.common import metadata_option, run
 from bkaio.cli.params import FiniteFloat
@@ -54,6 +55,12 @@ def autorecovery(
     from bkaio.logs import configure_logging
 
     configure_logging(json=True, level="info")
+    if not admin_token:  # As a bookie without admin.token warns: it audits, but copies nothing.
+        structlog.get_logger(__name__).warning(
+            "autorecovery_without_admin_token",
+            hint="pass --admin-token or set BKAIO_ADMIN_TOKEN (the bookies' admin.token): "
+            "replication needs it to learn ledgers' master keys from the bookies",
+        )
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     if metrics_port:
