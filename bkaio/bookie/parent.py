@@ -60,7 +60,7 @@ from .metrics import AggregatingCollector
 from .parent_admin import AdminView
 from .parent_recovery import RecoveryServices
 from .parent_registration import RegistrationAndHealth
-from .parent_workers import WORKER_COMMAND, ShardWorkers
+from .parent_workers import WORKER_COMMAND, ShardWorkers, disable_grpc_fork_handlers
 from .sdnotify import SystemdNotifier
 from .worker_handle import WorkerHandle
 
@@ -294,6 +294,7 @@ def run_bookie(config_path: Path, *, worker_command: Sequence[str] = WORKER_COMM
         return EXIT_START_FAILED
     configure_logging(json=config.log.json, level=config.log.level, cache=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    disable_grpc_fork_handlers()
 
     async def main() -> int:
         return await BookieParent(config, worker_command=worker_command).run()

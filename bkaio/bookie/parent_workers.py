@@ -32,6 +32,19 @@ WORKER_START_TIMEOUT_SECONDS = 120.0  # Journal replay of a large journal can ta
 WORKER_COMMAND: Final = (sys.executable, "-m", "bkaio.bookie.worker")
 
 
+def disable_grpc_fork_handlers() -> None:
+    """Turn off gRPC's fork support in this process (and its children) unless the environment
+    already sets it: call before anything imports gRPC (the etcd client does, when the metadata
+    opens), which reads GRPC_ENABLE_FORK_SUPPORT then.
+
+    uvloop runs Python's at-fork hooks around the fork+exec of each shard worker, so gRPC's fork
+    handlers ran at every spawn; with the etcd client's threads busy they skipped and printed
+    `fork_posix.cc:71] Other threads are currently calling into gRPC, skipping fork() handlers`,
+    a line that is not JSON, on the bookie's stderr. The handlers only serve a child that goes on
+    using gRPC without exec; every process a bookie starts execs at once."""
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+
 class ShardWorkers(ParentState):
     """The worker processes of `BookieParent` (a mixin: the parent's state, these methods)."""
 
