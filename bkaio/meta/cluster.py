@@ -17,6 +17,7 @@ import uuid
 from bkaio.errors import BKError, ConfigError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MetadataStore
+from bkaio.meta.uri import shown_uri
 
 LAYOUT_KEY = "/layout"
 LAYOUT_VERSION = b"1"
@@ -24,8 +25,8 @@ INSTANCE_ID_KEY = "/instanceid"
 
 
 def _where(store: MetadataStore) -> str:
-    """The store's URI without its query, which may hold credentials."""
-    return store.uri.partition("?")[0]
+    """The store's URI as given, less credentials (its query also holds `prefix=`)."""
+    return shown_uri(store.uri)
 
 
 HOW_TO_INITIALISE = (

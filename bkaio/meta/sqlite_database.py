@@ -31,7 +31,7 @@ from bkaio.errors import BKError, MetadataError, MetadataVersionError
 from bkaio.meta.cluster import HOW_TO_INITIALISE, ClusterNotInitialisedError
 from bkaio.meta.errors import LeaseExpiredError
 from bkaio.meta.store import EventKind, KeyValue, PrefixSnapshot, WatchEvent, prefix_end
-from bkaio.meta.uri import SqliteUri
+from bkaio.meta.uri import SqliteUri, shown_uri
 
 log = structlog.get_logger(__name__)
 
@@ -94,8 +94,8 @@ class SqliteDatabase:
             target, as_uri = f"file:{urllib.parse.quote(absolute)}?mode=rw", True
             if not Path(self._path).is_file():
                 raise ClusterNotInitialisedError(
-                    f"no bkaio cluster at metadata {self.uri.partition('?')[0]}: "
-                    f"{self._path} does not exist; {HOW_TO_INITIALISE}"
+                    f"no bkaio cluster at metadata {shown_uri(self.uri)}: "
+                    f"{absolute} does not exist; {HOW_TO_INITIALISE}"
                 )
         conn = sqlite3.connect(
             target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,

@@ -56,8 +56,9 @@ _FILE_OPTIONS = ("ca", "cert", "key")
 _USERINFO = re.compile(r"(://)[^/?#]*@")
 
 
-def _shown(uri: str) -> str:
-    """`uri` as an error may show it: no password, in the query or before the host."""
+def shown_uri(uri: str) -> str:
+    """`uri` as an error may show it: as given (its options too: `?prefix=` says which cluster),
+    less any password, in the query or before the host."""
     return _USERINFO.sub(r"\1***@", redact_uri(uri))
 
 
@@ -113,7 +114,7 @@ def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
 
 def parse_etcd_uri(uri: str) -> EtcdUri:
     parts = urlsplit(uri)
-    shown = _shown(uri)
+    shown = shown_uri(uri)
     if parts.scheme != "etcd":
         raise ConfigError(f"metadata URI {shown!r}: scheme must be etcd://")
     if not parts.netloc:
@@ -167,7 +168,7 @@ def with_connect_timeout(uri: str, seconds: float) -> str:
 
 def parse_sqlite_uri(uri: str) -> SqliteUri:
     parts = urlsplit(uri)
-    shown = _shown(uri)
+    shown = shown_uri(uri)
     if parts.scheme != "sqlite":
         raise ConfigError(f"metadata URI {shown!r}: scheme must be sqlite://")
     if parts.netloc:

@@ -22,6 +22,7 @@ from bkaio.meta.cluster_admin import (
     format_cluster,
     nuke_cluster,
 )
+from bkaio.meta.uri import shown_uri
 
 
 @pytest.fixture
@@ -36,6 +37,31 @@ async def test_uninitialised_metadata_has_no_identity(store: MetadataStore) -> N
     with pytest.raises(ClusterNotInitialisedError, match="initnewcluster"):
         await require_initialised(store)
     assert await store.list_prefix("/") == []  # Asking wrote nothing.
+
+
+async def test_no_cluster_errors_show_the_uri_as_given(tmp_path: Path) -> None:
+    # The query was cut off (and ?prefix= with it: the cluster the URI names), and the file of
+    # sqlite:////dir/meta.db (four slashes, as f"sqlite:///{path}" gives) was shown as //dir.
+    uri = f"sqlite:///{tmp_path / 'meta.db'}?prefix=/team-a"
+    opened = await open_store(uri)
+    try:
+        with pytest.raises(ClusterNotInitialisedError) as empty:
+            await require_initialised(opened)
+    finally:
+        await opened.close()
+    assert f"no bkaio cluster at metadata {uri}: " in str(empty.value)
+    absent = f"sqlite:///{tmp_path / 'absent.db'}?prefix=/team-a"
+    with pytest.raises(ClusterNotInitialisedError) as missing:
+        await open_store(absent, create=False)
+    assert f"no bkaio cluster at metadata {absent}: {tmp_path / 'absent.db'} does not exist;" in (
+        str(missing.value)
+    )
+    assert "//" + str(tmp_path) not in str(missing.value).replace(absent, "")
+
+
+def test_a_shown_uri_keeps_its_options_but_not_its_password() -> None:
+    uri = "etcd://h:1/p?user=bkaio&password=s3cret&ca=/ca.pem"
+    assert shown_uri(uri) == "etcd://h:1/p?user=bkaio&password=***&ca=/ca.pem"
 
 
 async def test_initialise_once(store: MetadataStore) -> None:
