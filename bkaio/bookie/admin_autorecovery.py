@@ -9,7 +9,10 @@ GET  /api/v1/autorecovery/list_under_replicated_ledger?missingreplica=B&
 PUT  /api/v1/autorecovery/bookie       {"bookie_src": id}  recover a dead bookie (token)
 PUT  /api/v1/autorecovery/decommission {"bookie_src": id}  drain a live bookie (token)
 GET  /api/v1/autorecovery/jobs[?id=N]  progress and report of recover/decommission jobs
-PUT  /api/v1/autorecovery/trigger_audit                audit now (token)
+PUT  /api/v1/autorecovery/trigger_audit                the elected auditor audits now, from any
+                                                      bookie: {"requested": true, "auditor": id}
+                                                      (token; 503: no auditor elected, or no
+                                                      metadata)
 GET  /api/v1/autorecovery/lost_bookie_recovery_delay   {"delay_seconds": s, "source": ...}
 PUT  /api/v1/autorecovery/lost_bookie_recovery_delay {"delay_seconds": s or null}  (token)
 GET  /api/v1/autorecovery/ledger_key?ledger_id=N       master key this bookie recorded for
@@ -23,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from bkaio import autorecovery
+from bkaio.errors import MetadataError
 
 from .admin_http import (
     AdminHost,
@@ -31,6 +35,7 @@ from .admin_http import (
     answering,
     guarded,
     json_body,
+    json_error,
     metadata_of,
     query_choice,
     query_int,
@@ -153,7 +158,22 @@ class _AutorecoveryRoutes:
         return web.json_response(job)
 
     async def trigger_audit(self, request: web.Request) -> web.Response:
-        return web.json_response({"triggered": self.host.trigger_local_audit()})
+        # As `bkaio shell triggeraudit` does: the request goes through the metadata, where the
+        # elected auditor watches for it, whichever bookie (or `bkaio autorecovery`) it runs in.
+        try:
+            auditor = await autorecovery.trigger_audit(metadata_of(self.host))
+        except MetadataError as error:
+            return json_error(503, f"audit not requested: {error}", type(error).__name__)
+        if auditor is None:
+            # An auditor elected later audits then, but only bookies lost past the delay: it
+            # never sees this request (it watches for requests from its election on).
+            return json_error(
+                503,
+                "no auditor is elected now, so none audits on this request; autorecovery runs "
+                "in bookies with [autorecovery] enabled and in `bkaio autorecovery`",
+                "NoAuditor",
+            )
+        return web.json_response({"requested": True, "auditor": auditor})
 
     async def ledger_key(self, request: web.Request) -> web.Response:
         ledger_id = query_int(request, "ledger_id")

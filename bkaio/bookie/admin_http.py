@@ -61,10 +61,6 @@ class AdminHost(Protocol):
 
     async def ledger_key(self, ledger_id: int) -> str | None: ...
 
-    def trigger_local_audit(self) -> bool:
-        """Audit now if this bookie is the elected auditor; whether it is."""
-        ...
-
 
 class BadRequest(Exception):
     """A request parameter is missing or malformed: answered 400 with this message."""

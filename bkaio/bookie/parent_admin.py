@@ -1,10 +1,10 @@
 """What the bookie parent answers its admin HTTP: state, info, metrics, ledger keys, GC.
 
 `AdminView` is the part of `BookieParent` (a mixin over `ParentState`, parent_state.py) that
-answers most of `AdminHost` (admin_http.py; `set_forced_read_only` is in parent_registration.py,
-`trigger_local_audit` in parent_recovery.py): the bookie's state (admin `/status`), its info with
-every shard's, the shards' metrics merged with the parent's own at scrape time, a ledger's master
-key from its shard, and each shard's GC record or a GC run now.
+answers most of `AdminHost` (admin_http.py; `set_forced_read_only` is in parent_registration.py):
+the bookie's state (admin `/status`), its info with every shard's, the shards' metrics merged
+with the parent's own at scrape time, a ledger's master key from its shard, and each shard's GC
+record or a GC run now.
 """
 
 from __future__ import annotations

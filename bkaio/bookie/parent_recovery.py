@@ -2,10 +2,10 @@
 
 `RecoveryServices` is the part of `BookieParent` (a mixin over `ParentState`, parent_state.py)
 that starts and stops the autorecovery service when `autorecovery.enabled` (bkaio/autorecovery:
-auditor election and replication; `trigger_local_audit` for the admin API), puts the ledgers
-that name this bookie into limbo when its disks were reformatted (a new cookie instance about to
-be published, limbo.py), and copies them back out of limbo from their other replicas under the
-supervisor. bkaio.autorecovery and the ledger client are imported only where they are used.
+auditor election and replication), puts the ledgers that name this bookie into limbo when its
+disks were reformatted (a new cookie instance about to be published, limbo.py), and copies them
+back out of limbo from their other replicas under the supervisor. bkaio.autorecovery and the
+ledger client are imported only where they are used.
 """
 
 from __future__ import annotations
@@ -24,14 +24,6 @@ from .parent_state import ParentState
 class RecoveryServices(ParentState):
     """Autorecovery and limbo repair of `BookieParent` (a mixin: the parent's state, these
     methods)."""
-
-    def trigger_local_audit(self) -> bool:
-        """Audit now if this bookie is the elected auditor; whether it is."""
-        service = self.autorecovery
-        auditor = None if service is None else service.auditor
-        if auditor is not None:
-            auditor.trigger()
-        return auditor is not None
 
     async def _start_autorecovery(self) -> None:
         if not self.config.autorecovery.enabled:

@@ -6,12 +6,14 @@ endpoints answer 401 without the admin token and 403 with a wrong one."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.standalone import Standalone, standalone_cluster, write_test_ledger
 
@@ -27,8 +29,8 @@ def ledger_id(cluster: Standalone) -> int:
 
 
 class Http:
-    def __init__(self, cluster: Standalone) -> None:
-        self.base = cluster.admin_url(0)
+    def __init__(self, cluster: Standalone, index: int = 0) -> None:
+        self.base = cluster.admin_url(index)
         self.token = cluster.admin_token
 
     def call(
@@ -140,10 +142,37 @@ def test_autorecovery_paths(http: Http) -> None:
     base = "/api/v1/autorecovery/list_under_replicated_ledger"
     assert http.ok(f"{base}?printmissingreplica=true&missingreplica=127.0.0.1:1") == {}
     assert http.ok("/api/v1/autorecovery/jobs") == []
-    assert http.ok("/api/v1/autorecovery/trigger_audit", method="PUT", authorized=True) in (
-        {"triggered": True},
-        {"triggered": False},
+
+
+def _requested_audits(http: Http) -> float:
+    """bkaio_autorecovery_audits_total{reason="requested"} of the bookie `http` talks to."""
+    with urllib.request.urlopen(http.base + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "bkaio_autorecovery_audits_total"
+        and sample.labels.get("reason") == "requested"
     )
+
+
+def test_trigger_audit_on_a_bookie_that_is_not_the_auditor(cluster: Standalone, http: Http) -> None:
+    # It answered {"triggered": false} and asked nobody; now it asks the elected auditor
+    # through the metadata, as `bkaio shell triggeraudit` does, and that one audits.
+    deadline = time.monotonic() + 60
+    while (auditor := http.ok("/api/v1/autorecovery/who_is_auditor")["auditor"]) is None:
+        assert time.monotonic() < deadline, "no auditor elected"
+        time.sleep(0.1)
+    ids = [cluster.bookie_id(i) for i in range(3)]
+    other = Http(cluster, next(i for i, bookie_id in enumerate(ids) if bookie_id != auditor))
+    at_auditor = Http(cluster, ids.index(auditor))
+    before = _requested_audits(at_auditor)
+    answer = other.ok("/api/v1/autorecovery/trigger_audit", method="PUT", authorized=True)
+    assert answer == {"requested": True, "auditor": auditor}
+    while _requested_audits(at_auditor) <= before:
+        assert time.monotonic() < deadline, "the auditor did not audit"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(
