@@ -1,9 +1,9 @@
 """`bkaio bookie updatecookie`: re-stamp a stopped bookie whose id or directories changed.
 
-Cookies bind a bookie's directories to its id, shard layout, directory set and instance id, in
-every directory and in metadata (`/cookies/<bookie id>`, bkaio/bookie/cookies.py); a bookie
-whose hostname or directories changed refuses to start until they are updated. Two updates, after
-BookKeeper's `updatecookie -bookieId` and its directory checks:
+Cookies bind a bookie's directories to its id, shard layout, directory set, instance id and
+cluster, in every directory and in metadata (`/cookies/<bookie id>`, bkaio/bookie/cookies.py);
+a bookie whose hostname or directories changed refuses to start until they are updated. Two
+updates, after BookKeeper's `updatecookie -bookieId` and its directory checks:
 
 - new bookie id (the configuration now resolves to NEW; `old_bookie_id` names the old one): the
   directories' cookies and the metadata copy of OLD must agree; NEW must have no cookie of its
@@ -13,6 +13,9 @@ BookKeeper's `updatecookie -bookieId` and its directory checks:
   directory must hold a cookie of this bookie and instance (a directory without one is a wiped
   or new disk: refused), as many directories of each kind as before (ledgers are spread over
   disks by position), and each index must hold only ledgers that belong at its position.
+
+Both keep everything else a cookie holds, its cluster instance id included (absent in cookies
+stamped before bkaio recorded it): moving a bookie never moves it to another cluster.
 
 Both refuse while the bookie runs (it is registered in metadata, or its journal locks are held).
 Ledger metadata keeps naming the old id after an id change: the report counts those ledgers, which
@@ -66,7 +69,8 @@ class CookieUpdateReport:
         }
 
 
-def _expected(config: BookieConfig, shard: int, *, bookie_id: str, instance_id: str) -> Cookie:
+def _expected(config: BookieConfig, shard: int, *, bookie_id: str, like: Cookie) -> Cookie:
+    """What `config` makes of shard `shard` under `bookie_id`, with `like`'s instance ids."""
     storage = config.storage[shard]
     return expected_cookie(
         bookie_id=bookie_id,
@@ -75,7 +79,8 @@ def _expected(config: BookieConfig, shard: int, *, bookie_id: str, instance_id: 
         journal_dirs=storage.journal.directories,
         ledger_dirs=storage.ledger_dirs,
         index_dirs=storage.index_dirs,
-        instance_id=instance_id,
+        instance_id=like.instance_id,
+        cluster_instance_id=like.cluster_instance_id,
     )
 
 
@@ -178,7 +183,7 @@ def _restamp_id(config: BookieConfig, old_cookies: list[Cookie], old_id: str, ne
     todo: list[tuple[Path, Cookie]] = []
     for shard in range(config.shard_count):
         old = old_cookies[shard]
-        expected_old = _expected(config, shard, bookie_id=old_id, instance_id=old.instance_id)
+        expected_old = _expected(config, shard, bookie_id=old_id, like=old)
         problems = old.mismatches(expected_old)
         if problems:
             raise CookieMismatchError(
@@ -253,7 +258,7 @@ def _restamp_directories(config: BookieConfig, stored: list[Cookie]) -> tuple[li
     new_cookies: list[Cookie] = []
     for shard, old in enumerate(stored):
         storage = config.storage[shard]
-        new = _expected(config, shard, bookie_id=old.bookie_id, instance_id=old.instance_id)
+        new = _expected(config, shard, bookie_id=old.bookie_id, like=old)
         for kind, before, after in (
             ("journal", old.journal_dirs, new.journal_dirs),
             ("ledger", old.ledger_dirs, new.ledger_dirs),

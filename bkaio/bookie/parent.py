@@ -149,7 +149,12 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
                 return await self._shutdown(EXIT_OK)
             self.metadata = opening.result()
             checking = asyncio.ensure_future(
-                check_cookies(self.config, self.metadata.cookies, self._enter_limbo_if_known)
+                check_cookies(
+                    self.config,
+                    self.metadata.cookies,
+                    self._enter_limbo_if_known,
+                    cluster_instance_id=self.metadata.instance_id,
+                )
             )
             if not await self._until_stop_or(checking):
                 return await self._shutdown(EXIT_OK)

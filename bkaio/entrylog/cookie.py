@@ -1,7 +1,8 @@
 """Cookies: the identity stamp in every journal, ledger and index directory of a bookie shard.
 
 A `COOKIE` file binds a directory to (bookie id, shard index, shard count, the full directory
-set, instance id). Opening storage checks every directory: a cookie that disagrees, a directory
+set, instance id, and the cluster's instance id). Opening storage checks every directory: a cookie
+that disagrees, a directory
 with data but no cookie, or a wiped disk next to stamped ones refuses to start with
 `CookieMismatchError`, so a swapped or wiped disk never rejoins silently (BookKeeper's
 `InvalidCookieException`). A fresh bookie (every directory empty) gets new cookies. The same
@@ -36,7 +37,14 @@ class Cookie:
     journal_dirs: tuple[str, ...]
     ledger_dirs: tuple[str, ...]
     index_dirs: tuple[str, ...]
+    # This stamping's incarnation (a new one each time empty directories are stamped): it tells
+    # a reformatted bookie from the one ledgers remember (limbo, bkaio/bookie/limbo.py).
     instance_id: str
+    # The metadata cluster's `/instanceid` when the directories were stamped (BookKeeper's
+    # Cookie.instanceId): a bookie whose directories name another cluster must not join this
+    # one, whose ledger ids may repeat the old one's. "" in cookies written before bkaio
+    # recorded it, and where no cluster is known (storage opened on its own).
+    cluster_instance_id: str = ""
     layout_version: int = COOKIE_LAYOUT_VERSION
 
     def to_bytes(self) -> bytes:
@@ -50,6 +58,8 @@ class Cookie:
             "index_dirs": list(self.index_dirs),
             "instance_id": self.instance_id,
         }
+        if self.cluster_instance_id:  # Absent, like in the cookies written before it existed.
+            body["cluster_instance_id"] = self.cluster_instance_id
         return json.dumps(body, indent=1, sort_keys=True).encode() + b"\n"
 
     @classmethod
@@ -65,6 +75,7 @@ class Cookie:
                 ledger_dirs=tuple(str(d) for d in body["ledger_dirs"]),
                 index_dirs=tuple(str(d) for d in body["index_dirs"]),
                 instance_id=str(body["instance_id"]),
+                cluster_instance_id=str(body.get("cluster_instance_id", "")),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise CookieMismatchError(f"{where}: unreadable cookie ({error!r})") from error
@@ -79,7 +90,7 @@ class Cookie:
         """Fields where `other` differs from this cookie, as `name: ours != theirs`."""
         names = (
             *("bookie_id", "shard_index", "shard_count"),
-            *("journal_dirs", "ledger_dirs", "index_dirs", "instance_id"),
+            *("journal_dirs", "ledger_dirs", "index_dirs", "instance_id", "cluster_instance_id"),
         )
         return [
             f"{name}: expected {getattr(self, name)!r}, found {getattr(other, name)!r}"
@@ -97,8 +108,10 @@ def expected_cookie(
     ledger_dirs: Sequence[Path],
     index_dirs: Sequence[Path],
     instance_id: str = "",
+    cluster_instance_id: str = "",
 ) -> Cookie:
-    """The cookie this configuration should find; `instance_id` is filled in by verification."""
+    """The cookie this configuration should find; `instance_id` (and `cluster_instance_id`)
+    left empty are filled in by verification."""
     return Cookie(
         bookie_id=bookie_id,
         shard_index=shard_index,
@@ -107,6 +120,7 @@ def expected_cookie(
         ledger_dirs=tuple(str(Path(d).resolve()) for d in ledger_dirs),
         index_dirs=tuple(str(Path(d).resolve()) for d in index_dirs),
         instance_id=instance_id,
+        cluster_instance_id=cluster_instance_id,
     )
 
 
@@ -147,8 +161,10 @@ def _is_empty(directory: Path) -> bool:
 def verify_or_stamp(expected: Cookie, directories: Sequence[Path]) -> Cookie:
     """Check the cookie of every directory against `expected`, or stamp a fresh set.
 
-    Returns the cookie in force (with its instance id). `expected.instance_id` may be empty
-    (accept whatever the directories agree on) or set (for example from the metadata copy).
+    Returns the cookie in force (with its instance ids). `expected.instance_id` and
+    `expected.cluster_instance_id` may each be empty (accept whatever the directories agree on)
+    or set (for example from the metadata copy); whether the cluster is the right one is the
+    bookie's check (bkaio/bookie/cookies.py), which knows the cluster.
     """
     found: dict[Path, Cookie] = {}
     empty: list[Path] = []
@@ -177,7 +193,11 @@ def verify_or_stamp(expected: Cookie, directories: Sequence[Path]) -> Cookie:
             "a wiped or replaced disk must not rejoin silently; refusing to start"
         )
     first_directory, first = next(iter(found.items()))
-    reference = replace(expected, instance_id=expected.instance_id or first.instance_id)
+    reference = replace(
+        expected,
+        instance_id=expected.instance_id or first.instance_id,
+        cluster_instance_id=expected.cluster_instance_id or first.cluster_instance_id,
+    )
     for directory, cookie in found.items():
         problems = reference.mismatches(cookie)
         if problems:

@@ -55,6 +55,11 @@ async def metadata(tmp_path: Path) -> AsyncIterator[Metadata]:
     await opened.close()
 
 
+async def start_check(config: BookieConfig, metadata: Metadata) -> None:
+    """The cookie check a bookie's start makes."""
+    await check_cookies(config, metadata.cookies, cluster_instance_id=metadata.instance_id)
+
+
 def stamps(config: BookieConfig) -> set[str]:
     return {
         cookie.bookie_id
@@ -66,22 +71,22 @@ def stamps(config: BookieConfig) -> set[str]:
 
 async def test_a_new_bookie_id_moves_the_cookies(tmp_path: Path, metadata: Metadata) -> None:
     old = config_of(tmp_path, tmp_path / "data")
-    await check_cookies(old, metadata.cookies)  # What the bookie's first start does.
+    await start_check(old, metadata)  # What the bookie's first start does.
     new = config_of(tmp_path, tmp_path / "data", bookie_id="renamed:45181")
     with pytest.raises(CookieMismatchError):
-        await check_cookies(new, metadata.cookies)  # Why the update is needed.
+        await start_check(new, metadata)  # Why the update is needed.
     report = await update_bookie_id(new, metadata, OLD_ID)
     assert report.directories_stamped == 2 * 3 and report.metadata_updated
     assert stamps(new) == {"renamed:45181"}
     assert await metadata.cookies.get(OLD_ID) is None
-    await check_cookies(new, metadata.cookies)  # The bookie starts again.
+    await start_check(new, metadata)  # The bookie starts again.
     again = await update_bookie_id(new, metadata, OLD_ID)
     assert again.already_done and again.directories_stamped == 0
 
 
 async def test_an_interrupted_id_update_is_finished(tmp_path: Path, metadata: Metadata) -> None:
     old = config_of(tmp_path, tmp_path / "data")
-    await check_cookies(old, metadata.cookies)
+    await start_check(old, metadata)
     new = config_of(tmp_path, tmp_path / "data", bookie_id="renamed:45181")
     journal = Path(new.storage[0].journal.directories[0])
     cookie = read_cookie(journal)
@@ -89,12 +94,12 @@ async def test_an_interrupted_id_update_is_finished(tmp_path: Path, metadata: Me
     write_cookie(journal, replace(cookie, bookie_id="renamed:45181"))  # Stopped mid-way.
     report = await update_bookie_id(new, metadata, OLD_ID)
     assert report.directories_stamped == 2 * 3 - 1
-    await check_cookies(new, metadata.cookies)
+    await start_check(new, metadata)
 
 
 async def test_id_update_refusals(tmp_path: Path, metadata: Metadata) -> None:
     old = config_of(tmp_path, tmp_path / "data")
-    await check_cookies(old, metadata.cookies)
+    await start_check(old, metadata)
     new = config_of(tmp_path, tmp_path / "data", bookie_id="renamed:45181")
     with pytest.raises(CookieMismatchError, match="already resolves"):
         await update_bookie_id(old, metadata, OLD_ID)
@@ -137,21 +142,21 @@ async def _store_ledgers(config: BookieConfig, ledgers: range) -> None:
 
 async def test_moved_directories_are_restamped(tmp_path: Path, metadata: Metadata) -> None:
     old = config_of(tmp_path, tmp_path / "data", disks=2)
-    await check_cookies(old, metadata.cookies)
+    await start_check(old, metadata)
     await _store_ledgers(old, range(1, 9))
     shutil.move(tmp_path / "data", tmp_path / "moved")
     moved = config_of(tmp_path, tmp_path / "moved", disks=2)
     with pytest.raises(CookieMismatchError):
-        await check_cookies(moved, metadata.cookies)
+        await start_check(moved, metadata)
     report = await update_directories(moved, metadata)
     assert report.directories_stamped == 2 * 5 and report.metadata_updated
-    await check_cookies(moved, metadata.cookies)
+    await start_check(moved, metadata)
     assert (await update_directories(moved, metadata)).already_done
 
 
 async def test_reordered_or_missing_disks_are_refused(tmp_path: Path, metadata: Metadata) -> None:
     old = config_of(tmp_path, tmp_path / "data", disks=2)
-    await check_cookies(old, metadata.cookies)
+    await start_check(old, metadata)
     await _store_ledgers(old, range(1, 9))
     swapped = tmp_path / "swapped"
     shutil.copytree(tmp_path / "data", swapped)
@@ -169,3 +174,32 @@ async def test_reordered_or_missing_disks_are_refused(tmp_path: Path, metadata: 
     with pytest.raises(CookieMismatchError, match="holds no cookie"):
         await update_directories(config_of(tmp_path, wiped, disks=2), metadata)
     assert (await metadata.cookies.get(OLD_ID)) is not None
+
+
+def cluster_ids(config: BookieConfig) -> set[str]:
+    return {
+        cookie.cluster_instance_id
+        for storage in config.storage
+        for directory in (*storage.journal.directories, *storage.ledger_dirs, *storage.index_dirs)
+        if (cookie := read_cookie(Path(directory))) is not None
+    }
+
+
+async def test_updates_keep_the_cluster_the_cookies_name(
+    tmp_path: Path, metadata: Metadata
+) -> None:
+    """A cookie names the cluster it was stamped in: a new id or moved directories keep it (and
+    the bookie, which checks it, starts after each)."""
+    old = config_of(tmp_path, tmp_path / "data")
+    await start_check(old, metadata)
+    assert cluster_ids(old) == {metadata.instance_id}
+    renamed = config_of(tmp_path, tmp_path / "data", bookie_id="renamed:45181")
+    await update_bookie_id(renamed, metadata, OLD_ID)
+    assert cluster_ids(renamed) == {metadata.instance_id}
+    await start_check(renamed, metadata)
+    shutil.move(tmp_path / "data", tmp_path / "moved")
+    moved = config_of(tmp_path, tmp_path / "moved", bookie_id="renamed:45181")
+    report = await update_directories(moved, metadata)
+    assert report.directories_stamped == 2 * 3
+    assert cluster_ids(moved) == {metadata.instance_id}
+    await start_check(moved, metadata)

@@ -97,19 +97,22 @@ async def test_limbo_is_persisted_before_the_cookie_copy_is_published(
 
     try:
         with pytest.raises(RuntimeError):
-            await check_cookies(config, meta.cookies, crash)
+            await check_cookies(config, meta.cookies, crash, cluster_instance_id=meta.instance_id)
         assert await meta.cookies.get(config.bookie_id) is None
 
         async def persist(cookies: list[Cookie]) -> None:
             calls.append(cookies)
             enter_limbo(config, [3], "reformat")
 
-        cookies = await check_cookies(config, meta.cookies, persist)
+        cookies = await check_cookies(
+            config, meta.cookies, persist, cluster_instance_id=meta.instance_id
+        )
         assert [c.instance_id for c in calls[1]] == [c.instance_id for c in cookies]
         assert calls[0][0].instance_id == cookies[0].instance_id  # Stamped once, the first time.
         assert await meta.cookies.get(config.bookie_id) is not None
         assert load_limbo(config)[0].ledgers == {3}
-        await check_cookies(config, meta.cookies, crash)  # Published: a normal restart.
+        # Published: a normal restart.
+        await check_cookies(config, meta.cookies, crash, cluster_instance_id=meta.instance_id)
         assert len(calls) == 2
     finally:
         await meta.close()

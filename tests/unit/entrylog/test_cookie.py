@@ -39,6 +39,26 @@ def test_cookie_round_trips_through_bytes() -> None:
         Cookie.from_bytes(dataclasses.replace(cookie, layout_version=99).to_bytes())
 
 
+def test_the_cluster_instance_id_is_absent_from_cookies_that_have_none() -> None:
+    """Cookies written before they named their cluster read as naming none (""), and a cookie
+    naming none is written as they were."""
+    cookie = Cookie(
+        bookie_id="10.0.0.1:3181",
+        shard_index=0,
+        shard_count=1,
+        journal_dirs=("/j",),
+        ledger_dirs=("/l0",),
+        index_dirs=("/i0",),
+        instance_id="abc",
+    )
+    assert b"cluster_instance_id" not in cookie.to_bytes()
+    assert Cookie.from_bytes(cookie.to_bytes()).cluster_instance_id == ""
+    named = dataclasses.replace(cookie, cluster_instance_id="c1")
+    assert b'"cluster_instance_id": "c1"' in named.to_bytes()
+    assert Cookie.from_bytes(named.to_bytes()) == named
+    assert named.mismatches(cookie) == ["cluster_instance_id: expected 'c1', found ''"]
+
+
 async def test_fresh_dirs_get_one_cookie_each(open_storage: OpenStorage, tmp_path: Path) -> None:
     storage = await open_storage()
     cookies = {read_cookie(directory) for directory in _all_dirs(tmp_path)}
