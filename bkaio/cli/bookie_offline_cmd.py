@@ -138,7 +138,7 @@ def read_journal(
             summary += f"; torn tail at {end.torn_tail}"
         for corruption in end.corruption or []:
             summary += f"; CORRUPT at {corruption}"
-        click.echo(summary)
+        emit(summary, as_json=False)
 
 
 def _journal_line(record: dict[str, Any]) -> str:

@@ -4,12 +4,14 @@ Expected failures (a BKError, an unreachable address, bad arguments) print one l
 exit non-zero without a traceback: exit 2 for a bad command line (a usage error), 1 otherwise.
 With `--json` that line is a JSON object `{"error": ..., "kind": ...}` (still on stderr, still
 the same exit code; stdout carries only results). Anything else is a bug and keeps its
-traceback.
+traceback. A command whose stdout is closed under it (`... | head`) stops quietly with 141, the
+status a shell shows for a command SIGPIPE killed (`seq 1 100000 | head -1`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
@@ -17,7 +19,7 @@ import click
 from bkaio.cli.autorecovery_cmd import autorecovery
 from bkaio.cli.bench_cmd import bench
 from bkaio.cli.bookie_cmd import bookie
-from bkaio.cli.output import emit_error
+from bkaio.cli.output import StdoutClosed, emit_error
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
 from bkaio.cli.stream_cmd import stream
@@ -26,6 +28,7 @@ from bkaio.logs import configure_logging
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,9 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     except (BKError, OSError, TimeoutError) as error:
         emit_error(str(error) or repr(error), type(error).__name__, as_json=as_json)
         return EXIT_FAILURE
+    except StdoutClosed:
+        _drop_stdout()
+        return EXIT_STDOUT_CLOSED
     except KeyboardInterrupt:
         return 130
     return int(result) if isinstance(result, int) else 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the closed pipe would fail again
+    when Python flushes it at exit, printing "Exception ignored ... BrokenPipeError"."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # No file behind it (a test's capture): nothing to flush.
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

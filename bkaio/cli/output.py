@@ -4,14 +4,17 @@ Owns nothing but formatting; commands hand it plain data (dicts, lists, scalars)
 rich tables: boxed to the terminal's width on a terminal, plain aligned columns (never wrapped
 or cut) when the output goes to a pipe or a file. Errors are printed by `emit_error`, on
 stderr: one line of text, or with `--json` one JSON object `{"error": ..., "kind": ...}`.
+A reader of stdout that goes away (`bkaio bookie readjournal F | head`) makes `emit` and
+`emit_stream` raise `StdoutClosed`, on which the command stops quietly (bkaio/cli/main.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich import box
@@ -21,6 +24,7 @@ from rich.table import Table
 from bkaio.display import payload_text
 
 __all__ = [
+    "StdoutClosed",
     "emit",
     "emit_error",
     "emit_stream",
@@ -42,13 +46,31 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (a pipe into `head`): nothing more can be shown.
+    Deliberately no OSError: click ends a command on any EPIPE with a silent exit 1."""
+
+
+@contextlib.contextmanager
+def _writing_stdout() -> Iterator[None]:
+    """Around writes to stdout: a broken pipe can only be stdout's (what else is written in
+    the block is read from files), and means StdoutClosed."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
 def emit(data: Any, *, as_json: bool, human: str | None = None) -> None:
     """Print `data` as JSON, or `human` (falling back to a readable rendering of `data`)."""
-    if as_json:
-        sys.stdout.write(json.dumps(to_jsonable(data), sort_keys=True) + "\n")
-    else:
-        sys.stdout.write((human if human is not None else render_human(data)) + "\n")
-    sys.stdout.flush()
+    text = (
+        json.dumps(to_jsonable(data), sort_keys=True)
+        if as_json
+        else (human if human is not None else render_human(data))
+    )
+    with _writing_stdout():
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
 
 def emit_stream(
@@ -62,6 +84,18 @@ def emit_stream(
     """Print items as they come (a journal or entry log can be huge): one `human` line each,
     or one JSON document written incrementally: a list, or with `key` an object holding the
     list under `key` and then the fields `trailer()` returns once the items are exhausted."""
+    with _writing_stdout():
+        _write_stream(items, as_json=as_json, human=human, key=key, trailer=trailer)
+
+
+def _write_stream(
+    items: Iterable[Any],
+    *,
+    as_json: bool,
+    human: Callable[[Any], str],
+    key: str | None,
+    trailer: Callable[[], Mapping[str, Any]] | None,
+) -> None:
     out = sys.stdout
     if not as_json:
         for item in items:
