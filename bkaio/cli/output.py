@@ -32,6 +32,7 @@ __all__ = [
     "render_human",
     "table",
     "to_jsonable",
+    "write_and_flush",
 ]
 
 
@@ -68,8 +69,14 @@ def emit(data: Any, *, as_json: bool, human: str | None = None) -> None:
         if as_json
         else (human if human is not None else render_human(data))
     )
+    write_and_flush(text + "\n")
+
+
+def write_and_flush(text: str) -> None:
+    """Write `text` to stdout and flush it (StdoutClosed if its reader went away). Blocking on a
+    slow reader: a command on an event loop runs it on a thread."""
     with _writing_stdout():
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(text)
         sys.stdout.flush()
 
 

@@ -22,12 +22,12 @@ import json
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import click
 
 from bkaio.cli.common import json_option, metadata_option, run
-from bkaio.cli.output import emit, payload_text, render_human, table
+from bkaio.cli.output import emit, payload_text, render_human, table, write_and_flush
 from bkaio.cli.params import POSITIVE_SECONDS, stream_position
 
 if TYPE_CHECKING:
@@ -314,12 +314,7 @@ async def _print_lines(lines: list[str]) -> None:
     awaits one batch before printing the next, so the lines keep their order."""
     if lines:
         text = "".join(f"{line}\n" for line in lines)
-        await asyncio.to_thread(_write_and_flush, sys.stdout, text)
-
-
-def _write_and_flush(out: TextIO, text: str) -> None:
-    out.write(text)
-    out.flush()
+        await asyncio.to_thread(write_and_flush, text)
 
 
 @stream.command("tail")

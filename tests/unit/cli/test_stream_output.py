@@ -4,14 +4,17 @@ lines as ever, in order, written off the event loop so a slow reader of stdout d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
+from bkaio.cli.output import StdoutClosed
 from bkaio.cli.stream_cmd import _show_records, _write_pipelined
 from bkaio.stream import Namespace, open_namespace
 from tests.unit.stream.conftest import ClientFactory
@@ -138,3 +141,27 @@ async def test_a_slow_stdout_does_not_block_the_loop_while_write_prints(
     await print_through_a_slow_pipe(out, _write_pipelined(writer, given([b"a", b"b"]), 10, False))
     await writer.close()
     assert [line.rpartition("@")[2] for line in out.getvalue().splitlines()] == ["0", "1"]
+
+
+async def test_tail_into_a_closed_stdout_stops_with_stdout_closed_and_acks_nothing(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `bkaio stream tail NS/S --cursor C | head`: the command stopped with a silent exit 1 (click's
+    # answer to any BrokenPipeError); StdoutClosed makes it exit 141 quietly (bkaio/cli/main.py).
+    ns = await namespace_with(make_client, [b"one", b"two"])
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    out = os.fdopen(write_end, "w", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        async with await ns.open_reader("s", cursor="c1") as reader:
+            with pytest.raises(StdoutClosed):
+                await _show_records(
+                    reader, end=2, max_count=None, ack=True, as_hex=False, as_json=False
+                )
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(BrokenPipeError):  # What was buffered for the closed pipe.
+            out.close()
+    async with await ns.open_reader("s", cursor="c1") as reader:  # Nothing shown, nothing acked.
+        assert reader.next_seq == 0
