@@ -32,10 +32,11 @@ from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 from bkaio.meta.records import COOKIES_PREFIX
 from bkaio.meta.store import MetadataStore
+from bkaio.meta.uri import shown_uri
 
 
 def _location(store: MetadataStore) -> str:
-    return store.uri.partition("?")[0]  # The query may carry credentials.
+    return shown_uri(store.uri)  # Its ?prefix= names the cluster; no password shown.
 
 
 _NUKE_PAGE = 500  # Keys deleted per listing: bounded memory on a large cluster.

@@ -100,6 +100,17 @@ async def test_format_replaces_a_cluster_only_with_force(store: MetadataStore) -
     assert await format_cluster(store, force=True) != first
 
 
+async def test_format_refusal_names_the_cluster_by_its_prefix(tmp_path: Path) -> None:
+    # The message cut the URI's query, and with it ?prefix=, which says which cluster it is.
+    team_a = await open_store(f"sqlite:///{tmp_path / 'meta.db'}?prefix=/team-a")
+    try:
+        await format_cluster(team_a)
+        with pytest.raises(ClusterExistsError, match=r"meta\.db\?prefix=/team-a holds cluster"):
+            await format_cluster(team_a)
+    finally:
+        await team_a.close()
+
+
 async def test_describe_classifies_bookies(tmp_path: Path, store: MetadataStore) -> None:
     await initialise_cluster(store, instance_id="c1")
     metadata = await open_metadata(f"sqlite:///{tmp_path / 'meta.db'}")
