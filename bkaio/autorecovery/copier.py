@@ -60,9 +60,10 @@ class CopyJob:
     fragment: Fragment
     destination: str
     key: bytes
-    avoid: frozenset[str]  # Never read from these (bookies being moved off, or dead).
-    # Read from the fragment's own bookie as the last resort when it is registered (it is
-    # being drained, not lost); never for a bookie copying its own fragments back.
+    avoid: frozenset[str]  # Read these last, if at all (bookies being moved off, or dead).
+    # Read from the fragment's own bookie and the other `avoid` bookies as the last resort
+    # when they are registered (being drained, not lost); never for a bookie copying its own
+    # fragments back.
     origin_readable: bool = True
 
     @property
@@ -187,18 +188,21 @@ class FragmentCopier:
         return sink.entries, sink.bytes
 
     def _sources(self, job: CopyJob, indexes: Iterable[int]) -> list[str]:
-        """Bookies to read the fragment's entries from: live ones first; the fragment's own
-        bookie, when it is still up and readable (a drain), as the last resort."""
+        """Bookies to read the fragment's entries from: live ones first; then, when they are
+        still up and readable (a drain, a decommission), the bookies being moved off: the
+        others of the write set, the fragment's own last."""
         fragment = job.fragment
         registered = self._view.registered()
-        sources = [
-            fragment.ensemble[i]
-            for i in indexes
-            if i != fragment.bookie_index and fragment.ensemble[i] not in job.avoid
-        ]
+        others = [fragment.ensemble[i] for i in indexes if i != fragment.bookie_index]
+        sources = [bookie_id for bookie_id in others if bookie_id not in job.avoid]
         sources.sort(key=lambda bookie_id: bookie_id not in registered)
-        if job.origin_readable and fragment.bookie_id in registered:
-            sources.append(fragment.bookie_id)
+        if job.origin_readable:
+            # Another bookie moved off in the same call (a decommissioned one beside a dead
+            # one) may hold the only surviving copy of an entry whose write set is both: left
+            # out, that entry was unreadable on every retry (BookKeeper reads any replica).
+            sources += [b for b in others if b in job.avoid and b in registered]
+            if fragment.bookie_id in registered:
+                sources.append(fragment.bookie_id)
         return sources
 
     async def _copy_by_range(self, job: CopyJob, entry_ids: list[int], sink: _CopySink) -> None:

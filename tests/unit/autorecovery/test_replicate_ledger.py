@@ -1,0 +1,117 @@
+"""`Replicator.replicate_ledger`, the real code (copier, placement, metadata swap) over SQLite
+metadata and in-memory bookies: moving a striped ledger (E > Qw) off a dead bookie and a
+decommissioned, still running one in the same call reads the entries whose only surviving copy
+is on the running one from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bkaio.autorecovery import AutorecoveryMetrics, Outcome
+from bkaio.autorecovery.cluster import ClusterView
+from bkaio.autorecovery.replicator import Replicator
+from bkaio.ledger_client.quorum import write_set
+from bkaio.ledger_client.types import StoredCopy
+from bkaio.meta import LedgerMetadata, Metadata
+from bkaio.protocol.digest import entry_digest
+from tests.unit.autorecovery.test_fill_in_place import (
+    KEY,
+    FakeBookiePool,
+    FakeMasterKeysEveryBookieGives,
+)
+from tests.unit.ledger_client.fakes import FakeBookie
+
+A, B, C, D, E = (f"127.0.0.1:{port}" for port in range(3181, 3186))
+ENTRIES = 12
+
+
+@dataclass
+class Cluster:
+    replicator: Replicator
+    view: ClusterView
+    pool: FakeBookiePool
+    bookies: dict[str, FakeBookie]
+
+
+@pytest.fixture
+async def cluster(meta: Metadata) -> AsyncIterator[Cluster]:
+    """Five in-memory bookies A..E; the view shows them all writable until a test says
+    otherwise. The real Replicator, its pool replaced by the fakes."""
+    bookies = {bookie_id: FakeBookie(bookie_id) for bookie_id in (A, B, C, D, E)}
+    pool = FakeBookiePool(list(bookies.values()))
+    view = ClusterView(meta)
+    real_pool, view.pool = view.pool, pool  # type: ignore[assignment]  # The fake stands in.
+    await real_pool.close()
+    view.set_bookies([pool.info(bookie_id) for bookie_id in bookies])
+    keys = FakeMasterKeysEveryBookieGives(view, "token")
+    replicator = Replicator(view, keys, AutorecoveryMetrics(CollectorRegistry()))
+    try:
+        yield Cluster(replicator, view, pool, bookies)
+    finally:
+        await view.close()
+
+
+async def _closed_ledger(
+    meta: Metadata, cluster: Cluster, ensemble: tuple[str, ...], write_quorum: int
+) -> LedgerMetadata:
+    """A closed ledger of ENTRIES entries, each on every bookie of its write set."""
+    md = await meta.ledgers.create(
+        LedgerMetadata(
+            ensemble_size=len(ensemble),
+            write_quorum=write_quorum,
+            ack_quorum=write_quorum,
+            ensembles=((0, ensemble),),
+        )
+    )
+    length = 0
+    for entry_id in range(ENTRIES):
+        payload = b"entry-%d" % entry_id
+        length += len(payload)
+        digest = entry_digest(md.ledger_id, entry_id, entry_id - 1, length, payload)
+        copy = StoredCopy(entry_id, entry_id - 1, length, digest, payload)
+        for index in write_set(entry_id, len(ensemble), write_quorum):
+            cluster.bookies[ensemble[index]].add(md.ledger_id, copy, KEY, recovery=False)
+    return await meta.ledgers.update(md.closed(ENTRIES - 1, length))
+
+
+def _lacking(md: LedgerMetadata, bookies: dict[str, FakeBookie]) -> list[tuple[int, str]]:
+    """(entry, bookie) for each entry a bookie of its write set in `md` does not hold."""
+    lacking = []
+    for entry_id in range(md.last_entry_id + 1):
+        ensemble = md.ensemble_for(entry_id)
+        for index in write_set(entry_id, md.ensemble_size, md.write_quorum):
+            ledger = bookies[ensemble[index]].ledgers.get(md.ledger_id)
+            if ledger is None or entry_id not in ledger.entries:
+                lacking.append((entry_id, ensemble[index]))
+    return lacking
+
+
+async def test_a_decommissioned_running_bookie_is_read_while_a_dead_one_is_moved_with_it(
+    meta: Metadata, cluster: Cluster
+) -> None:
+    """E3/Qw2 over A, B, C: B died, C is decommissioned (read-only, still up). One mark names
+    both (the auditor takes a decommissioned bookie as lost at once), so one call moves both.
+    Entries 1, 4, 7, 10 have the write set {B, C}: C holds their only surviving copy. The
+    copier left every bookie being moved off out of its sources, except the fragment's own:
+    B's fragment (moved first) found no source for entry 1 and the ledger failed with
+    EntryUnreadableError, on every retry, though C could give it (a drain reports such a
+    ledger at once and gives up on it)."""
+    md = await _closed_ledger(meta, cluster, (A, B, C), write_quorum=2)
+    cluster.pool.down.add(B)
+    decommissioned = dataclasses.replace(cluster.pool.info(C), read_only=True)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, D, E)] + [decommissioned])
+
+    result = await cluster.replicator.replicate_ledger(
+        md.ledger_id, [B, C], recover_open_tail=False
+    )
+
+    assert result.outcome is Outcome.DONE
+    assert result.fragments == 2
+    moved = await meta.ledgers.get(md.ledger_id)
+    assert sorted(moved.ensembles[0][1]) == [A, D, E]
+    assert _lacking(moved, cluster.bookies) == []
