@@ -34,6 +34,7 @@ from bkaio.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
 )
+from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
@@ -312,9 +313,11 @@ class Replicator:
         )
 
     async def _swap(self, ledger_id: int, fragment: Fragment, replacement: str) -> None:
-        """CAS `replacement` into the fragment's slot (re-read and retry on a race)."""
+        """CAS `replacement` into the fragment's slot (re-read and retry on a race), at most
+        MAX_METADATA_ATTEMPTS times, as a writer's ensemble change does: a store that kept
+        losing the answers was retried back to back for ever, the ledger's lock held."""
         ledgers = self._view.metadata.ledgers
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             try:
                 current = await ledgers.get(ledger_id)
             except NoSuchLedgerError:
@@ -333,3 +336,9 @@ class Replicator:
             except (MetadataVersionError, MetadataOutcomeUnknownError):
                 continue  # The writer changed its ensemble (or we do not know): re-read.
             return
+        raise ReplicationError(
+            f"ledger {ledger_id}: gave up putting {replacement} in place of "
+            f"{fragment.bookie_id} in the segment at entry {fragment.first_entry_id} after "
+            f"{MAX_METADATA_ATTEMPTS} compare-and-swap attempts (retried; a copy never swapped "
+            "in is collected by GC)"
+        )

@@ -1,7 +1,8 @@
 """`Replicator.replicate_ledger`, the real code (copier, placement, metadata swap) over SQLite
 metadata and in-memory bookies: moving a striped ledger (E > Qw) off a dead bookie and a
 decommissioned, still running one in the same call reads the entries whose only surviving copy
-is on the running one from it."""
+is on the running one from it; a metadata swap the store keeps losing answers to gives up after
+a bounded number of compare-and-swaps instead of looping (holding the ledger's lock) for ever."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bkaio.autorecovery import AutorecoveryMetrics, Outcome
+from bkaio.autorecovery import AutorecoveryMetrics, Outcome, ReplicationError
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.autorecovery.replicator import Replicator
+from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata, Metadata
+from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.protocol.digest import entry_digest
 from tests.unit.autorecovery.test_fill_in_place import (
     KEY,
@@ -115,3 +118,35 @@ async def test_a_decommissioned_running_bookie_is_read_while_a_dead_one_is_moved
     moved = await meta.ledgers.get(md.ledger_id)
     assert sorted(moved.ensembles[0][1]) == [A, D, E]
     assert _lacking(moved, cluster.bookies) == []
+
+
+async def test_a_swap_the_store_keeps_losing_gives_up_after_a_bounded_number_of_attempts(
+    meta: Metadata, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fragment was copied, but every compare-and-swap of the metadata loses its answer
+    (and did not land). The swap re-read and tried again without bound, back to back, while
+    the worker kept the ledger's lock (its lease kept alive): one ReplicationError after
+    MAX_METADATA_ATTEMPTS now, as a writer's ensemble change and close and a recovery's seal
+    give up (retried by the worker after its backoff; the copy is collected by GC if it is
+    never swapped in)."""
+    md = await _closed_ledger(meta, cluster, (A, B, C), write_quorum=3)
+    cluster.pool.down.add(B)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C, D)])
+    attempts = 0
+
+    async def lossy_update(metadata: LedgerMetadata) -> LedgerMetadata:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 10 * MAX_METADATA_ATTEMPTS:  # Without a bound: fail, do not hang.
+            raise RuntimeError(f"{attempts} compare-and-swaps of one fragment's move")
+        raise MetadataOutcomeUnknownError("connection lost during the update")
+
+    monkeypatch.setattr(meta.ledgers, "update", lossy_update)
+
+    with pytest.raises(ReplicationError, match="compare-and-swap") as raised:
+        await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+
+    assert raised.value.ledger_id == md.ledger_id
+    assert attempts == MAX_METADATA_ATTEMPTS
+    assert (await meta.ledgers.get(md.ledger_id)).ensembles == md.ensembles
+    assert sorted(cluster.bookies[D].ledgers[md.ledger_id].entries) == list(range(ENTRIES))
