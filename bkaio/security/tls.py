@@ -101,10 +101,14 @@ def client_tls_context(
 ) -> ssl.SSLContext:
     """A client's context for `BookKeeper.connect(uri, tls=...)`: verifies bookies against
     `ca_file` (None: the system store); `cert_file`/`key_file` for mutual TLS."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.minimum_version = _tls_version(min_version)
     if ca_file:
+        # The CA file alone: `create_default_context` would trust the system store as well, so
+        # anyone with a publicly trusted certificate for a bookie's host could stand in for it.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # Verifies chain and host name.
         _load_cas(context, ca_file)
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = _tls_version(min_version)
     if bool(cert_file) != bool(key_file):
         raise ConfigError("a TLS client certificate and its key go together")
     if cert_file and key_file:
