@@ -108,15 +108,27 @@ def check_start(where: str, start: object) -> None:
             )
 
 
-async def check_written(bk: BookKeeper, where: str, seq: int, meta: StreamMeta) -> None:
+async def check_written(
+    bk: BookKeeper, where: str, seq: int, meta: StreamMeta, *, cursor: str | None = None
+) -> None:
     """InvalidStreamArgumentError when `seq` lies past the stream's next seq: no record was
     ever written there, so there is nothing to resume from (a position of another stream, a
     mistyped one), and a reader there would wait in silence for records that may never come.
-    The next seq itself is a good start: the next record written."""
+    The next seq itself is a good start: the next record written.
+
+    With `cursor`, `seq` is where that cursor resumes: past the end, it was written for an
+    earlier stream of this name (this stream's readers never ack past its end), and resuming
+    there would skip this stream's records before it."""
     segment = meta.open_segment
     if segment is not None and seq <= segment.first_seq:
         return  # Written, or the open segment's first record: the bookies need not be asked.
     end = meta.end_seq_if_closed if segment is None else await end_seq(bk, meta)
+    if seq > end and cursor is not None:
+        raise InvalidStreamArgumentError(
+            f"stream {where}: cursor {cursor!r} resumes at seq {seq}, past the end of the "
+            f"stream (next seq {end}): it was left by an earlier stream of this name; delete "
+            "the cursor to read this stream with it"
+        )
     if seq > end:
         raise InvalidStreamArgumentError(
             f"stream {where}: start seq {seq} is past the end of the stream (next seq {end}): "
@@ -453,14 +465,33 @@ class StreamReader:
         try:
             target = self._acked
             assert target is not None and self.cursor is not None
+            if isinstance(self._watch_error, StreamNotFoundError):
+                raise copy_error(self._watch_error)
             await self._store.put_cursor(
                 self.namespace, self.stream, self.cursor, CursorState(target, now_ms())
             )
+            await self._check_cursor_outlives_nothing()
             self._persisted = target
         except BKError as error:
             self._cursor_error = error  # The acks waiting for this write raise it.
         finally:
             self._ack_task = None
+
+    async def _check_cursor_outlives_nothing(self) -> None:
+        """StreamNotFoundError, and the cursor just written removed, when the stream this
+        reader reads is gone. `delete_stream` removes the record, then the cursors: a cursor
+        write landing after that would outlive the stream, and a reader of a new stream of the
+        same name would resume after this seq, skipping that stream's records before it.
+        Whichever order the deletion and this write land in, one of the two removes the
+        cursor. A new stream of the name is told apart by its creation time."""
+        assert self.cursor is not None
+        fresh = await self._store.find_stream(self.namespace, self.stream)
+        if fresh is not None and fresh.ctime_ms == self._meta.ctime_ms:
+            return
+        await self._store.delete_cursor(self.namespace, self.stream, self.cursor)
+        raise StreamNotFoundError(
+            f"stream {self._where} was deleted: cursor {self.cursor!r} was not kept"
+        )
 
     def _cursor_write_failed(self, error: BaseException) -> None:
         failure = BKError(f"stream {self._where}: cursor write failed: {type(error).__name__}")
@@ -514,7 +545,8 @@ async def open_reader(
     """A reader from `start`, or from after the cursor's last ack when the cursor exists.
 
     A start before the first available record is StreamTruncatedError; one past the next seq,
-    or with a negative field, InvalidStreamArgumentError (`check_start`, `check_written`)."""
+    or with a negative field, InvalidStreamArgumentError (`check_start`, `check_written`), as
+    is a cursor past the next seq (left by an earlier stream of the name)."""
     where = f"{namespace}/{stream}"
     check_start(where, start)  # Even when a cursor wins over it: a bad argument either way.
     start_revision = await store.current_revision() + 1
@@ -533,7 +565,9 @@ async def open_reader(
         next_seq = start.seq
     if next_seq < meta.first_seq:
         raise truncated_error(where, next_seq, meta)
-    if state is None and isinstance(start, StreamPosition):
+    if state is not None:
+        await check_written(bk, where, next_seq, meta, cursor=cursor)
+    elif isinstance(start, StreamPosition):
         await check_written(bk, where, next_seq, meta)
     reader = StreamReader(
         bk=bk,

@@ -1,0 +1,80 @@
+"""A writer dying mid-roll, and writers opening at once: seqs stay dense, one writer wins."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bkaio.errors import LedgerFencedError
+from bkaio.stream import open_namespace
+from bkaio.stream.writer import StreamWriter
+from tests.unit.stream.conftest import ClientFactory
+from tests.unit.stream.test_streams import take
+
+
+async def test_crash_after_a_roll_leaves_an_empty_open_segment_and_seqs_go_on(
+    make_client: ClientFactory,
+) -> None:
+    first_client, second_client = await make_client(), await make_client()
+    ns = await open_namespace(first_client, "tenant", create=True)
+    crashed = await ns.open_writer("s", roll_bytes=10)
+    await ns.create_stream("s")
+    reader = await ns.open_reader("s", long_poll_seconds=0.2)
+    acked = [await crashed.write(b"0123456789")]  # Reaches roll_bytes: rolls.
+    await crashed.wait_for_capacity()  # The roll is done: the new segment is open and empty.
+    meta = await ns.stream_metadata("s")
+    assert meta.open_segment is not None and meta.open_segment.ledger_id != acked[0].ledger_id
+    ns2 = await open_namespace(second_client, "tenant")
+    new = await ns2.open_writer("s")
+    later = await new.write(b"after")
+    assert later.seq == 1
+    records = await take(reader, 2)
+    assert [r.position for r in records] == [acked[0], later]
+    await new.close()
+    await reader.close()
+
+
+async def test_crash_between_sealing_and_recording_a_roll(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first_client, second_client = await make_client(), await make_client()
+    ns = await open_namespace(first_client, "tenant", create=True)
+    crashed = await ns.open_writer("s", roll_bytes=25)
+    reader = await ns.open_reader("s", long_poll_seconds=0.2)
+    never = asyncio.Event()
+
+    async def stuck(self: StreamWriter, *args: object) -> None:
+        await never.wait()  # The writer dies here: ledger sealed, next created, no CAS.
+
+    monkeypatch.setattr(StreamWriter, "_cas_segments", stuck)
+    acked = [await crashed.write(b"%010d" % i) for i in range(3)]  # The third starts the roll.
+    held = crashed.write(b"held, never sent")
+    new = await (await open_namespace(second_client, "tenant")).open_writer("s")
+    later = await new.write(b"after")
+    assert later.seq == 3
+    records = await take(reader, 4)
+    assert [r.position for r in records] == [*acked, later]
+    assert not held.done()
+    held.cancel()
+    monkeypatch.undo()
+    await new.close()
+    await reader.close()
+
+
+async def test_two_writers_opening_at_once_leave_one_owner_and_dense_seqs(
+    make_client: ClientFactory,
+) -> None:
+    clients = [await make_client() for _ in range(3)]
+    spaces = [await open_namespace(c, "tenant", create=True) for c in clients]
+    first = await spaces[0].open_writer("s")
+    await first.write(b"first")
+    writers = await asyncio.gather(*(ns.open_writer("s") for ns in spaces[1:]))
+    results = await asyncio.gather(*(w.write(b"w") for w in writers), return_exceptions=True)
+    won = [w for w, r in zip(writers, results, strict=True) if not isinstance(r, BaseException)]
+    assert len(won) == 1, results
+    assert [type(r) for r in results if isinstance(r, BaseException)] == [LedgerFencedError]
+    await won[0].close()
+    async with await spaces[0].open_reader("s") as reader:
+        records = await take(reader, 2)
+    assert [r.position.seq for r in records] == [0, 1]
