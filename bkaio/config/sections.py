@@ -15,6 +15,7 @@ from bkaio.errors import ConfigError
 
 # Shared with the client: its entry limit, and the length of its tail's long-poll rounds.
 from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES, LONG_POLL_ROUND_SECONDS
+from bkaio.security.tokens import redact_uri
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +56,9 @@ class MetadataSection:
 
     def __post_init__(self) -> None:
         if "://" not in self.uri:
-            raise ConfigError(f"metadata.uri={self.uri!r} must be etcd://... or sqlite:///...")
+            raise ConfigError(
+                f"metadata.uri={redact_uri(self.uri)!r} must be etcd://... or sqlite:///..."
+            )
         if not 1.0 <= self.registration_ttl_seconds <= 3600.0:
             raise ConfigError(
                 f"metadata.registration_ttl_seconds={self.registration_ttl_seconds} "

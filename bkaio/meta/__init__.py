@@ -41,6 +41,7 @@ from bkaio.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState
 from bkaio.meta.ledgers import LedgerIdGenerator, LedgerManager
 from bkaio.meta.records import CookieStore, NamespaceStore, VersionedCookie, VersionedRecord
 from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore, WatchEvent
+from bkaio.meta.uri import shown_uri
 
 __all__ = [
     "AuditorElection",
@@ -105,7 +106,7 @@ async def open_store(
 
         return await SqliteMetadataStore.open(uri, create=create)
     raise ConfigError(
-        f"metadata URI {uri!r}: unknown scheme {scheme!r}; use etcd://host:port/prefix"
+        f"metadata URI {shown_uri(uri)!r}: unknown scheme {scheme!r}; use etcd://host:port/prefix"
         " or sqlite:///path/meta.db"
     )
 

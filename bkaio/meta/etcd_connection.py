@@ -33,7 +33,7 @@ from aetcd import rpc
 from bkaio.backoff import Backoff
 from bkaio.errors import ConfigError, MetadataError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.meta.uri import EtcdUri
+from bkaio.meta.uri import EtcdUri, shown_uri
 
 log = structlog.get_logger(__name__)
 
@@ -190,7 +190,7 @@ class EtcdConnection:
         backoff = Backoff(MIN_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS)
         while True:
             if self.closed:
-                raise MetadataError(f"metadata store {self.uri} is closed")
+                raise MetadataError(f"metadata store {shown_uri(self.uri)} is closed")
             used = self.current
             try:
                 if retry_seconds is None:
