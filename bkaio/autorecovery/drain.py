@@ -385,6 +385,14 @@ class _Drain:
                         why = self._last_error.get(ledger_id, "no attempt succeeded")
                         self._give_up(ledger_id, f"not moved within {timeout_seconds} s: {why}")
                     break
+                if lease.lost:
+                    # Its locks went with it and no claim can be made on it: without a new
+                    # one every ledger failed its claim until the timeout.
+                    log.warning("drain_lease_lost", bookie_id=self._bookie_id)
+                    with contextlib.suppress(BKError):
+                        await lease.revoke()
+                    lease = await self._meta.store.grant_lease(_ADMIN_LEASE_TTL_SECONDS)
+                    lease.start_keep_alive()
                 # The registry itself: a lagging watch must not make a live bookie look gone.
                 self._registered = await self._meta.bookies.ids()
                 self._decommissioned = await self._meta.decommissioned.ids()
