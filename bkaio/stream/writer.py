@@ -489,9 +489,20 @@ class StreamWriter:
                 meta = await self._reread()
             except MetadataOutcomeUnknownError:
                 meta = await self._reread()
-                if meta.epoch == self.epoch and meta.segments[-len(segments) :] == segments:
+                if self._landed(meta, target):
                     self._meta = meta
                     return meta
+
+    def _landed(self, meta: StreamMeta, target: StreamMeta) -> bool:
+        """Whether `meta`, read after a write of `target` whose outcome is unknown, shows it
+        applied. Only this writer closes its segment or opens the next one in its epoch, so the
+        open segment tells (the new one, whose ledger no other write names, or none after a
+        close); the sealed segment may be gone already, truncated after the write landed."""
+        return (
+            meta.epoch == self.epoch
+            and meta.ctime_ms == self._meta.ctime_ms  # Not a new stream of the same name.
+            and meta.open_segment == target.open_segment
+        )
 
     async def _reread(self) -> StreamMeta:
         try:
