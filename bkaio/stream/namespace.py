@@ -225,6 +225,13 @@ class Namespace:
                 deleted = await self._store.delete_stream(self.name, stream, version=meta.version)
             except MetadataVersionError:
                 continue
+            except MetadataOutcomeUnknownError:
+                # Landed unless the record is still there: raising would leave its ledgers
+                # and cursors behind for good (a second call finds no stream to delete).
+                fresh = await self._store.find_stream(self.name, stream)
+                if fresh is not None and fresh.ctime_ms == meta.ctime_ms:
+                    continue
+                deleted = True
             if not deleted:
                 raise StreamNotFoundError(f"stream {where} does not exist")
             break
