@@ -23,7 +23,9 @@ bookie is back (filled then) or, lost for good, is marked missing and moved off.
 An open ledger whose last segment names a missing bookie is left to its writer for
 `open_ledger_grace_seconds` after it was marked (the writer's own ensemble change moves it):
 the worker gives the lock back and skips it until then; after that it fences and closes the
-ledger and moves the rest (reference 7.3, step 3).
+ledger and moves the rest (reference 7.3, step 3). A bookie merged into an older mark (one kept
+for a failing copy, say) gets its own grace, counted from when this worker first claimed the
+ledger with it missing: the mark's age alone fenced such a writer at once.
 
 A failed attempt (one `ReplicationError` per ledger) is counted and logged with the ledger,
 the lock is released at once, and that ledger is skipped by this worker for a jittered,
@@ -58,6 +60,15 @@ _METADATA_RETRY = (0.5, 30.0)  # Backoff of failing metadata calls: initial, max
 
 
 @dataclass(slots=True)
+class _GraceClock:
+    """When this worker first claimed a ledger with `missing` (its latest set) missing."""
+
+    missing: frozenset[str]
+    since: float  # Monotonic seconds.
+    seen: float  # The latest claim: a clock not seen for long is forgotten.
+
+
+@dataclass(slots=True)
 class _Skip:
     """A ledger this worker leaves alone until `until` (monotonic seconds)."""
 
@@ -88,13 +99,14 @@ class ReplicationWorker:
         self.owner = owner
         self._lease_ttl = lease_ttl_seconds
         self._concurrency = concurrency
-        self._grace_ms = int(open_ledger_grace_seconds * 1000)
+        self._grace = open_ledger_grace_seconds
         self._retry_initial = retry_backoff_seconds
         self._retry_max = max(retry_backoff_max_seconds, retry_backoff_seconds)
         self._poll = poll_interval_seconds
         self._clock = clock
         self._work = asyncio.Event()
         self._skips: dict[int, _Skip] = {}
+        self._grace_clocks: dict[int, _GraceClock] = {}
 
     async def run(self) -> None:
         """Work until cancelled; a lost lease (its locks are gone) starts over with a new one.
@@ -166,6 +178,9 @@ class ReplicationWorker:
         for ledger_id, skip in list(self._skips.items()):
             if skip.until + self._retry_max < now:
                 del self._skips[ledger_id]
+        for ledger_id, clock in list(self._grace_clocks.items()):
+            if clock.seen + self._grace + 2 * self._retry_max < now:
+                del self._grace_clocks[ledger_id]  # Claimed by others since, or done.
         return {ledger_id for ledger_id, skip in self._skips.items() if skip.until > now}
 
     async def _claim_loop(self, lease: Lease) -> None:
@@ -231,14 +246,14 @@ class ReplicationWorker:
                 await self._replicator.fill_ledger_in_place(ledger_id, incomplete)
             outcome = Outcome.DONE
             if missing:
-                waited_ms = now_ms() - claimed.ctime_ms
+                grace_left = self._grace_left(ledger_id, missing, claimed.ctime_ms)
                 result = await self._replicator.replicate_ledger(
-                    ledger_id, missing, recover_open_tail=waited_ms >= self._grace_ms
+                    ledger_id, missing, recover_open_tail=grace_left <= 0
                 )
                 outcome = result.outcome
                 if outcome is Outcome.DEFERRED:
                     # Only the open tail is left: its writer has the rest of the grace period.
-                    remaining = max(0.0, (self._grace_ms - waited_ms) / 1000) + 0.05
+                    remaining = max(0.0, grace_left) + 0.05
                     self._skips[ledger_id] = _Skip(self._clock() + remaining, None)
                     return
             if unreachable and outcome is not Outcome.DELETED:
@@ -254,6 +269,7 @@ class ReplicationWorker:
                 return
             completed = await underreplication.complete(claimed)
             self._skips.pop(ledger_id, None)
+            self._grace_clocks.pop(ledger_id, None)
             if outcome is Outcome.DONE:
                 self._metrics.ledgers_replicated.inc()
         except BKError as error:
@@ -271,6 +287,20 @@ class ReplicationWorker:
             if not completed:
                 with contextlib.suppress(BKError):
                     await underreplication.release(ledger_id, claimed.lock_version)
+
+    def _grace_left(self, ledger_id: int, missing: list[str], mark_ctime_ms: int) -> float:
+        """Seconds left of the open ledger's grace: counted from the mark's creation, and from
+        when this worker first claimed the ledger with each of `missing` missing (a bookie
+        newly merged into an old mark starts the clock again)."""
+        now = self._clock()
+        missing_now = frozenset(missing)
+        clock = self._grace_clocks.get(ledger_id)
+        if clock is None or not missing_now <= clock.missing:
+            clock = _GraceClock(missing_now, now, now)
+            self._grace_clocks[ledger_id] = clock
+        clock.missing, clock.seen = missing_now, now
+        by_mark = self._grace - (now_ms() - mark_ctime_ms) / 1000
+        return max(by_mark, self._grace - (now - clock.since))
 
     def _back_off(self, ledger_id: int) -> float:
         skip = self._skips.get(ledger_id)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Collection
 import pytest
 from prometheus_client import CollectorRegistry
 
+import bkaio.meta.autorecovery
 from bkaio.autorecovery import (
     AutorecoveryMetrics,
     LedgerReplication,
@@ -23,6 +24,7 @@ from bkaio.autorecovery import (
 )
 from bkaio.meta import BookieInfo, BookieRegistration, Lease, Metadata
 from bkaio.meta.autorecovery import LOCKS_PREFIX
+from bkaio.meta.ledger_metadata import now_ms as real_now_ms
 from bkaio.supervision import Restart, Supervisor
 
 
@@ -322,3 +324,58 @@ async def test_a_worker_whose_lock_lapsed_leaves_the_lock_another_worker_took(
         await asyncio.gather(task, return_exceptions=True)
         if replicator.other_lease is not None:
             await replicator.other_lease.revoke()
+
+
+class FakeReplicatorWithAnOpenTail(FakeReplicator):
+    """The ledger's open tail names a missing bookie: DEFERRED unless told to recover it."""
+
+    def __init__(self) -> None:
+        super().__init__(registered=set(), failing=set())
+        self.recover_open_tail: list[bool] = []
+
+    async def replicate_ledger(
+        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+    ) -> LedgerReplication:
+        self.calls.append(ledger_id)
+        self.recover_open_tail.append(recover_open_tail)
+        outcome = Outcome.DONE if recover_open_tail else Outcome.DEFERRED
+        return LedgerReplication(ledger_id, outcome, 0, 0, 0, recover_open_tail, 0.01)
+
+
+async def test_a_bookie_merged_into_an_old_mark_gets_its_own_open_ledger_grace(
+    meta: Metadata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ledger 14 has been marked for an hour (DEAD's fragment of an earlier segment cannot be
+    copied: an entry lost everywhere). Now the bookie of its open tail dies and the audit merges
+    it into that mark, which keeps its age. The worker measured the open ledger's grace from the
+    mark's age, so it fenced the live writer at its first claim, before the writer could move
+    off the bookie by its own ensemble change. The new bookie gets the grace now."""
+    monkeypatch.setattr(bkaio.meta.autorecovery, "now_ms", lambda: real_now_ms() - 3_600_000)
+    await meta.underreplication.mark(14, [DEAD])  # An hour ago.
+    monkeypatch.setattr(bkaio.meta.autorecovery, "now_ms", real_now_ms)
+    tail = "127.0.0.1:3998"
+    merged = await meta.underreplication.mark(14, [tail])
+    assert merged.record.missing_bookies == (tail, DEAD)
+    assert real_now_ms() - merged.record.ctime_ms >= 3_600_000  # The merge keeps its age.
+    replicator = FakeReplicatorWithAnOpenTail()
+    worker = ReplicationWorker(
+        meta,
+        replicator,  # type: ignore[arg-type]  # The fake stands in for Replicator.
+        AutorecoveryMetrics(),
+        owner="test-worker",
+        concurrency=1,
+        open_ledger_grace_seconds=30.0,
+        poll_interval_seconds=0.1,
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+
+        async def claimed() -> bool:
+            return bool(replicator.calls)
+
+        await _until(claimed, 10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert replicator.recover_open_tail == [False]  # Left to its writer: skipped 30 s.
+    assert await meta.underreplication.get(14) is not None
