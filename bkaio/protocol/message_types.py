@@ -35,7 +35,7 @@ class HelloRequest:
     request_id: int
     protocol_version: int
     client_id: str
-    auth_token: str | None
+    auth_token: str | None = field(repr=False)  # A secret: kept out of logs.
 
     def to_body(self) -> list[Any]:
         return [Op.HELLO, self.request_id, self.protocol_version, self.client_id, self.auth_token]
