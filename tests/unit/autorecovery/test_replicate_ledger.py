@@ -2,7 +2,8 @@
 metadata and in-memory bookies: moving a striped ledger (E > Qw) off a dead bookie and a
 decommissioned, still running one in the same call reads the entries whose only surviving copy
 is on the running one from it; a metadata swap the store keeps losing answers to gives up after
-a bounded number of compare-and-swaps instead of looping (holding the ledger's lock) for ever."""
+a bounded number of compare-and-swaps instead of looping (holding the ledger's lock) for ever;
+a swap that loses to a writer's ensemble change and close keeps the writer's changes."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from bkaio.autorecovery.replicator import Replicator
 from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
-from bkaio.meta import LedgerMetadata, Metadata
+from bkaio.meta import LedgerMetadata, LedgerState, Metadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.protocol.digest import entry_digest
 from tests.unit.autorecovery.test_fill_in_place import (
@@ -150,3 +151,46 @@ async def test_a_swap_the_store_keeps_losing_gives_up_after_a_bounded_number_of_
     assert attempts == MAX_METADATA_ATTEMPTS
     assert (await meta.ledgers.get(md.ledger_id)).ensembles == md.ensembles
     assert sorted(cluster.bookies[D].ledgers[md.ledger_id].entries) == list(range(ENTRIES))
+
+
+async def test_a_swap_that_loses_to_a_writers_ensemble_change_and_close_keeps_both(
+    meta: Metadata, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's fragment of the first segment of an open ledger is copied; just before the swap's
+    compare-and-swap lands, the writer changes its ensemble (a new last segment) and closes the
+    ledger. The swap loses its compare-and-swap, reads the record again and puts the
+    replacement into the first segment of the closed record: the writer's segment, state and
+    length stay, and the first segment names no B. (The writer losing to the swap is tested
+    in tests/unit/ledger_client; this is the other order.)"""
+    md = await _closed_ledger(meta, cluster, (A, B, C), write_quorum=3)
+    md = await meta.ledgers.update(  # Open again, with an open tail from entry 12 on A, C, D.
+        dataclasses.replace(md, state=LedgerState.OPEN, last_entry_id=-1, length=0).with_ensemble(
+            ENTRIES, (A, C, D)
+        )
+    )
+    cluster.pool.down.add(B)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C, D, E)])
+    update = meta.ledgers.update
+    writer: list[LedgerMetadata] = []
+
+    async def writer_first(metadata: LedgerMetadata) -> LedgerMetadata:
+        if not writer:  # The swap's first compare-and-swap: the writer's two land before it.
+            current = await meta.ledgers.get(md.ledger_id)
+            changed = await update(current.with_ensemble(ENTRIES, (A, D, E)))
+            writer.append(await update(changed.closed(ENTRIES + 1, 999)))
+        return await update(metadata)
+
+    monkeypatch.setattr(meta.ledgers, "update", writer_first)
+
+    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+
+    assert writer and result.outcome is Outcome.DONE
+    final = await meta.ledgers.get(md.ledger_id)
+    assert final.is_closed and (final.last_entry_id, final.length) == (ENTRIES + 1, 999)
+    assert final.ensembles[1] == (ENTRIES, (A, D, E))  # The writer's.
+    first = final.ensembles[0][1]
+    assert B not in first and first[0] == A and first[2] == C
+    replacement = first[1]
+    assert sorted(cluster.bookies[replacement].ledgers[md.ledger_id].entries) == list(
+        range(ENTRIES)
+    )
