@@ -43,6 +43,9 @@ log = structlog.get_logger(__name__)
 _RETRY_WATCH_MIN_SECONDS = 0.2
 _RETRY_WATCH_MAX_SECONDS = 5.0
 _KEY_HTTP_TIMEOUT_SECONDS = 5.0
+# Keys remembered (the latest learned): a service replicating ledger after ledger for months
+# kept every key it ever learned. A ledger's copies need its key for minutes at most.
+_KEY_CACHE_SIZE = 4096
 
 
 def key_matches(metadata: LedgerMetadata, master_key: bytes) -> bool:
@@ -176,6 +179,8 @@ class MasterKeys:
             if not key_matches(metadata, key):
                 errors.append(f"{bookie_id}: its key does not match the ledger's password hash")
                 continue
+            if len(self._cache) >= _KEY_CACHE_SIZE:
+                del self._cache[next(iter(self._cache))]  # The one learned longest ago.
             self._cache[metadata.ledger_id] = key
             return key
         if answered and not errors:
