@@ -11,6 +11,7 @@ import hmac
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 
 def tokens_equal(presented: str | bytes | None, expected: str | bytes) -> bool:
@@ -65,9 +66,17 @@ class AuthFailureThrottle:
         return min(self._base * 2.0 ** min(failures.count - 1, 30), self._max)
 
 
-_SECRET_OPTIONS = re.compile(r"(?i)([?&](?:password|token)=)[^&#]*")
+_QUERY_OPTION = re.compile(r"([?&][^=&#]*=)([^&]*)")
+_SECRET_OPTIONS = frozenset({"password", "token"})
+
+
+def _hide_secret(option: re.Match[str]) -> str:
+    # The name as the URI parser reads it (pass%77ord is password); the value runs to the next
+    # '&', a '#' included: a password with a '#' that is not percent-encoded is secret whole.
+    name = unquote_plus(option.group(1)[1:-1]).lower()
+    return option.group(1) + "***" if name in _SECRET_OPTIONS else option.group(0)
 
 
 def redact_uri(uri: str) -> str:
     """`uri` with the values of its password/token query options replaced, for logs."""
-    return _SECRET_OPTIONS.sub(r"\1***", uri)
+    return _QUERY_OPTION.sub(_hide_secret, uri)
