@@ -186,6 +186,9 @@ class TlsConfig:
             raise ConfigError("tls.enabled needs tls.cert_file and tls.key_file")
         if self.require_client_cert and not self.ca_file:
             raise ConfigError("tls.require_client_cert needs tls.ca_file (the clients' CA)")
+        if self.require_client_cert and not self.enabled:
+            # TLS off would serve plain TCP to any client: mutual TLS asked for, none given.
+            raise ConfigError("tls.require_client_cert needs tls.enabled = true")
         if bool(self.client_cert_file) != bool(self.client_key_file):
             raise ConfigError("tls.client_cert_file and tls.client_key_file go together")
 

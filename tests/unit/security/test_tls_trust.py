@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from bkaio.config import TlsConfig
+from bkaio.config import TlsConfig, build_bookie_config
+from bkaio.errors import ConfigError
 from bkaio.security.tls import bookie_client_tls_context, client_tls_context
 
 
@@ -67,3 +68,16 @@ def test_without_a_ca_file_the_system_store_is_used(cas: tuple[Path, trustme.CA]
     _handshake(client_tls_context(), _server(public), "localhost")
     with pytest.raises(ssl.SSLCertVerificationError):  # The host name is checked all the same.
         _handshake(client_tls_context(), _server(public), "bookie.example")
+
+
+def test_mutual_tls_without_tls_is_refused(tmp_path: Path) -> None:
+    """require_client_cert with TLS off would serve plain TCP to anybody: a config error."""
+    with pytest.raises(ConfigError, match=r"needs tls\.enabled"):
+        TlsConfig(require_client_cert=True, ca_file=str(tmp_path / "ca.pem"))
+    data = {
+        "bookie": {"shards": 1},
+        "storage": {"ledger_dirs": [str(tmp_path)]},
+        "tls": {"require_client_cert": True, "ca_file": str(tmp_path / "ca.pem")},
+    }
+    with pytest.raises(ConfigError, match=r"needs tls\.enabled"):
+        build_bookie_config(data, env={})
