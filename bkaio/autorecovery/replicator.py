@@ -39,7 +39,7 @@ from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 
-from .checker import LedgerChecker
+from .checker import LedgerChecker, missing_entries
 from .cluster import ClusterView, MasterKeys
 from .copier import CopyJob, CopyRefusedError, FragmentCopier
 from .fragments import (
@@ -286,6 +286,7 @@ class Replicator:
             job = CopyJob(metadata, fragment, replacement, key or b"", targets)
             try:
                 _, copied_bytes = await self._copier.copy(job)
+                await self._check_copy(metadata.ledger_id, replacement, entry_ids)
             except CopyRefusedError as error:
                 log.warning(
                     "replacement_bookie_failed",
@@ -311,6 +312,26 @@ class Replicator:
             f"ledger {metadata.ledger_id}: replacements {sorted(refused)} for "
             f"{fragment.bookie_id} all failed"
         )
+
+    async def _check_copy(self, ledger_id: int, replacement: str, entry_ids: list[int]) -> None:
+        """CopyRefusedError unless `replacement` lists every one of `entry_ids` (LIST_ENTRIES)
+        now: acknowledged adds alone put a bookie whose storage lost one into the ledger, and
+        nothing looked again until the next ledger check."""
+        if not entry_ids:
+            return
+        try:
+            held = await self._view.pool.list_entries(replacement, ledger_id)
+        except BKError as error:
+            raise CopyRefusedError(
+                f"{replacement} gave no entry list of ledger {ledger_id} after the copy: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        lacking = missing_entries(entry_ids, held)
+        if lacking:
+            raise CopyRefusedError(
+                f"{replacement} acknowledged the copy of ledger {ledger_id} but lacks "
+                f"{len(lacking)} of its entries (first: {lacking[0]})"
+            )
 
     async def _swap(self, ledger_id: int, fragment: Fragment, replacement: str) -> None:
         """CAS `replacement` into the fragment's slot (re-read and retry on a race), at most

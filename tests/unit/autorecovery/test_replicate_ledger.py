@@ -194,3 +194,30 @@ async def test_a_swap_that_loses_to_a_writers_ensemble_change_and_close_keeps_bo
     assert sorted(cluster.bookies[replacement].ledgers[md.ledger_id].entries) == list(
         range(ENTRIES)
     )
+
+
+async def test_a_copy_the_replacement_acknowledged_but_did_not_keep_is_never_swapped_in(
+    meta: Metadata, cluster: Cluster
+) -> None:
+    """Every add of the copy was acknowledged, but the replacements' storage did not keep entry
+    7. The swap put such a replacement into the ledger on the acknowledgements alone, and the
+    ledger then named, for entry 7, a bookie without it (found at the next daily ledger check
+    at best). The replacement's entry list is checked before the swap now (BookKeeper's
+    ReplicationWorker checks the ledger again before marking it replicated): each such
+    replacement is refused, the ledger fails for now with B still in place, and a retry with a
+    sound replacement moves it."""
+    md = await _closed_ledger(meta, cluster, (A, B, C), write_quorum=3)
+    cluster.pool.down.add(B)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C, D, E)])
+    cluster.pool.dropped |= {(D, md.ledger_id, 7), (E, md.ledger_id, 7)}
+
+    with pytest.raises(ReplicationError):
+        await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+    assert (await meta.ledgers.get(md.ledger_id)).ensembles == md.ensembles
+
+    cluster.pool.dropped.clear()
+    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+    assert result.outcome is Outcome.DONE
+    moved = await meta.ledgers.get(md.ledger_id)
+    assert B not in moved.ensembles[0][1]
+    assert _lacking(moved, cluster.bookies) == []
