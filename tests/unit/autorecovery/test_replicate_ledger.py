@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bkaio.autorecovery import AutorecoveryMetrics, Outcome, ReplicationError
+from bkaio.autorecovery import AutorecoveryMetrics, EntryUnreadableError, Outcome, ReplicationError
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.autorecovery.replicator import Replicator
 from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
@@ -221,3 +221,30 @@ async def test_a_copy_the_replacement_acknowledged_but_did_not_keep_is_never_swa
     moved = await meta.ledgers.get(md.ledger_id)
     assert B not in moved.ensembles[0][1]
     assert _lacking(moved, cluster.bookies) == []
+
+
+@pytest.mark.parametrize("ensemble", [(A, B), (B,)], ids=["E2-Qw1-by-entry", "E1-Qw1-by-range"])
+async def test_a_decommissioned_bookie_holding_the_only_copy_is_read_a_dead_one_is_reported(
+    meta: Metadata, cluster: Cluster, ensemble: tuple[str, ...]
+) -> None:
+    """Qw = 1: each entry of B's stripe is on B alone. Decommissioned (read-only, still up), B
+    is read, the last resort, and its fragment moves with every entry; dead, the ledger fails
+    with EntryUnreadableError naming the first entry only B had, and stays as it was."""
+    md = await _closed_ledger(meta, cluster, ensemble, write_quorum=1)
+    decommissioned = dataclasses.replace(cluster.pool.info(B), read_only=True)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C)] + [decommissioned])
+
+    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+
+    assert result.outcome is Outcome.DONE
+    moved = await meta.ledgers.get(md.ledger_id)
+    assert B not in moved.ensembles[0][1]
+    assert _lacking(moved, cluster.bookies) == []
+
+    again = await _closed_ledger(meta, cluster, ensemble, write_quorum=1)
+    cluster.pool.down.add(B)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C)])
+    with pytest.raises(EntryUnreadableError) as raised:
+        await cluster.replicator.replicate_ledger(again.ledger_id, [B], recover_open_tail=False)
+    assert raised.value.entry_id == (1 if len(ensemble) == 2 else 0)
+    assert (await meta.ledgers.get(again.ledger_id)).ensembles == again.ensembles
