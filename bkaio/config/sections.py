@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Final
 
 from bkaio.errors import ConfigError
+from bkaio.meta.uri import shown_uri
 
 # Shared with the client: its entry limit, and the length of its tail's long-poll rounds.
 from bkaio.protocol.codes import FRAME_ENVELOPE_BYTES, LONG_POLL_ROUND_SECONDS
-from bkaio.security.tokens import redact_uri
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +57,7 @@ class MetadataSection:
     def __post_init__(self) -> None:
         if "://" not in self.uri:
             raise ConfigError(
-                f"metadata.uri={redact_uri(self.uri)!r} must be etcd://... or sqlite:///..."
+                f"metadata.uri={shown_uri(self.uri)!r} must be etcd://... or sqlite:///..."
             )
         if not 1.0 <= self.registration_ttl_seconds <= 3600.0:
             raise ConfigError(

@@ -53,7 +53,8 @@ _ETCD_OPTIONS = {
 _SQLITE_OPTIONS = {"synchronous", "prefix"}
 # Options naming a file: an empty one would read as absent, and an absent `ca` is no TLS.
 _FILE_OPTIONS = ("ca", "cert", "key")
-_USERINFO = re.compile(r"(://)[^/?#]*@")
+# Credentials before the host, with or without the scheme (a URI missing it is an error to show).
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#]*@")
 
 
 def shown_uri(uri: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 from bkaio.errors import ConfigError
 from bkaio.ledger_client.types import CONFIG_FIELD_KINDS, ClientConfig
 from bkaio.meta.ledger_metadata import MAX_LEDGER_ID
+from bkaio.meta.uri import shown_uri
 from bkaio.spark.errors import SparkOptionError
 
 EARLIEST: Final = "earliest"
@@ -147,7 +148,8 @@ def _metadata(options: dict[str, str], what: str) -> str:
             "etcd://127.0.0.1:2379/bkaio or sqlite:///var/lib/bkaio/meta.db)"
         )
     if "://" not in uri:
-        raise SparkOptionError(f"bkaio {what}: metadata={uri!r} is not a URI (scheme://...)")
+        shown = shown_uri(uri)
+        raise SparkOptionError(f"bkaio {what}: metadata={shown!r} is not a URI (scheme://...)")
     return uri
 
 

@@ -9,6 +9,8 @@ from bkaio.errors import ConfigError, MetadataError
 from bkaio.meta import open_store
 from bkaio.meta.etcd_connection import EtcdConnection
 from bkaio.meta.uri import parse_etcd_uri
+from bkaio.spark.errors import SparkOptionError
+from bkaio.spark.options import parse_read_options
 
 SECRET = "s3cr3t-etcd-pw"
 URI = f"etcd://127.0.0.1:2379/bkaio?user=bkaio&password={SECRET}"
@@ -37,3 +39,15 @@ def test_a_uri_without_a_scheme_in_the_bookie_config_does_not_show_the_password(
     with pytest.raises(ConfigError, match="must be etcd://") as raised:
         MetadataSection(uri=URI.removeprefix("etcd://"))
     assert SECRET not in str(raised.value)
+
+
+@pytest.mark.parametrize("uri", [URI.removeprefix("etcd://"), f"bkaio:{SECRET}@127.0.0.1:2379/x"])
+def test_a_uri_without_a_scheme_does_not_show_the_password_in_any_form(uri: str) -> None:
+    # Credentials before the host were hidden only behind a scheme ("etcd://user:pw@host").
+    with pytest.raises(ConfigError, match="must be etcd://") as raised:
+        MetadataSection(uri=uri)
+    assert SECRET not in str(raised.value)
+    assert "127.0.0.1:2379" in str(raised.value)
+    with pytest.raises(SparkOptionError, match="is not a URI") as spark_raised:
+        parse_read_options({"metadata": uri, "stream": "ns/s"}, streaming=False)
+    assert SECRET not in str(spark_raised.value)
