@@ -115,6 +115,11 @@ class LinkProxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        # The connection handlers running (one per accepted connection): `close` cancels them,
+        # since the server's close does not, and one still connecting upstream would otherwise
+        # open its connection after the close and leave it to be finalised, unclosed, in a
+        # later test (an unraisable ResourceWarning there).
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._held: list[tuple[asyncio.StreamWriter, bytes]] = []
         self.port = 0
         self.frames = 0
@@ -163,29 +168,51 @@ class LinkProxy:
     # ----------------------------------------------------------------- plumbing
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._cut:
-            writer.transport.abort()
-            return
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        up_writer: asyncio.StreamWriter | None = None
+        pumps: list[asyncio.Task[None]] = []
+        reset = True  # Refused (cut, or the target refuses): the client sees a reset.
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
-        except OSError:
-            writer.transport.abort()
+            if self._cut:
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection(
+                    self.target_host, self.target_port
+                )
+            except OSError:
+                return
+            reset = False
+            if self._cut:  # Cut (or closed) while connecting upstream: cut() did not see it.
+                return
+            self._writers.update((writer, up_writer))
+            pumps = [
+                asyncio.ensure_future(self._pump(reader, up_writer, Direction.UP)),
+                asyncio.ensure_future(self._pump(up_reader, writer, Direction.DOWN)),
+            ]
+            for task in pumps:
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # By close: the handler ends as a plain return, since the streams server's done
+            # callback asks a handler task for its exception, which raises on a cancelled one.
             return
-        self._writers.update((writer, up_writer))
-        pumps = [
-            asyncio.ensure_future(self._pump(reader, up_writer, Direction.UP)),
-            asyncio.ensure_future(self._pump(up_reader, writer, Direction.DOWN)),
-        ]
-        for task in pumps:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        for task in pumps:
-            task.cancel()
-        for w in (writer, up_writer):
-            self._writers.discard(w)
-            with contextlib.suppress(Exception):
-                w.close()
+        finally:
+            # Also when cancelled (by close): both sockets end here, whatever stopped the pumps.
+            self._handlers.discard(handler)
+            for task in pumps:
+                task.cancel()
+            for w in (writer, up_writer):
+                if w is None:
+                    continue
+                self._writers.discard(w)
+                with contextlib.suppress(Exception):
+                    if reset or self._cut:
+                        w.transport.abort()
+                    else:
+                        w.close()
 
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: Direction
@@ -269,10 +296,11 @@ class LinkProxy:
         if self._server is not None:
             self._server.close()
         self.cut()
-        for task in list(self._tasks):
+        running = [*self._tasks, *self._handlers]
+        for task in running:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
