@@ -15,6 +15,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -209,43 +210,67 @@ def canary_payload(entry_id: int) -> bytes:
 
 @dataclass
 class Canary:
-    """Adds and reads back on its own connection until stopped; remembers anything wrong."""
+    """Adds and reads back on its own connection until stopped; remembers anything wrong.
 
-    client: RawClient
+    It runs on a thread of its own, with its own event loop (`start`): the test's loop does not
+    run between Hypothesis examples (pytest-asyncio runs each one to completion), and a canary
+    on it fell silent for as long as such a gap lasted; past the bookie's idle timeout (3 s
+    here) the bookie closed its connection, so a loaded machine failed a case that did no harm
+    (test_random_frames_never_hurt_the_bookie, in a run of the fault suite beside a CPU hog).
+    """
+
+    cluster: BookieCluster
     ledger_id: int
     key: bytes
     written: int = 0
     errors: list[str] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    started: asyncio.Event = field(default_factory=asyncio.Event)  # First add and read done.
+    stop: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)  # First add and read done.
+    stopped: threading.Event = field(default_factory=threading.Event)  # No more requests.
+    # The guard counts the workers' descriptors with the canary's connection still open.
+    release: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
-    async def run(self) -> None:
-        client = self.client
+    def start(self) -> None:
+        self.thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+        self.thread.start()
+
+    async def _main(self) -> None:
+        client: RawClient | None = None
         try:
-            while not self.stop.is_set():
-                entry_id = self.written
-                add = _add(
-                    client.next_id(), self.ledger_id, entry_id, canary_payload(entry_id), self.key
-                )
-                response = await client.request(add, timeout_seconds=10)
-                if response.status is not Status.OK:
-                    self.errors.append(f"add {entry_id}: {response}")
-                    return
-                self.written += 1
-                read = ReadEntryRequest(client.next_id(), self.ledger_id, entry_id, Flag.NONE, None)
-                got = await client.request(read, timeout_seconds=10)
-                if not (
-                    isinstance(got, ReadEntryResponse)
-                    and got.status is Status.OK
-                    and got.entry is not None
-                    and got.entry.payload == canary_payload(entry_id)
-                ):
-                    self.errors.append(f"read {entry_id}: {got}")
-                    return
-                self.started.set()
-                await asyncio.sleep(0.005)
+            client = await _connect(self.cluster)
+            await self.run(client)
         except (OSError, TimeoutError, ConnectionError) as error:
             self.errors.append(f"canary connection failed: {error!r}")
+        finally:
+            self.stopped.set()
+            await asyncio.to_thread(self.release.wait)
+            if client is not None:
+                await client.close()
+
+    async def run(self, client: RawClient) -> None:
+        while not self.stop.is_set():
+            entry_id = self.written
+            add = _add(
+                client.next_id(), self.ledger_id, entry_id, canary_payload(entry_id), self.key
+            )
+            response = await client.request(add, timeout_seconds=10)
+            if response.status is not Status.OK:
+                self.errors.append(f"add {entry_id}: {response}")
+                return
+            self.written += 1
+            read = ReadEntryRequest(client.next_id(), self.ledger_id, entry_id, Flag.NONE, None)
+            got = await client.request(read, timeout_seconds=10)
+            if not (
+                isinstance(got, ReadEntryResponse)
+                and got.status is Status.OK
+                and got.entry is not None
+                and got.entry.payload == canary_payload(entry_id)
+            ):
+                self.errors.append(f"read {entry_id}: {got}")
+                return
+            self.started.set()
+            await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -260,27 +285,31 @@ async def guard(bookie: BookieCluster) -> AsyncIterator[Guard]:
     workers = _workers(parent)
     assert len(workers) == 2, workers
     ledger_id, key = await _new_ledger(bookie)
-    canary = Canary(await _connect(bookie), ledger_id, key)
-    task = asyncio.create_task(canary.run())
-    # After the first add: a shard opens its metadata handle (key checks) once, on first use.
-    async with asyncio.timeout(10):
-        await canary.started.wait()
-    baseline_fds = _fd_count(workers)
-    yield Guard(bookie, canary)
-    await asyncio.sleep(0.05)  # Let the canary go on past the case's last request.
-    canary.stop.set()
-    await task
-    assert canary.errors == [], canary.errors
-    assert canary.written > 0
-    assert bookie[0].running and bookie[0].pid == parent
-    assert _workers(parent) == workers, "a shard worker restarted"
-    deadline = time.monotonic() + 15
-    while (fds := _fd_count(workers)) > baseline_fds:
-        assert time.monotonic() < deadline, f"descriptors leaked: {fds} > {baseline_fds}"
-        await asyncio.sleep(0.1)
-    for pid in workers:
-        assert _rss_bytes(pid) < RSS_BOUND_BYTES
-    await canary.client.close()
+    canary = Canary(bookie, ledger_id, key)
+    canary.start()
+    assert canary.thread is not None
+    try:
+        # After the first add: a shard opens its metadata handle (key checks) once, on first use.
+        assert await asyncio.to_thread(canary.started.wait, 10), canary.errors
+        baseline_fds = _fd_count(workers)
+        yield Guard(bookie, canary)
+        await asyncio.sleep(0.05)  # Let the canary go on past the case's last request.
+        canary.stop.set()
+        await asyncio.to_thread(canary.stopped.wait)
+        assert canary.errors == [], canary.errors
+        assert canary.written > 0
+        assert bookie[0].running and bookie[0].pid == parent
+        assert _workers(parent) == workers, "a shard worker restarted"
+        deadline = time.monotonic() + 15
+        while (fds := _fd_count(workers)) > baseline_fds:
+            assert time.monotonic() < deadline, f"descriptors leaked: {fds} > {baseline_fds}"
+            await asyncio.sleep(0.1)
+        for pid in workers:
+            assert _rss_bytes(pid) < RSS_BOUND_BYTES
+    finally:
+        canary.stop.set()
+        canary.release.set()
+        await asyncio.to_thread(canary.thread.join)
 
 
 async def _error_then_closed(client: RawClient, *, request_id: int = 0) -> ErrorResponse:
@@ -300,6 +329,14 @@ async def _read_status(client: RawClient, ledger_id: int, entry_id: int) -> Stat
 
 
 # --- the B3 table -----------------------------------------------------------------------------
+
+
+async def test_the_canary_outlasts_a_stalled_test_loop(guard: Guard) -> None:
+    """The test's loop does not run for longer than the bookie's idle timeout, as between two
+    Hypothesis examples on a loaded machine: the canary, on its own loop, keeps its connection
+    busy (the guard fails the case if the bookie closed it)."""
+    idle_timeout = float(CONFIG["server"]["idle_timeout_seconds"])
+    time.sleep(idle_timeout + 0.5)  # noqa: ASYNC251 - blocking the loop is the case.
 
 
 async def test_frame_cut_short_then_eof_applies_nothing(guard: Guard) -> None:
