@@ -34,10 +34,10 @@ from bkaio.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
 )
-from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 
 from .checker import LedgerChecker, missing_entries
 from .cluster import ClusterView, MasterKeys

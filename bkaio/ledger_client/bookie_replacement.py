@@ -19,10 +19,11 @@ import dataclasses
 
 from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.ensemble_change import not_enough_bookies, plan_replacements
-from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS, HandleState
+from bkaio.ledger_client.handle_state import HandleState
 from bkaio.ledger_client.quorum import with_new_segment
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 from bkaio.supervision import spawn_job
 
 

@@ -26,12 +26,6 @@ from bkaio.meta.ledger_metadata import LedgerMetadata
 # Errors after which the same bookie can never take this ledger's adds: the handle stops.
 FATAL_ADD_ERRORS = (LedgerFencedError, UnauthorizedError)
 
-# Compare-and-swaps one metadata step may try (a writer's ensemble change or close, a
-# recovery's marking or seal): each lost one means another client changed the record (a
-# recovery, autorecovery moving a fragment) or the store lost the answer; a store that keeps
-# losing them fails the step with MetadataError rather than being retried back to back.
-MAX_METADATA_ATTEMPTS = 8
-
 
 class PendingAdd:
     """One entry between `append` and its in-order completion."""

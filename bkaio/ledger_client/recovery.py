@@ -39,13 +39,13 @@ import structlog
 from bkaio.errors import BKError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.errors import LedgerRecoveryError
-from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.quorum import Segment, bookies_for_entry, with_new_segment, write_set
 from bkaio.ledger_client.reads import EntryReader
 from bkaio.ledger_client.recovery_rewrite import RecoveryRewrite
 from bkaio.ledger_client.types import BookieOps, StoredCopy
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 
 log = structlog.get_logger(__name__)
 

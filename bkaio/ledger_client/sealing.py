@@ -15,9 +15,10 @@ import contextlib
 
 from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
 from bkaio.ledger_client.errors import copy_error
-from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, MAX_METADATA_ATTEMPTS, HandleState
+from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, HandleState
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 
 
 class Sealing(HandleState):

@@ -28,7 +28,15 @@ import structlog
 from bkaio.errors import InvalidArgumentError, MetadataVersionError
 from bkaio.meta.errors import InvalidMetadataError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import now_ms
-from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore, WatchEvent
+from bkaio.meta.store import (
+    MAX_METADATA_ATTEMPTS,
+    EventKind,
+    KeyValue,
+    Lease,
+    MetadataStore,
+    WatchEvent,
+    metadata_attempts_exhausted,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -140,10 +148,12 @@ class UnderReplicationManager:
     ) -> MarkResult:
         """Record that `ledger_id` lost copies on `bookies` (merged with earlier marks).
         `forced`: an operator asked to move off them even if they are alive. `incomplete`:
-        they are alive but lack entries of their fragments; fill them in place."""
+        they are alive but lack entries of their fragments; fill them in place. At most
+        MAX_METADATA_ATTEMPTS compare-and-swaps (each lost one reads and merges again), then
+        MetadataError, the mark as it was: the auditor or operator marks it again later."""
         added = set(bookies)
         key = _ur_key(ledger_id)
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             kv = await self._store.get(key)
             old = None if kv is None else _decode(kv)
             missing = set(old.missing_bookies if old else ())
@@ -173,6 +183,7 @@ class UnderReplicationManager:
                 continue  # Marked concurrently (or we do not know): read and merge again.
             record = UnderreplicatedLedger(ledger_id, new[0], ctime_ms, version, new[1], new[2])
             return MarkResult(record, created=old is None, changed=True)
+        raise metadata_attempts_exhausted(f"ledger {ledger_id}", "marking it under-replicated")
 
     async def narrow(
         self,
@@ -344,9 +355,10 @@ class DecommissionRegistry:
         return DECOMMISSIONED_PREFIX + bookie_id
 
     async def add(self, bookie_id: str) -> Decommissioned:
-        """Idempotent: a bookie decommissioned twice keeps its first time."""
+        """Idempotent: a bookie decommissioned twice keeps its first time. At most
+        MAX_METADATA_ATTEMPTS creations, then MetadataError (not decommissioned)."""
         key = self.key(bookie_id)
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             kv = await self._store.get(key)
             if kv is not None:
                 return self._decode(kv)
@@ -356,8 +368,9 @@ class DecommissionRegistry:
                     key, msgpack.packb({"ctime_ms": ctime}), expected_version=0
                 )
             except (MetadataVersionError, MetadataOutcomeUnknownError):
-                continue
+                continue  # Created meanwhile (maybe by us): the next read returns it.
             return Decommissioned(bookie_id, ctime)
+        raise metadata_attempts_exhausted(f"bookie {bookie_id}", "decommissioning it")
 
     async def remove(self, bookie_id: str) -> bool:
         """False when the bookie was not decommissioned."""

@@ -16,7 +16,7 @@ import uuid
 
 from bkaio.errors import BKError, ConfigError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.meta.store import MetadataStore
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, MetadataStore, metadata_attempts_exhausted
 from bkaio.meta.uri import shown_uri
 
 LAYOUT_KEY = "/layout"
@@ -73,8 +73,9 @@ async def require_initialised(store: MetadataStore) -> str:
 async def _create_if_absent(store: MetadataStore, key: str, value: bytes) -> tuple[bytes, bool]:
     """The value of `key`, writing `value` first if the key does not exist yet; and whether this
     call wrote it (False when unsure: a write whose outcome is unknown counts as someone else's).
+    At most MAX_METADATA_ATTEMPTS creations, then MetadataError (the key still absent).
     """
-    while True:
+    for _attempt in range(MAX_METADATA_ATTEMPTS):
         kv = await store.get(key)
         if kv is not None:
             return kv.value, False
@@ -83,6 +84,7 @@ async def _create_if_absent(store: MetadataStore, key: str, value: bytes) -> tup
         except (MetadataVersionError, MetadataOutcomeUnknownError):
             continue  # Someone else created it first (or maybe we did): read what is there.
         return value, True
+    raise metadata_attempts_exhausted(f"metadata key {key}", "creating it")
 
 
 async def initialise_cluster(

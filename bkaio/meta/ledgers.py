@@ -28,7 +28,12 @@ from bkaio.meta.ledger_metadata import (
     now_ms,
     serialize,
 )
-from bkaio.meta.store import EventKind, MetadataStore
+from bkaio.meta.store import (
+    MAX_METADATA_ATTEMPTS,
+    EventKind,
+    MetadataStore,
+    metadata_attempts_exhausted,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +95,10 @@ class LedgerIdGenerator:
 
     async def _allocate_block(self) -> tuple[int, int]:
         contention = Backoff(0.001, 0.05, jitter=1.0)  # Full jitter: racers spread out.
+        # Lost races are not counted: each means another allocator took a block (progress), and
+        # many processes racing for blocks lose several in a row. Lost answers are (a store
+        # that loses every one would be asked for ever).
+        lost_answers = 0
         while True:
             current = await self._store.get(IDGEN_KEY)
             start = FIRST_LEDGER_ID if current is None else int(current.value)
@@ -102,8 +111,14 @@ class LedgerIdGenerator:
                     str(end).encode(),
                     expected_version=0 if current is None else current.version,
                 )
-            except (MetadataVersionError, MetadataOutcomeUnknownError):
+            except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
                 # Another process took this block (or our CAS may have: re-reading skips it).
+                if isinstance(error, MetadataOutcomeUnknownError):
+                    lost_answers += 1
+                    if lost_answers == MAX_METADATA_ATTEMPTS:
+                        raise metadata_attempts_exhausted(
+                            f"ledger id counter {IDGEN_KEY}", "allocating a block of ids"
+                        ) from None
                 await asyncio.sleep(contention.next_delay())
                 continue
             log.debug("ledger_id_block_allocated", first_ledger_id=start, end_ledger_id=end)
@@ -128,7 +143,7 @@ class LedgerManager:
         if metadata.ctime_ms == 0:
             metadata = metadata.replace(ctime_ms=now_ms())
         allocate = metadata.ledger_id < 0
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):  # A new id each time: see below.
             if allocate:
                 metadata = metadata.replace(ledger_id=await self._ids.next_id())
             key = ledger_key(metadata.ledger_id)
@@ -140,6 +155,7 @@ class LedgerManager:
                     continue
                 raise LedgerExistsError(f"ledger {metadata.ledger_id} already exists") from None
             return metadata.with_version(version)
+        raise metadata_attempts_exhausted(f"ledger {metadata.ledger_id}", "creating a ledger")
 
     async def next_id(self) -> int:
         """A fresh ledger id, for a client that needs the id before it writes the record (the
@@ -175,8 +191,9 @@ class LedgerManager:
     async def _compare_and_swap(self, key: str, data: bytes, expected_version: int) -> int:
         """The store's CAS, with an unknown outcome resolved by reading the key back: our bytes
         at a newer version mean it was applied; the old version means it was not (try again);
-        anything else means another writer won (MetadataVersionError)."""
-        while True:
+        anything else means another writer won (MetadataVersionError). At most
+        MAX_METADATA_ATTEMPTS sends, then MetadataError (a store losing every answer)."""
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             try:
                 return await self._store.compare_and_swap(
                     key, data, expected_version=expected_version
@@ -191,6 +208,7 @@ class LedgerManager:
                 raise MetadataVersionError(
                     f"metadata key {key}: version is {current_version}, expected {expected_version}"
                 )
+        raise metadata_attempts_exhausted(f"metadata key {key}", "writing it")
 
     async def delete(self, ledger_id: int, *, expected_version: int | None = None) -> None:
         """NoSuchLedgerError if absent; MetadataVersionError if `expected_version` is stale."""

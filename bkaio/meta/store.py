@@ -36,6 +36,24 @@ from bkaio.supervision import Restart, loop_supervisor
 
 log = structlog.get_logger(__name__)
 
+# Compare-and-swaps one metadata step may try, in every layer (a ledger writer's ensemble
+# change or close, a recovery's marking or seal, autorecovery's swap and marks, a stream
+# record's writes): each lost one means another client changed the record (retried at once:
+# that client made progress) or the store lost the answer (MetadataOutcomeUnknownError). A
+# store that keeps losing them fails the step with MetadataError (retriable, the record left
+# as it is) rather than being retried back to back for ever. Here, below every layer that
+# writes records, so that each of them imports it without a cycle.
+MAX_METADATA_ATTEMPTS = 8
+
+
+def metadata_attempts_exhausted(what: str, step: str) -> MetadataError:
+    """The error of `step` on `what` after MAX_METADATA_ATTEMPTS compare-and-swaps lost: one
+    wording for every layer, saying that nothing of the step was written."""
+    return MetadataError(
+        f"{what}: gave up {step} after {MAX_METADATA_ATTEMPTS} compare-and-swap attempts "
+        "(the record is left as it is; try again later)"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:

@@ -18,6 +18,7 @@ import structlog
 from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.records import name_problem
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     NamespaceExistsError,
@@ -101,8 +102,9 @@ class Namespace:
         return self.settings
 
     async def update_settings(self, **changes: Any) -> NamespaceSettings:
-        """Change settings (quota_bytes, retention_seconds, ...) with a CAS; the new settings."""
-        while True:
+        """Change settings (quota_bytes, retention_seconds, ...) with a CAS; the new settings.
+        At most MAX_METADATA_ATTEMPTS CASes (each lost one re-reads), then MetadataError."""
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             current = await self._store.get_namespace(self.name)
             try:
                 target = replace(current, **changes)
@@ -114,6 +116,7 @@ class Namespace:
                 continue
             self.settings = replace(target, version=version)
             return self.settings
+        raise metadata_attempts_exhausted(f"namespace {self.name}", "updating its settings")
 
     # ------------------------------------------------------------------ streams
 
@@ -128,7 +131,7 @@ class Namespace:
     async def create_stream(self, stream: str) -> StreamMeta:
         """Create an empty stream (no segment until a writer opens); existing ones are kept."""
         check_names(stream=stream)
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             meta = await self._store.find_stream(self.name, stream)
             if meta is not None:
                 return meta
@@ -139,6 +142,7 @@ class Namespace:
                 )
             except MetadataVersionError:
                 continue
+        raise metadata_attempts_exhausted(f"stream {self.name}/{stream}", "creating it")
 
     async def _check_stream_limit(self, stream: str) -> None:
         await self.refresh()
@@ -215,10 +219,11 @@ class Namespace:
         return first_available(await self._store.get_stream(self.name, stream))
 
     async def delete_stream(self, stream: str) -> None:
-        """Fence the writer, then delete the stream record, its ledgers and its cursors."""
+        """Fence the writer, then delete the stream record, its ledgers and its cursors. At
+        most MAX_METADATA_ATTEMPTS deletions of the record, then MetadataError (kept whole)."""
         check_names(stream=stream)
         where = f"{self.name}/{stream}"
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             meta = await self._store.get_stream(self.name, stream)
             sealed = await seal_open_segment(self._bk, meta, where)
             try:
@@ -235,6 +240,8 @@ class Namespace:
             if not deleted:
                 raise StreamNotFoundError(f"stream {where} does not exist")
             break
+        else:
+            raise metadata_attempts_exhausted(f"stream {where}", "deleting its record")
         await self._delete_ledgers(sealed.segments)
         await self._store.delete_cursors(self.name, stream)
         log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
@@ -277,7 +284,9 @@ class Namespace:
         return min(state.position.seq for state in cursors.values()) + 1
 
     async def _truncate(self, stream: str, plan: Callable[[StreamMeta], int]) -> TruncationResult:
-        while True:
+        """Drop the first `plan(record)` segments: at most MAX_METADATA_ATTEMPTS CASes (each
+        lost one re-reads and plans again), then MetadataError, no ledger deleted."""
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             meta = await self._store.get_stream(self.name, stream)
             count = plan(meta)
             if count == 0:
@@ -300,6 +309,7 @@ class Namespace:
                 first_seq=target.first_seq,
             )
             return TruncationResult(tuple(s.ledger_id for s in removed), target.first_seq)
+        raise metadata_attempts_exhausted(f"stream {self.name}/{stream}", "truncating it")
 
     async def apply_retention(self, *, now_ms_value: int | None = None) -> RetentionReport:
         """Apply the namespace's time/size retention to every stream once."""

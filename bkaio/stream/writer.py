@@ -41,6 +41,7 @@ from bkaio.errors import (
 )
 from bkaio.ledger_client.errors import copy_error
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.stream.errors import InvalidStreamArgumentError, StreamNotFoundError
 from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta, StreamPosition
 from bkaio.stream.segments import (
@@ -472,9 +473,10 @@ class StreamWriter:
         )
 
     async def _cas_segments(self, sealed: Segment, next_ledger_id: int | None) -> StreamMeta:
-        """Write `sealed` (and a new open segment on `next_ledger_id`) into the stream record."""
+        """Write `sealed` (and a new open segment on `next_ledger_id`) into the stream record,
+        in at most MAX_METADATA_ATTEMPTS CASes (then MetadataError: the writer fails)."""
         meta = self._meta
-        while True:
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
             self._check_owner(meta, sealed.ledger_id)
             segments: tuple[Segment, ...] = (*meta.segments[:-1], sealed)
             if next_ledger_id is not None:
@@ -492,6 +494,7 @@ class StreamWriter:
                 if self._landed(meta, target):
                     self._meta = meta
                     return meta
+        raise metadata_attempts_exhausted(f"stream {self._where}", "recording its segments")
 
     def _landed(self, meta: StreamMeta, target: StreamMeta) -> bool:
         """Whether `meta`, read after a write of `target` whose outcome is unknown, shows it
@@ -534,7 +537,7 @@ async def open_writer(
     `on_create(namespace, stream)`, awaited before a new stream is created, may refuse it.
     """
     where = f"{namespace}/{stream}"
-    while True:
+    for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each lost CAS deletes its new ledger.
         meta = await store.find_stream(namespace, stream)
         if meta is None:
             if on_create is not None:
@@ -588,3 +591,4 @@ async def open_writer(
             handle=handle,
             sealed_namespace_bytes=sealed_bytes,
         )
+    raise metadata_attempts_exhausted(f"stream {where}", "opening a writer")

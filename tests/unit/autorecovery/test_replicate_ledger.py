@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 from bkaio.autorecovery import AutorecoveryMetrics, EntryUnreadableError, Outcome, ReplicationError
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.autorecovery.replicator import Replicator
-from bkaio.ledger_client.handle_state import MAX_METADATA_ATTEMPTS
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
 from bkaio.meta import LedgerMetadata, LedgerState, Metadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 from bkaio.protocol.digest import entry_digest
 from tests.unit.autorecovery.test_fill_in_place import (
     KEY,
