@@ -39,6 +39,7 @@ import structlog
 from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.spark.errors import SparkJobAbortedError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
@@ -233,7 +234,7 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
     if not written:
         return -1  # Nothing to add: leave the stream (and its writer) alone.
     ids = {w.ledger_id for w in written}
-    while True:
+    for _attempt in range(MAX_METADATA_ATTEMPTS):
         meta = await store.find_stream(options.namespace, options.stream)
         if meta is None:
             meta = StreamMeta(ctime_ms=now_ms())
@@ -256,6 +257,7 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
             records=sum(w.last_entry_id + 1 for w in written),
         )
         return first_seq
+    raise metadata_attempts_exhausted(f"stream {where}", "adding the job's ledgers to it")
 
 
 def marker_key(options: WriteOptions, sink_id: str) -> str:

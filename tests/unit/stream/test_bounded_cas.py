@@ -15,6 +15,8 @@ import pytest
 from bkaio.errors import MetadataError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS
+from bkaio.spark.options import WriteOptions
+from bkaio.spark.sink import WrittenLedger, publish
 from bkaio.stream import Namespace, StreamPosition, open_namespace
 from bkaio.stream.store import StreamStore, metadata_of
 from tests.unit.stream.conftest import ClientFactory
@@ -147,3 +149,23 @@ async def test_a_writers_roll_or_close_gives_up(
         await writer.__aexit__(None, None, None)
     assert lost.calls == MAX_METADATA_ATTEMPTS
     assert await ns.stream_metadata("s") == before
+
+
+@LOSSES
+async def test_a_spark_sinks_publish_gives_up(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch, losing: type[Exception]
+) -> None:
+    # bkaio/spark/sink.py publish(): the commit of a Spark write appends its ledgers to the
+    # stream in one compare-and-swap, which it retried without bound.
+    ns = await closed_stream(make_client)
+    before = await ns._store.find_stream("tenant", "s")
+    handle = await ns._bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1)
+    await handle.append(b"from spark")
+    await handle.close()
+    written = [WrittenLedger(ledger_id=handle.ledger_id, last_entry_id=0, bytes=10)]
+    options = WriteOptions(metadata="sqlite:///unused", namespace="tenant", stream="s")
+    puts = lose(monkeypatch, "put_stream", losing)
+    with pytest.raises(MetadataError, match="stream tenant/s: gave up adding the job's ledgers"):
+        await publish(ns._bk, options, written)
+    assert puts.calls == MAX_METADATA_ATTEMPTS
+    assert await ns._store.find_stream("tenant", "s") == before
