@@ -295,8 +295,11 @@ class StorageMaintenance(StorageState):
         )
         for kind, directories in groups:
             for directory in directories:
-                total, used, _free = self._usage_function(Path(directory))
-                fraction = used / total if total > 0 else 1.0
+                total, used, free = self._usage_function(Path(directory))
+                # What the bookie can no longer write, root's reserved blocks included (ext4
+                # keeps 5% back): BookKeeper's DiskChecker's `1 - usable / total`. As
+                # `used / total` a disk was full before it passed the read-only fraction.
+                fraction = 1.0 - free / total if total > 0 else 1.0
                 found.append(
                     DiskUsage(
                         path=Path(directory),

@@ -32,7 +32,7 @@ class DiskUsage:
     kind: str  # "journal", "ledger" or "index".
     total_bytes: int
     used_bytes: int
-    fraction: float  # used / total.
+    fraction: float  # 1 - free / total: root's reserved blocks count as used.
     over_warn: bool
     over_read_only: bool
 
