@@ -263,7 +263,10 @@ class RangeReader:
                     StoredCopy(*record_fields(answer.records, offset)[1:], payload)
                     for offset, payload in zip(scan.offsets, scan.payloads, strict=True)
                 ]
-            if len(scan.entry_ids) == covered:
+            # Every entry looked at came, and none from past `end`: a bookie breaking the
+            # protocol (records beyond where it says it stopped, as an older bookie's READ_RANGE
+            # with a gap becomes) would otherwise shift later entries into earlier places.
+            if len(scan.entry_ids) == covered and (not covered or scan.entry_ids[-1] < end):
                 payloads += items
             else:
                 found = dict(zip(scan.entry_ids, items, strict=True))
