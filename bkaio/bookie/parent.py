@@ -229,6 +229,12 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
                     shard=worker.shard_index,
                     returncode=worker.process.returncode,
                 )
+            # Unhealthy while the other shards drain (/health, systemd STATUS=), not healthy.
+            self.mark_unhealthy(
+                ", ".join(
+                    f"shard {w.shard_index} worker died (exit {w.process.returncode})" for w in dead
+                )
+            )
             return await self._shutdown(EXIT_WORKER_DIED)
         except BKError as error:
             self.log.error("bookie_start_failed", error=str(error))
