@@ -6,9 +6,10 @@ the entries it holds up to that LAC. So that every entry comes once:
 - ensemble == write quorum: one bookie (the *entries bookie*) is asked for the entries; the
   others are asked for their LAC only, and only once it has been quiet for
   `LAC_ONLY_AFTER_SECONDS` (while entries flow, a round is one request; when it is down or
-  stuck, they tell the LAC moved). Its answer ends the round; what it lacked is read by range
-  reads. A bookie that fails its poll, or stays quiet while the others' LACs move, is the
-  entries bookie no more;
+  stuck, they tell the LAC moved). Its answer ends the round (one without news has them asked
+  at once); what it lacked is read by range reads. A bookie that fails its poll, stays quiet
+  while the others' LACs move, or answers without news while they move it, is the entries
+  bookie no more;
 - striped: bookie j is asked for the stride of entries that start their write set at j; the
   round ends once every entry up to the highest LAC came, or `STRAGGLER_SECONDS` after the
   first answer that moved the LAC.
@@ -207,6 +208,7 @@ class TailPoller:
         best = previous_lac
         found: dict[int, bytes] = {}
         entries_answered = False
+        behind = False  # The entries bookie answered without news.
         stragglers_until: float | None = None  # Stop waiting for stragglers then.
         pending = set(asks)
         try:
@@ -247,6 +249,13 @@ class TailPoller:
                     best = max(best, answer.lac)
                     if ask is entries_ask:
                         entries_answered = answer.lac > previous_lac
+                        if not entries_answered:
+                            behind = True
+                            # Answered without news before the round's end (a bookie behind
+                            # the reader, or waking its polls): only the others can tell the
+                            # LAC moved. Else the round ends with none of them asked, and the
+                            # next asks this bookie again: a tail stuck while the ledger grows.
+                            lac_only_at = now
                     if answer.records:
                         scan = scan_records(
                             answer.records, self.ledger_id, start, size if striped else 1, I64_MAX
@@ -276,6 +285,8 @@ class TailPoller:
                             pending.add(ask)
         finally:
             await cancel_all(list(pending))
+        if behind and best > previous_lac:
+            self._entries_index += 1  # It had no news while the LAC moved: ask another next.
         # A bookie answers a long poll at its end (or just before: the wire rounds the wait
         # down to milliseconds), so a round over before half its time without news had no
         # bookie waiting: asking again at once would spin.

@@ -6,14 +6,16 @@ reader across a recovery by another client."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from bkaio.errors import NoSuchEntryError
 from bkaio.ledger_client.types import EntriesAnswer
 from bkaio.protocol.records import scan_records
 from tests.unit.ledger_client.cluster import fake_cluster
-from tests.unit.ledger_client.test_range_reads import closed_ledger, payloads
+from tests.unit.ledger_client.test_range_reads import closed_ledger, payload, payloads
 
 
 @pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
@@ -48,3 +50,103 @@ async def test_an_answer_with_a_gap_below_an_entry_past_its_end_misplaces_nothin
     cluster.ops.read_entries = with_a_gap  # type: ignore[method-assign,assignment]
     assert [e.payload for e in await rh.read(0, 19)] == payloads(20)
     assert bent
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
+async def test_a_bookie_dying_after_part_of_a_range_costs_no_entry(ensemble: int, qw: int) -> None:
+    # 30 kB entries and 64 KiB requests: each answer is cut after two entries by its byte
+    # limit; the bookie that gave the first answer then dies. The rest of its stream goes
+    # to the next bookie of the write set, from where the answer stopped.
+    cluster = fake_cluster(5, read_batch_entries=100, read_batch_bytes=64 * 1024)
+    ledger_id = await closed_ledger(cluster, 40, ensemble, qw, size=30_000)
+    rh = await cluster.client.open_ledger(ledger_id)
+    genuine = cluster.ops.read_entries
+    killed: list[str] = []
+
+    async def then_dies(
+        bookie_id: str, ledger: int, first: int, last: int, **options: Any
+    ) -> EntriesAnswer:
+        answer = await genuine(bookie_id, ledger, first, last, **options)
+        if not killed:
+            assert answer.next_entry_id <= last  # Cut short by its byte limit.
+            killed.append(bookie_id)
+            cluster.ops.down.add(bookie_id)
+        return answer
+
+    cluster.ops.read_entries = then_dies  # type: ignore[method-assign,assignment]
+    got = [(e.entry_id, e.payload) async for e in rh.read_iter(0, 39)]
+    assert got == [(i, payload(i, 30_000)) for i in range(40)]
+    assert cluster.ops.entry_reads == 0  # Whole requests failed over, not entries.
+    assert killed and killed[0] in cluster.ops.down
+
+
+async def test_a_closed_ledger_whose_last_segment_is_empty_reads_to_its_end() -> None:
+    cluster = fake_cluster(5, read_batch_entries=3, explicit_lac_interval=0)
+    lh = await cluster.client.create_ledger(3, 3, 2, password=b"pw")
+    await asyncio.gather(*(lh.append(payload(i)) for i in range(4)))
+    cluster.ops.down.add(lh.metadata.ensembles[0][1][1])
+    await lh.append(payload(4))  # Ensemble change at entry 4.
+    assert [start for start, _ in lh.metadata.ensembles] == [0, 4]
+    for bookie_id in lh.metadata.ensembles[1][1]:  # The writer died before entry 4 landed.
+        ledger = cluster.bookie(bookie_id).ledgers.get(lh.ledger_id)
+        if ledger is not None:
+            ledger.entries.pop(4, None)
+            ledger.explicit_lac = -1
+    cluster.ops.down.clear()
+    tail = await cluster.second_client().open_ledger(lh.ledger_id, b"pw", recovery=False)
+    start = tail.last_add_confirmed + 1  # The bookies' LAC lags: entries past it are waited for.
+    waiting = asyncio.ensure_future(tail.wait_for_entries(tail.last_add_confirmed + 1, 5.0))
+    rh = await cluster.second_client().open_ledger(lh.ledger_id, b"pw")
+    assert rh.is_closed and rh.last_entry_id == 3
+    assert [start for start, _ in rh.metadata.ensembles] == [0, 4]  # The last one is empty.
+    assert [e.payload for e in await rh.read(0, 3)] == payloads(4)
+    assert [e.payload async for e in rh.read_iter(0, 3)] == payloads(4)
+    with pytest.raises(NoSuchEntryError, match="beyond its last entry 3"):
+        await rh.read(0, 4)
+    with pytest.raises(NoSuchEntryError, match="closed at entry 3"):
+        await rh.wait_for_entry(4)
+    # The tailing reader (no recovery) finds the close by itself (its polls answered at once by
+    # fenced bookies) and gets the entries past its old LAC once each.
+    seen = [e.entry_id for e in await waiting]
+    while seen and seen[-1] < 3:
+        seen += [e.entry_id for e in await tail.wait_for_entries(seen[-1] + 1, 5.0)]
+    assert seen == list(range(start, 4))
+    with pytest.raises(NoSuchEntryError, match="closed at entry 3"):
+        await tail.wait_for_entries(4, 5.0)
+
+
+async def test_polls_answered_at_once_with_an_older_lac_stall_nothing() -> None:
+    # The first entries bookie answers every long poll at once with a LAC far behind the
+    # reader's and the records of old entries (a bookie behind, or waking its polls). The
+    # others must be asked: the tail got nothing for as long as the ledger grew (its rounds
+    # ended with only that bookie asked, and the next asked it again). The reader's LAC never
+    # goes back, and it gets each entry once, in order.
+    cluster = fake_cluster(3, explicit_lac_interval=0, explicit_lac_on_ack=True)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    for i in range(5):
+        await lh.append(payload(i))
+    rh = await cluster.client.open_ledger(lh.ledger_id, recovery=False)
+    genuine = cluster.ops.read_entries
+    stale = lh.metadata.ensembles[0][1][0]
+
+    async def lagging(
+        bookie_id: str, ledger: int, first: int, last: int, **options: Any
+    ) -> EntriesAnswer:
+        if bookie_id != stale or options.get("previous_lac") is None:
+            return await genuine(bookie_id, ledger, first, last, **options)
+        old = await genuine(bookie_id, ledger, 0, 2, max_count=3, max_bytes=1 << 20)
+        return EntriesAnswer(1, 3, old.records)
+
+    cluster.ops.read_entries = lagging  # type: ignore[method-assign,assignment]
+    seen: list[int] = [e.entry_id for e in await rh.read(0, rh.last_add_confirmed)]
+    lacs = [rh.last_add_confirmed]
+    for i in range(5, 15):
+        await lh.append(payload(i))
+        while seen[-1] < i:
+            got = await rh.wait_for_entries(seen[-1] + 1, timeout=5.0)
+            assert got, "nothing within 5 s"
+            assert all(e.payload == payload(e.entry_id) for e in got)
+            seen += [e.entry_id for e in got]
+            lacs.append(rh.last_add_confirmed)
+    assert seen == list(range(15))
+    assert lacs == sorted(lacs)
