@@ -101,6 +101,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._opened_at = now
         self._last_activity = now
         self._partial_since: float | None = None
+        self._closing_since: float | None = None  # When `close()` began waiting for the flush.
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -364,6 +365,7 @@ class BookieServerProtocol(asyncio.Protocol):
             transport.writelines(self._encoder.take_parts())
         if self._close_after_flush:
             self._closing = True
+            self._closing_since = self._loop.time()
             transport.close()
 
     # --- flow control ------------------------------------------------------------------------
@@ -465,9 +467,21 @@ class BookieServerProtocol(asyncio.Protocol):
     def check_deadlines(
         self, now: float, *, hello_timeout: float, frame_timeout: float, idle_timeout: float
     ) -> None:
-        """Close a connection that never said HELLO, stalls mid-frame, or sits idle too long."""
+        """Close a connection that never said HELLO, stalls mid-frame, or sits idle too long;
+        abort one being closed whose client has not read its last answers within
+        `frame_timeout`."""
         transport = self._transport
-        if transport is None or self._closing:
+        if transport is None:
+            return
+        if self._closing:
+            # `close()` waits until the last answers are written: a client that reads nothing
+            # would keep them, and its place among max_connections, for as long as it likes.
+            since = self._closing_since
+            if since is not None and now - since > frame_timeout:
+                self._server.metrics.limit_hit("frame_read_timeout")
+                log.info("connection_timed_out", peer=self.peer, reason="answers_unread")
+                self._closing_since = None
+                transport.abort()
             return
         reason = ""
         if not self._hello_done and now - self._opened_at > hello_timeout:
