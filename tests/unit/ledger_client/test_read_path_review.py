@@ -1,8 +1,10 @@
 """The read path against bookies that misbehave in ways the other read tests do not cover: a
 range answer that holds an entry past where it says it stopped looking (an older bookie's
 READ_RANGE with a gap, or a wrong READ_ENTRY answer, as the pool packs them), a bookie dying
-after answering part of a range, a closed ledger whose last segment is empty, and a tailing
-reader across a recovery by another client."""
+after answering part of a range, a closed ledger whose last segment is empty (and a tailing
+reader across the recovery that seals it), long polls answered at once with an older LAC, and
+copies of another entry answered for the one asked (single reads, recovery, the last
+acknowledged entry)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from bkaio.errors import NoSuchEntryError
-from bkaio.ledger_client.types import EntriesAnswer
+from bkaio.errors import BookieUnavailableError, NoSuchEntryError
+from bkaio.ledger_client.quorum import write_set
+from bkaio.ledger_client.types import EntriesAnswer, StoredCopy
 from bkaio.protocol.records import scan_records
-from tests.unit.ledger_client.cluster import fake_cluster
+from tests.unit.ledger_client.cluster import FakeCluster, fake_cluster
 from tests.unit.ledger_client.test_range_reads import closed_ledger, payload, payloads
 
 
@@ -150,3 +153,52 @@ async def test_polls_answered_at_once_with_an_older_lac_stall_nothing() -> None:
             lacs.append(rh.last_add_confirmed)
     assert seen == list(range(15))
     assert lacs == sorted(lacs)
+
+
+def off_by_one(cluster: FakeCluster, bookie_id: str) -> None:
+    """`bookie_id` answers READ_ENTRY of e with its copy of e - 1 (digest-valid, for e - 1)."""
+    genuine = cluster.ops.read_entry
+
+    async def shifted(bookie: str, ledger: int, entry_id: int, **options: Any) -> StoredCopy:
+        if bookie == bookie_id and entry_id > 0:
+            entry_id -= 1
+        return await genuine(bookie, ledger, entry_id, **options)
+
+    cluster.ops.read_entry = shifted  # type: ignore[method-assign,assignment]
+
+
+async def test_a_copy_of_another_entry_is_never_taken_for_the_one_asked() -> None:
+    # Single reads (a range answer's hole) and recovery's fencing reads check the entry id a
+    # copy carries, not only its digest (which is valid: for the entry it is).
+    cluster = fake_cluster(3, explicit_lac_interval=0)
+    lh = await cluster.client.create_ledger(3, 3, 2, password=b"pw")
+    await asyncio.gather(*(lh.append(payload(i)) for i in range(6)))
+    ensemble = lh.metadata.ensembles[0][1]
+    rh = await cluster.client.open_ledger(lh.ledger_id, b"pw", recovery=False)
+    assert await rh.read_last_acknowledged() == 5
+    sticky = ensemble[lh.ledger_id % 3]
+    del cluster.bookie(sticky).ledgers[lh.ledger_id].entries[2]  # Read one by one...
+    shifted = next(ensemble[i] for i in write_set(2, 3, 3) if ensemble[i] != sticky)
+    off_by_one(cluster, shifted)  # ...first from a bookie that answers with entry 1.
+    assert [e.payload for e in await rh.read(0, 5)] == payloads(6)
+    # Recovery asks for entry 6, which no bookie holds: the shifted one answers with entry 5.
+    recovered = await cluster.second_client().open_ledger(lh.ledger_id, b"pw")
+    assert recovered.last_entry_id == 5
+    assert [e.payload for e in await recovered.read(0, 5)] == payloads(6)
+
+
+async def test_a_copy_of_another_entry_never_makes_one_acknowledged() -> None:
+    # Entry 5 is on one bookie only (never acknowledged, Qa 2); a second bookie answers the
+    # read of entry 5 with its copy of entry 4. Counted as a copy of 5, it would make entry 5
+    # look acknowledged: it is neither present on Qa bookies nor absent on Qw - Qa + 1.
+    cluster = fake_cluster(3, explicit_lac_interval=0)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    await asyncio.gather(*(lh.append(payload(i)) for i in range(6)))
+    _holder, shifted, lacking = lh.metadata.ensembles[0][1]
+    for bookie_id in (shifted, lacking):
+        del cluster.bookie(bookie_id).ledgers[lh.ledger_id].entries[5]
+    rh = await cluster.client.open_ledger(lh.ledger_id, recovery=False)
+    assert await rh.read_last_acknowledged() == 4  # Entry 5: one copy, two bookies say no.
+    off_by_one(cluster, shifted)
+    with pytest.raises(BookieUnavailableError, match="entry 5 was acknowledged"):
+        await rh.read_last_acknowledged()
