@@ -126,6 +126,7 @@ class ShardServer(AddPath):
         self.memory_paused: set[Peer] = set()
         self.forced_read_only = config.read_only.start_read_only
         self.disk_full = False
+        self.disk_almost_full = False  # Past `disk_warn_fraction`: said once (`apply_disk_usage`).
         self.storage_failed = False  # Flushes fail (storage `write_failure`): read-only.
         self.disk_usage_fraction_max = 0.0
         # The bookie's space (bkaio/bookie/space.py), refreshed with every disk check.
@@ -206,6 +207,12 @@ class ShardServer(AddPath):
         highest = max((usage.fraction for usage in usages), default=0.0)
         self.disk_usage_fraction_max = highest
         thresholds = self.config.read_only
+        # A filling disk is said before adds are refused (BookKeeper's diskUsageWarnThreshold),
+        # once per crossing rather than at every check.
+        almost_full = highest >= thresholds.disk_warn_fraction
+        if almost_full and not self.disk_almost_full:
+            self.log.warning("disk_almost_full", usage_fraction=round(highest, 4))
+        self.disk_almost_full = almost_full
         if not self.disk_full and highest >= thresholds.disk_read_only_fraction:
             self.log.warning("disk_full", usage_fraction=round(highest, 4))
             self.set_read_only(disk_full=True)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from bkaio.bookie.metrics import ShardMetrics
 from bkaio.bookie.server import ShardServer
@@ -82,3 +83,24 @@ async def test_a_disk_whose_available_blocks_run_out_turns_the_shard_read_only(
     disk.used = TOTAL * 80 // 100
     server.apply_disk_usage(server.measure_disk_usage())
     assert not server.read_only
+
+
+async def test_a_disk_past_the_warn_fraction_is_logged_once_before_read_only(
+    disk_and_server: tuple[ReservedBlocksDisk, ShardServer],
+) -> None:
+    """`read_only.disk_warn_fraction` (0.90): the operator hears of a filling disk before the
+    shard refuses adds (BookKeeper's diskUsageWarnThreshold); it was checked by nothing."""
+    disk, server = disk_and_server
+    almost_full = TOTAL - RESERVED - TOTAL * 8 // 100  # 92% as the bookie sees it.
+    with structlog.testing.capture_logs() as logs:
+        disk.used = almost_full
+        server.apply_disk_usage(server.measure_disk_usage())
+        server.apply_disk_usage(server.measure_disk_usage())  # Said once, not every check.
+        assert not server.read_only
+        disk.used = TOTAL // 2
+        server.apply_disk_usage(server.measure_disk_usage())
+        disk.used = almost_full  # Filling again: said again.
+        server.apply_disk_usage(server.measure_disk_usage())
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["disk_almost_full", "disk_almost_full"]
+    assert warnings[0]["usage_fraction"] == pytest.approx(0.92)
