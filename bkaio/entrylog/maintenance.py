@@ -296,10 +296,11 @@ class StorageMaintenance(StorageState):
         for kind, directories in groups:
             for directory in directories:
                 total, used, free = self._usage_function(Path(directory))
-                # What the bookie can no longer write, root's reserved blocks included (ext4
-                # keeps 5% back): BookKeeper's DiskChecker's `1 - usable / total`. As
-                # `used / total` a disk was full before it passed the read-only fraction.
-                fraction = 1.0 - free / total if total > 0 else 1.0
+                # df's Use%: `free` is what an unprivileged process may still write, so root's
+                # reserved blocks (ext4 keeps 5%) count neither way and a disk the bookie can
+                # no longer write is at 100%. As `used / total` it was full at 95%, before
+                # it passed the read-only fraction.
+                fraction = used / (used + free) if used + free > 0 else 1.0
                 found.append(
                     DiskUsage(
                         path=Path(directory),

@@ -32,7 +32,7 @@ class DiskUsage:
     kind: str  # "journal", "ledger" or "index".
     total_bytes: int
     used_bytes: int
-    fraction: float  # 1 - free / total: root's reserved blocks count as used.
+    fraction: float  # used / (used + free): df's Use%, 1.0 once the bookie cannot write.
     over_warn: bool
     over_read_only: bool
 

@@ -2,10 +2,9 @@
 
 A file system keeps blocks for root (ext4: 5% by default), which an unprivileged bookie cannot
 write: its disk is full when the blocks available to it (`statvfs` f_bavail, `free`) run out,
-while `used / total` still shows 95%. Usage is therefore `1 - free / total`, as BookKeeper's
-DiskChecker computes it (`1 - getUsableSpace() / getTotalSpace()`); counted as `used / total`,
-a journal disk filled up before the shard turned read-only, and a journal write that fails
-ends the bookie.
+while `used / total` still shows 95%. Usage is therefore `df`'s Use%, `used / (used + free)`,
+which is 100% then; counted as `used / total`, a journal disk filled up before the shard
+turned read-only, and a journal write that fails ends the bookie.
 
 In process: real `ShardStorage` whose `usage_function` (the Disk seam's `usage`) reports a file
 system with reserved blocks, and a `ShardServer` on it.
@@ -72,13 +71,13 @@ async def test_a_disk_whose_available_blocks_run_out_turns_the_shard_read_only(
     disk, server = disk_and_server
     server.apply_disk_usage(server.measure_disk_usage())
     assert not server.read_only
-    # 1% of the disk left to the bookie: 99% used as the bookie sees it (94% counting root's
-    # blocks as free): past disk_read_only_fraction (0.95).
+    # 1% of the disk left to the bookie: 98.9% used as the bookie (and df) sees it, 94% as
+    # used / total: past disk_read_only_fraction (0.95).
     disk.used = TOTAL - RESERVED - TOTAL // 100
     usages = server.measure_disk_usage()
     server.apply_disk_usage(usages)
     assert server.read_only and server.disk_full
-    assert all(usage.fraction == pytest.approx(0.99) for usage in usages)
+    assert all(usage.fraction == pytest.approx(940 / 950) for usage in usages)
     # Room again: below disk_writable_fraction (0.90) as the bookie sees it.
     disk.used = TOTAL * 80 // 100
     server.apply_disk_usage(server.measure_disk_usage())
@@ -91,7 +90,7 @@ async def test_a_disk_past_the_warn_fraction_is_logged_once_before_read_only(
     """`read_only.disk_warn_fraction` (0.90): the operator hears of a filling disk before the
     shard refuses adds (BookKeeper's diskUsageWarnThreshold); it was checked by nothing."""
     disk, server = disk_and_server
-    almost_full = TOTAL - RESERVED - TOTAL * 8 // 100  # 92% as the bookie sees it.
+    almost_full = TOTAL - RESERVED - TOTAL * 8 // 100  # 91.6% as the bookie sees it.
     with structlog.testing.capture_logs() as logs:
         disk.used = almost_full
         server.apply_disk_usage(server.measure_disk_usage())
@@ -103,4 +102,4 @@ async def test_a_disk_past_the_warn_fraction_is_logged_once_before_read_only(
         server.apply_disk_usage(server.measure_disk_usage())
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [e["event"] for e in warnings] == ["disk_almost_full", "disk_almost_full"]
-    assert warnings[0]["usage_fraction"] == pytest.approx(0.92)
+    assert warnings[0]["usage_fraction"] == pytest.approx(870 / 950, abs=1e-4)
