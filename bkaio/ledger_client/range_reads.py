@@ -118,6 +118,9 @@ class RangeReader:
         self.ledger_id = ledger_id
         self._write_quorum = write_quorum
         self._entries = entries
+        # Entries read one by one (`_fill_holes`), for every piece and stride of this reader
+        # at once: the read-ahead window's pieces would otherwise each have `read_window`.
+        self._one_by_one = asyncio.Semaphore(context.config.read_window)
 
     async def read_piece(self, piece: Piece, max_bytes: int) -> list[Entry]:
         """The piece's entries in order, asking at most about `max_bytes` of payload at once.
@@ -363,11 +366,11 @@ class RangeReader:
         avoid: Collection[str],
         copies: bool,
     ) -> None:
-        """Read the `holes` entry by entry (at most `read_window` at once), each from its
-        write set with the bookie that lacked it (and those in `avoid`) last, into their places
-        in `payloads`."""
+        """Read the `holes` entry by entry (at most `read_window` at once for the reader),
+        each from its write set with the bookie that lacked it (and those in `avoid`) last, into
+        their places in `payloads`."""
         size = len(bookies)
-        limit = asyncio.Semaphore(self._ctx.config.read_window)
+        limit = self._one_by_one
 
         async def fill(index: int, entry_id: int, lacking: int) -> None:
             indexes = write_set(entry_id, size, self._write_quorum)

@@ -4,7 +4,7 @@ READ_RANGE with a gap, or a wrong READ_ENTRY answer, as the pool packs them), a 
 after answering part of a range, a closed ledger whose last segment is empty (and a tailing
 reader across the recovery that seals it), long polls answered at once with an older LAC, and
 copies of another entry answered for the one asked (single reads, recovery, the last
-acknowledged entry)."""
+acknowledged entry), and the bound on entries read one by one (`read_window`)."""
 
 from __future__ import annotations
 
@@ -202,3 +202,43 @@ async def test_a_copy_of_another_entry_never_makes_one_acknowledged() -> None:
     off_by_one(cluster, shifted)
     with pytest.raises(BookieUnavailableError, match="entry 5 was acknowledged"):
         await rh.read_last_acknowledged()
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
+async def test_entries_read_one_by_one_stay_within_the_read_window(ensemble: int, qw: int) -> None:
+    # The bookies asked first lack every entry (a lagging bookie, Qa < Qw): every entry of
+    # every piece in the read-ahead window is read one by one, never more than `read_window`
+    # at once for the whole read (the window of pieces and the strides of each do not each get
+    # `read_window` of their own).
+    cluster = fake_cluster(5, read_batch_entries=8, read_window=4, read_ahead_requests=64)
+    ledger_id = await closed_ledger(cluster, 200, ensemble, qw)
+    rh = await cluster.client.open_ledger(ledger_id)
+    bookies = rh.metadata.ensembles[0][1]
+    first_asked = {bookies[ledger_id % ensemble]} if ensemble == qw else set(bookies)
+    genuine = cluster.ops.read_entries
+    reading = most = 0
+
+    async def lacking(
+        bookie_id: str, ledger: int, first: int, last: int, **options: Any
+    ) -> EntriesAnswer:
+        answer = await genuine(bookie_id, ledger, first, last, **options)
+        if bookie_id in first_asked:
+            return EntriesAnswer(answer.lac, last + 1, b"")  # Looked at all, holds none.
+        return answer
+
+    async def counted(*args: Any, **options: Any) -> StoredCopy:
+        nonlocal reading, most
+        reading += 1
+        most = max(most, reading)
+        try:
+            await asyncio.sleep(0.001)
+            return await read_entry(*args, **options)
+        finally:
+            reading -= 1
+
+    read_entry = cluster.ops.read_entry
+    cluster.ops.read_entries = lacking  # type: ignore[method-assign,assignment]
+    cluster.ops.read_entry = counted  # type: ignore[method-assign]
+    assert [e.payload async for e in rh.read_iter(0, 199)] == payloads(200)
+    assert cluster.ops.entry_reads == 200
+    assert most <= 4
