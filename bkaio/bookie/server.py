@@ -28,6 +28,7 @@ from bkaio.errors import (
     DataUnknownError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    ReadOnlyBookieError,
     UnauthorizedError,
     WrongShardError,
 )
@@ -207,8 +208,7 @@ class ShardServer(AddPath):
         highest = max((usage.fraction for usage in usages), default=0.0)
         self.disk_usage_fraction_max = highest
         thresholds = self.config.read_only
-        # A filling disk is said before adds are refused (BookKeeper's diskUsageWarnThreshold),
-        # once per crossing rather than at every check.
+        # Said once per crossing, before adds are refused (BookKeeper's diskUsageWarnThreshold).
         almost_full = highest >= thresholds.disk_warn_fraction
         if almost_full and not self.disk_almost_full:
             self.log.warning("disk_almost_full", usage_fraction=round(highest, 4))
@@ -530,6 +530,9 @@ class ShardServer(AddPath):
     async def _write_lac(self, request: WriteLacRequest) -> Response:
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
+        if self.read_only:  # It is journaled: a full disk takes no more (BookKeeper: EREADONLY).
+            self.metrics.requests_rejected.labels(reason="read_only").inc()
+            raise ReadOnlyBookieError(f"shard {self.shard_index} is read-only")
         await self._check_ledger_key(ledger_id, request.master_key)
         if self.lac_waiters:  # Long polls learn the LAC now, not once it is journaled.
             notify_lac_early(
