@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
+from bkaio.errors import BKError, LedgerFencedError, MetadataVersionError
 from bkaio.ledger_client.ensemble_change import not_enough_bookies, plan_replacements
 from bkaio.ledger_client.handle_state import HandleState
 from bkaio.ledger_client.quorum import with_new_segment
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
-from bkaio.meta.store import MAX_METADATA_ATTEMPTS
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.supervision import spawn_job
 
 
@@ -158,7 +158,8 @@ class BookieReplacement(HandleState):
             self._md = updated
             self._set_ensemble(new_ensemble)
             return
-        raise MetadataError(
-            f"ledger {self.ledger_id}: ensemble change not recorded after "
-            f"{MAX_METADATA_ATTEMPTS} compare-and-swap attempts"
+        raise metadata_attempts_exhausted(
+            f"ledger {self.ledger_id}",
+            "recording its ensemble change",
+            "the metadata still names the old ensemble",
         )

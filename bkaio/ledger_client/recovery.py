@@ -45,7 +45,7 @@ from bkaio.ledger_client.recovery_rewrite import RecoveryRewrite
 from bkaio.ledger_client.types import BookieOps, StoredCopy
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerMetadata, LedgerState
-from bkaio.meta.store import MAX_METADATA_ATTEMPTS
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 
 log = structlog.get_logger(__name__)
 
@@ -166,9 +166,7 @@ class LedgerRecovery:
         for _attempt in range(MAX_METADATA_ATTEMPTS):
             try:
                 return await ledgers.update(target)
-            except MetadataVersionError:
-                current = await ledgers.get(self.ledger_id)
-            except MetadataOutcomeUnknownError:
+            except (MetadataVersionError, MetadataOutcomeUnknownError):
                 current = await ledgers.get(self.ledger_id)
             if current.is_closed:
                 return current  # Ours (an unknown outcome that landed) or another recovery's.
@@ -180,9 +178,10 @@ class LedgerRecovery:
         raise self._too_many_attempts("sealing it")
 
     def _too_many_attempts(self, step: str) -> MetadataError:
-        return MetadataError(
-            f"ledger {self.ledger_id}: recovery gave up {step} after {MAX_METADATA_ATTEMPTS} "
-            f"compare-and-swap attempts (the ledger stays as it is; opening it retries)"
+        return metadata_attempts_exhausted(
+            f"ledger {self.ledger_id}: recovery",
+            step,
+            "the ledger stays as it is; opening it retries",
         )
 
     # ----------------------------------------------------------------- reading forward

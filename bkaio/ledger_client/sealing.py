@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from bkaio.errors import BKError, LedgerFencedError, MetadataError, MetadataVersionError
+from bkaio.errors import BKError, LedgerFencedError, MetadataVersionError
 from bkaio.ledger_client.errors import copy_error
 from bkaio.ledger_client.handle_state import FATAL_ADD_ERRORS, HandleState
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import LedgerState
-from bkaio.meta.store import MAX_METADATA_ATTEMPTS
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 
 
 class Sealing(HandleState):
@@ -79,9 +79,10 @@ class Sealing(HandleState):
                     f"ledger {self.ledger_id} is {md.state.name}: another client is recovering it"
                 )
             if attempts == MAX_METADATA_ATTEMPTS:
-                raise MetadataError(
-                    f"ledger {self.ledger_id}: close not recorded after {attempts} "
-                    f"compare-and-swap attempts (the ledger stays OPEN until a recovery seals it)"
+                raise metadata_attempts_exhausted(
+                    f"ledger {self.ledger_id}",
+                    "recording its close",
+                    "the ledger stays OPEN until a recovery seals it",
                 )
             attempts += 1
             target = md.closed(self._lac, self._acked_length)

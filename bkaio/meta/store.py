@@ -46,12 +46,15 @@ log = structlog.get_logger(__name__)
 MAX_METADATA_ATTEMPTS = 8
 
 
-def metadata_attempts_exhausted(what: str, step: str) -> MetadataError:
+def metadata_attempts_exhausted(
+    what: str, step: str, outcome: str = "the record is left as it is; try again later"
+) -> MetadataError:
     """The error of `step` on `what` after MAX_METADATA_ATTEMPTS compare-and-swaps lost: one
-    wording for every layer, saying that nothing of the step was written."""
+    wording for every layer, saying that nothing of the step was written; `outcome` says what
+    that leaves, where the caller knows more than "the record as it is"."""
     return MetadataError(
         f"{what}: gave up {step} after {MAX_METADATA_ATTEMPTS} compare-and-swap attempts "
-        "(the record is left as it is; try again later)"
+        f"({outcome})"
     )
 
 
