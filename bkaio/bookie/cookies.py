@@ -91,6 +91,13 @@ def _format_hint(config: BookieConfig) -> str:
     )
 
 
+def _other_cluster(config: BookieConfig, what: str, named: str, ours: str) -> CookieMismatchError:
+    return CookieMismatchError(
+        f"{what} was stamped in cluster instance {named}, but metadata.uri holds cluster "
+        f"instance {ours}: " + _format_hint(config)
+    )
+
+
 def _check_cluster(
     config: BookieConfig, directories: list[Path], cluster_instance_id: str, *, copied: bool
 ) -> None:
@@ -102,11 +109,7 @@ def _check_cluster(
             continue  # Empty or unstamped: verify_or_stamp decides.
         named = cookie.cluster_instance_id
         if named and named != cluster_instance_id:
-            raise CookieMismatchError(
-                f"{directory / COOKIE_FILE} was stamped in cluster instance {named}, but "
-                f"metadata.uri holds cluster instance {cluster_instance_id}: "
-                + _format_hint(config)
-            )
+            raise _other_cluster(config, str(directory / COOKIE_FILE), named, cluster_instance_id)
         if not named and not copied:
             raise CookieMismatchError(
                 f"{directory / COOKIE_FILE} names no cluster instance (stamped before bkaio "
@@ -142,11 +145,7 @@ def verify_shard_directories(
         )
     for copy in stored or ():
         if copy.cluster_instance_id not in ("", cluster_instance_id):
-            raise CookieMismatchError(
-                f"{where} was stamped in cluster instance {copy.cluster_instance_id}, but "
-                f"metadata.uri holds cluster instance {cluster_instance_id}: "
-                + _format_hint(config)
-            )
+            raise _other_cluster(config, where, copy.cluster_instance_id, cluster_instance_id)
     cookies: list[Cookie] = []
     for shard_index in range(config.shard_count):
         directories = shard_directories(config.storage[shard_index])
