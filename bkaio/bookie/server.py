@@ -7,7 +7,8 @@ bkaio/bookie/adds.py). Every operation but the add is a coroutine returning its 
 one task and answered through the connection's batched writer. Semantics follow BookKeeper
 (reference 1.5): an add is answered only once its journal group is synced; a fencing read only
 after the fence is durable. Imports protocol and storage types; never the ledger client, the
-connection module or sockets.
+connection module or sockets. About 600 lines: one handler per operation of the protocol over one
+shard's state (the add path and reads already live in adds.py and read_entries.py).
 """
 
 from __future__ import annotations
