@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from types import MethodType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, ProtocolError, error_for_status
-from bkaio.ledger_client.connection_lifecycle import ConnectionLifecycle
+from bkaio.ledger_client.connection_lifecycle import BookieAddress, ConnectionLifecycle
 from bkaio.ledger_client.errors import RequestRefusedError
 from bkaio.ledger_client.requests_in_flight import _LAST_ID, ResponseCallback, Waiter
 from bkaio.ledger_client.types import ClientConfig
@@ -70,22 +70,6 @@ def add_error(bookie_id: str, status: Status, ledger_id: int, entry_id: int) -> 
     return error_for_status(status, f"{message} with {status.name}")
 
 
-class BookieAddress(Protocol):
-    """Where a bookie listens (bkaio.meta.BookieInfo satisfies it)."""
-
-    @property
-    def bookie_id(self) -> str: ...
-
-    @property
-    def host(self) -> str: ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def shard_count(self) -> int: ...
-
-
 class BookieConnection(ConnectionLifecycle):
     """One TCP connection to one bookie shard. Pipelined; responses come in any order."""
 
@@ -98,11 +82,16 @@ class BookieConnection(ConnectionLifecycle):
         shard_index: int,
         config: ClientConfig,
         tls: ssl.SSLContext | None = None,
+        resolve: Callable[[str], BookieAddress | None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.bookie_id = bookie_id
         self._host = host
         self._port = port
+        # Where the bookie is registered now, asked before each connect (`_relocate`): one
+        # restarted under the same id at another host or port is reached there. None: the
+        # address given is the only one.
+        self._resolve = resolve
         self._shard_index = shard_index
         self._config = config
         self._tls = tls

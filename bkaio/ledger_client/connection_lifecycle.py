@@ -20,7 +20,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from functools import partial
-from typing import cast
+from typing import Protocol, cast
 
 import structlog
 
@@ -58,6 +58,22 @@ _WRITE_BUFFER_LOW_BYTES = 2 * 1024 * 1024
 ADD_ENTRIES_FEATURE = "add_entries"
 
 
+class BookieAddress(Protocol):
+    """Where a bookie listens (bkaio.meta.BookieInfo satisfies it)."""
+
+    @property
+    def bookie_id(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def shard_count(self) -> int: ...
+
+
 class ConnectionLifecycle(RequestsInFlight, asyncio.Protocol):
     """Connecting, HELLO, failure and backoff, closing (a mixin of `BookieConnection`)."""
 
@@ -68,6 +84,7 @@ class ConnectionLifecycle(RequestsInFlight, asyncio.Protocol):
     _shard_index: int
     _config: ClientConfig
     _tls: ssl.SSLContext | None
+    _resolve: Callable[[str], BookieAddress | None] | None
     _next_request_id: int
     _encoder: FrameEncoder
     _decoder: FrameDecoder
@@ -132,6 +149,7 @@ class ConnectionLifecycle(RequestsInFlight, asyncio.Protocol):
         return True
 
     def _start_connecting(self) -> None:
+        self._relocate()
         self._decoder = FrameDecoder(self._config.max_frame_bytes)
         self._connect_task = spawn_job(
             f"connect-{self.bookie_id}-{self._shard_index}",
@@ -139,6 +157,26 @@ class ConnectionLifecycle(RequestsInFlight, asyncio.Protocol):
             kind="bookie_connect",
             on_failure=self._connect_crashed,
         )
+
+    def _relocate(self) -> None:
+        """Connect where the registry says the bookie is now: a bookie restarted under the same
+        id at another host or port (as BookKeeper's clients resolve a bookie id per connect).
+        Not registered now (down, or only in old ledgers): the last address known."""
+        address = None if self._resolve is None else self._resolve(self.bookie_id)
+        if address is None:
+            return
+        host, port = address.host, address.port + self._shard_index
+        if (host, port) != (self._host, self._port):
+            log.info(
+                "bookie_address_changed",
+                bookie=self.bookie_id,
+                shard=self._shard_index,
+                old=f"{self._host}:{self._port}",
+                new=f"{host}:{port}",
+            )
+            self._host = host
+            self._port = port
+            self._label = f"{self.bookie_id} shard {self._shard_index} ({host}:{port})"
 
     async def _connect(self) -> None:
         try:

@@ -4,8 +4,8 @@ here, where the rest of the client and the tests have always imported them."""
 
 from __future__ import annotations
 
-from bkaio.ledger_client.bookie_connection import BookieAddress, BookieConnection
-from bkaio.ledger_client.connection_lifecycle import ADD_ENTRIES_FEATURE
+from bkaio.ledger_client.bookie_connection import BookieConnection
+from bkaio.ledger_client.connection_lifecycle import ADD_ENTRIES_FEATURE, BookieAddress
 from bkaio.ledger_client.pool import BookiePool
 from bkaio.ledger_client.requests_in_flight import ResponseCallback, Waiter
 

@@ -29,9 +29,9 @@ from bkaio.ledger_client.bookie_connection import (
     _OP_ADD_ENTRY,
     _RECOVERY_ADD_FLAGS,
     _T,
-    BookieAddress,
     BookieConnection,
 )
+from bkaio.ledger_client.connection_lifecycle import BookieAddress
 from bkaio.ledger_client.types import (
     AddCallback,
     ClientConfig,
@@ -117,6 +117,7 @@ class BookiePool:
                 shard_index=shard,
                 config=self._config,
                 tls=self._tls,
+                resolve=self._resolve,
             )
             self._connections[key] = connection
         return connection

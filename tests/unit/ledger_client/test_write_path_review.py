@@ -1,0 +1,58 @@
+"""Write path review: defects found in the ledger client's add path and its connections, each
+with the test that showed it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from bkaio.errors import BookieUnavailableError
+from bkaio.ledger_client.connections import BookiePool
+from bkaio.ledger_client.types import ClientConfig
+from bkaio.meta.bookies import BookieInfo
+
+
+class _Listener(asyncio.Protocol):
+    """A port that counts the connections it accepts and closes each at once."""
+
+    def __init__(self, accepted: list[str], name: str) -> None:
+        self._accepted = accepted
+        self._name = name
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._accepted.append(self._name)
+        transport.close()
+
+
+async def test_a_bookie_registered_at_a_new_address_is_reconnected_there() -> None:
+    """A bookie restarted elsewhere under the same id (bookie.bookie_id set, its host or port
+    changed) is reached at the address it registers now: the connection kept dialling the
+    address it was created with, so this client never reached that bookie again."""
+    loop = asyncio.get_running_loop()
+    accepted: list[str] = []
+    old = await loop.create_server(lambda: _Listener(accepted, "old"), "127.0.0.1", 0)
+    new = await loop.create_server(lambda: _Listener(accepted, "new"), "127.0.0.1", 0)
+    old_port = old.sockets[0].getsockname()[1]
+    new_port = new.sockets[0].getsockname()[1]
+    known = {"bookie-1": BookieInfo(bookie_id="bookie-1", host="127.0.0.1", port=old_port)}
+    config = ClientConfig(reconnect_backoff_min=0.001, reconnect_backoff_max=0.002)
+    pool = BookiePool(config, known.get)
+    try:
+        with contextlib.suppress(BookieUnavailableError):  # The listener hangs up.
+            await pool.read_lac("bookie-1", 7)
+        assert set(accepted) == {"old"}  # (Twice: a close before HELLO is diagnosed.)
+        old.close()
+        await old.wait_closed()
+        # The registry now says where the bookie is (the watch's `set_bookies`).
+        known["bookie-1"] = BookieInfo(bookie_id="bookie-1", host="127.0.0.1", port=new_port)
+        for _attempt in range(200):  # Past the reconnect backoff, whatever the machine's pace.
+            with contextlib.suppress(BookieUnavailableError):
+                await pool.read_lac("bookie-1", 7)
+            if "new" in accepted:
+                break
+            await asyncio.sleep(0.005)
+        assert "new" in accepted
+    finally:
+        await pool.close()
+        new.close()
+        await new.wait_closed()
