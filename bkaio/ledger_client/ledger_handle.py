@@ -230,10 +230,15 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         limit = self._max_outstanding_adds
         pause = Backoff(0.001, 0.05)  # An ensemble change may wait on metadata for a while.
         while self._error is None and (self._waiting or len(self._pending) >= limit):
-            if self._pending:  # The oldest in-flight add completes first: wait for it.
-                await asyncio.wait((self._pending[0].future,))
+            oldest = self._pending[0].future if self._pending else None
+            if oldest is not None and not oldest.done():
+                # The oldest in-flight add completes first: wait for it.
+                await asyncio.wait((oldest,))
                 pause.reset()
-            else:  # Held back by an ensemble change only; it ends by itself.
+            else:
+                # Held back by an ensemble change, which ends by itself, or the oldest add's
+                # future was cancelled by its caller (the add goes on, and leaves the queue
+                # when acknowledged): a done future would make this loop spin.
                 await asyncio.sleep(pause.next_delay())
 
     async def __aenter__(self) -> LedgerHandle:

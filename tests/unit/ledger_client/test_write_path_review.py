@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
+
+import pytest
 
 from bkaio.errors import BookieUnavailableError
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta.bookies import BookieInfo
+from tests.unit.ledger_client.cluster import fake_cluster
 
 
 class _Listener(asyncio.Protocol):
@@ -56,3 +60,39 @@ async def test_a_bookie_registered_at_a_new_address_is_reconnected_there() -> No
         await pool.close()
         new.close()
         await new.wait_closed()
+
+
+async def test_waiting_for_capacity_behind_a_cancelled_append_does_not_spin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller cancelled the oldest append's future (`asyncio.wait_for(lh.append(x), t)`
+    timing out does): the add goes on, so `wait_for_capacity` waits for it to leave the queue.
+    It awaited that done future again and again, a busy loop for as long as the add took (up
+    to `add_timeout`, then an ensemble change)."""
+    cluster = fake_cluster(3, max_outstanding_adds=2)
+    lh = await cluster.client.create_ledger(3, 3, 2)
+    for bookie_id in cluster.ops.bookies:
+        cluster.ops.hold(bookie_id)
+    first = lh.append(b"a")
+    second = lh.append(b"b")
+    first.cancel()
+    waits = 0
+    real_wait = asyncio.wait
+
+    async def counted_wait(*args: Any, **kwargs: Any) -> Any:
+        nonlocal waits
+        waits += 1
+        return await real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "wait", counted_wait)
+    capacity = asyncio.ensure_future(lh.wait_for_capacity())
+    for _ in range(50):  # Loop iterations, not time: a spin awaits on every one of them.
+        await asyncio.sleep(0)
+    assert not capacity.done()
+    assert waits <= 1, waits
+    monkeypatch.undo()
+    for bookie_id in list(cluster.ops.held):
+        cluster.ops.release(bookie_id)
+    await asyncio.wait_for(capacity, 5)
+    assert await second == 1
+    await lh.close()
