@@ -15,6 +15,7 @@ write cache): the answer never waits for this bookie's own sync.
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Hashable
 from typing import Protocol
 
@@ -89,7 +90,7 @@ def notify_lac_early(
     state = storage.ledger_state(ledger_id)
     if (
         state is not None
-        and state.master_key == master_key
+        and hmac.compare_digest(state.master_key, master_key)  # A secret: constant time.
         and lac > state.lac
         and not state.fenced
     ):
