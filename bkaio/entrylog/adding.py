@@ -11,6 +11,7 @@ and its inlined form on the common path) are here.
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Callable
 from functools import partial
 from itertools import repeat
@@ -58,7 +59,7 @@ class StorageAdds(StorageState):
             ledger is not None
             and not self._closed
             and ledger.master_key
-            and ledger.master_key == batch.master_key
+            and hmac.compare_digest(ledger.master_key, batch.master_key)  # A secret.
             and (not ledger.fenced or batch.recovery)
             and not self._room_waiters
         ):
@@ -250,7 +251,7 @@ class StorageAdds(StorageState):
         ledger = self._ledgers.get(ledger_id)
         if ledger is None:
             return
-        if ledger.master_key != master_key:
+        if not hmac.compare_digest(ledger.master_key, master_key):  # Constant time.
             raise UnauthorizedError(
                 f"ledger {ledger_id}: add with a master key that differs from the one "
                 "recorded at creation"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import shutil
 from collections import deque
 from collections.abc import Callable
@@ -467,7 +468,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         ledger = self._ledgers.get(ledger_id)
         if ledger is None:
             ledger = self._create_ledger(ledger_id, master_key)
-        elif ledger.master_key != master_key:
+        elif not hmac.compare_digest(ledger.master_key, master_key):  # A secret.
             raise UnauthorizedError(
                 f"ledger {ledger_id}: fence with a master key that differs from the recorded one"
             )
@@ -496,7 +497,7 @@ class ShardStorage(StorageAdds, StorageReads, StorageMaintenance):
         ledger = self._ledgers.get(ledger_id)
         if ledger is None:
             ledger = self._create_ledger(ledger_id, master_key)
-        elif ledger.master_key != master_key:
+        elif not hmac.compare_digest(ledger.master_key, master_key):  # A secret.
             raise UnauthorizedError(
                 f"ledger {ledger_id}: write_lac with a master key that differs from the "
                 "recorded one"
