@@ -47,8 +47,19 @@ _LAYOUT_VERSION = 1
 
 
 class LimboFileError(BKError):
-    """A LIMBO file exists but cannot be read: the bookie refuses to start rather than forget
-    which ledgers it may have lost."""
+    """A LIMBO file exists but cannot be read (or written): the bookie refuses to start rather
+    than forget which ledgers it may have lost."""
+
+
+def _unreadable(where: str, problem: str) -> LimboFileError:
+    """The one error for a LIMBO file that cannot be read: names it, why, and what to do."""
+    return LimboFileError(
+        f"{where}: unreadable limbo file ({problem}); it lists the ledgers this bookie may have "
+        "lost entries of, so the bookie does not start without it: make it a file the bookie "
+        "can read again (its permissions, its owner, not a directory), or, if its content is "
+        "lost, wipe the bookie with `bkaio bookie format --force` so that it rejoins with every "
+        "ledger naming it in limbo"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +87,8 @@ class LimboRecord:
                 raise ValueError(f"layout version {body['layout_version']}")
             ledgers = frozenset(int(ledger_id) for ledger_id in body["ledgers"])
             return cls(ledgers, float(body["entered_at"]), str(body["reason"]))
-        except (ValueError, KeyError, TypeError) as error:
-            raise LimboFileError(f"{where}: unreadable limbo file ({error!r})") from error
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            raise _unreadable(where, repr(error)) from error
 
 
 def limbo_path(config: BookieConfig, shard_index: int) -> Path:
@@ -85,11 +96,14 @@ def limbo_path(config: BookieConfig, shard_index: int) -> Path:
 
 
 def read_limbo(path: Path) -> LimboRecord | None:
-    """The record at `path`; None when there is none (nothing in limbo)."""
+    """The record at `path`; None when there is none (nothing in limbo). Any other failure to
+    read it (permission denied, a directory in its place) is a `LimboFileError`."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as error:
+        raise _unreadable(str(path), error.strerror or repr(error)) from error
     return LimboRecord.from_bytes(data, str(path))
 
 
@@ -127,7 +141,14 @@ def enter_limbo(config: BookieConfig, ledger_ids: Iterable[int], reason: str) ->
         if not merged:
             continue
         entered_at = old.entered_at if old else now
-        write_limbo(path, LimboRecord(frozenset(merged), entered_at, old.reason if old else reason))
+        record = LimboRecord(frozenset(merged), entered_at, old.reason if old else reason)
+        try:
+            write_limbo(path, record)
+        except OSError as error:
+            raise LimboFileError(
+                f"{path}: cannot write the limbo file ({error}); the bookie does not start "
+                "without it: make its directory writable by the bookie"
+            ) from error
     return counts
 
 

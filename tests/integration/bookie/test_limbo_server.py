@@ -1,14 +1,14 @@
 """A real bookie process with a ledger in limbo, over the raw protocol: DATA_UNKNOWN for what
 it lacks (never NO_SUCH_ENTRY / NO_SUCH_LEDGER), plain adds fenced, recovery adds taken; other
-ledgers unchanged; an unreadable LIMBO file refuses the start."""
+ledgers unchanged; an unreadable LIMBO file refuses the start (exit 2, one line)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import Any
 
-import pytest
-
-from bkaio.bookie.limbo import enter_limbo, limbo_path
+from bkaio.bookie.limbo import LimboRecord, enter_limbo, limbo_path
 from bkaio.config import load_bookie_config
 from bkaio.meta import LedgerMetadata
 from bkaio.protocol.messages import (
@@ -20,7 +20,8 @@ from bkaio.protocol.messages import (
     Response,
 )
 from bkaio.protocol.status import Status
-from tests.fixtures.bookies import BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
+from tests.fixtures.standalone import bkaio
 
 from .raw_client import FIRST_SIGHT, RawClient, add_request
 
@@ -86,14 +87,64 @@ async def test_a_ledger_in_limbo_answers_data_unknown_and_is_fenced(
         await client.close()
 
 
-async def test_an_unreadable_limbo_file_refuses_the_start(
+def _start_fails(cluster: BookieCluster) -> str:
+    """Start bookie 0, expect it to refuse (exit 2); what it wrote to stderr this time."""
+    log = cluster[0].log_path
+    before = log.stat().st_size if log.exists() else 0
+    process = cluster.spawn(0).process
+    assert process is not None
+    assert process.wait(60) == 2, cluster[0].log_tail()
+    cluster[0].process = None
+    with open(log, "rb") as file:
+        file.seek(before)
+        return file.read().decode(errors="replace")
+
+
+async def test_an_unreadable_limbo_file_refuses_the_start_with_one_line(
     bookie_cluster_factory: BookieClusterFactory,
 ) -> None:
+    """Corrupt, a directory in its place, a symlink loop, no permission (unless root): exit 2,
+    one line naming the file and what to do, no traceback; without the file it starts."""
     cluster = await bookie_cluster_factory(count=1, config=CONFIG)
     await cluster.stop(0)
-    limbo_path(load_bookie_config(cluster[0].config_path), 0).write_bytes(b"{garbage")
-    with pytest.raises(RuntimeError, match="unreadable limbo file"):
-        await cluster.start(0, timeout_seconds=30)
+    config_path = str(cluster[0].config_path)
+    path = limbo_path(load_bookie_config(cluster[0].config_path), 0)
+    good = LimboRecord(frozenset({10_000}), 100.0, "test").to_bytes()
+
+    def corrupt() -> None:
+        path.write_bytes(b"{garbage")
+
+    def directory() -> None:
+        path.mkdir()
+
+    def loop() -> None:
+        path.symlink_to(path.name)
+
+    def no_permission() -> None:
+        path.write_bytes(good)
+        path.chmod(0)
+
+    for make in (corrupt, directory, loop, no_permission):
+        make()
+        if os.access(path, os.R_OK) and make is no_permission:
+            path.unlink()  # Root reads a mode-0 file.
+            continue
+        output = await asyncio.to_thread(_start_fails, cluster)
+        assert "Traceback" not in output, (make.__name__, output)
+        (line,) = [line for line in output.splitlines() if line.startswith("bkaio bookie: ")]
+        assert line.startswith(f"bkaio bookie: {path}: unreadable limbo file ("), line
+        assert "bkaio bookie format --force" in line, line
+        # The offline `bkaio bookie info`, which lists limbo, says the same in one line.
+        info = await asyncio.to_thread(bkaio, "bookie", "info", "--config", config_path)
+        assert info.returncode == 1 and info.stdout == "", info
+        refusal = f"bkaio: LimboFileError: {path}: unreadable limbo file ("
+        assert info.stderr.startswith(refusal), info
+        assert len(info.stderr.splitlines()) == 1, info.stderr
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        else:
+            path.unlink()
+    await cluster.start(0, timeout_seconds=30)  # Nothing in limbo now.
 
 
 async def test_recovery_adds_below_the_last_entry_are_answered(

@@ -3,6 +3,7 @@ cookie copy is published, so a crash in between keeps the ledgers in limbo."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,71 @@ def test_an_unreadable_file_is_refused_not_forgotten(tmp_path: Path, content: by
     path.write_bytes(content)
     with pytest.raises(LimboFileError, match="unreadable limbo file"):
         read_limbo(path)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe", b"[]", b'{"layout_version": 1, "ledgers": 5, "entered_at": 1, "reason": ""}',
+     b"[" * 100_000],
+)  # fmt: skip
+def test_a_corrupt_file_is_refused_with_what_to_do(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "LIMBO"
+    path.write_bytes(content)
+    with pytest.raises(LimboFileError) as refused:
+        read_limbo(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: unreadable limbo file") and "\n" not in message
+    assert "bkaio bookie format --force" in message
+
+
+def _make_unreadable(path: Path, how: str) -> None:
+    if how == "a directory":
+        path.mkdir()
+    elif how == "a symlink loop":
+        path.symlink_to(path.name)
+    else:
+        path.write_bytes(LimboRecord(frozenset({7}), 100.0, "reformat").to_bytes())
+        path.chmod(0)
+
+
+UNREADABLE = ["a directory", "a symlink loop", "permission denied"]
+
+
+def _skip_unless_unreadable(path: Path, how: str) -> None:
+    if how == "permission denied" and os.access(path, os.R_OK):
+        pytest.skip("running as root: a mode-0 file stays readable")
+
+
+@pytest.mark.parametrize("how", UNREADABLE)
+def test_a_file_that_cannot_be_read_is_a_limbo_file_error_naming_it(
+    tmp_path: Path, how: str
+) -> None:
+    """Not an OSError with a traceback: the start turns a LimboFileError into one line and
+    exit 2 (tests/integration/bookie/test_limbo_server.py)."""
+    config = _config(tmp_path, shards=1)
+    path = limbo_path(config, 0)
+    path.parent.mkdir(parents=True)
+    _make_unreadable(path, how)
+    _skip_unless_unreadable(path, how)
+    for read in (lambda: read_limbo(path), lambda: load_limbo(config)):
+        with pytest.raises(LimboFileError, match="unreadable limbo file") as refused:
+            read()
+        assert str(refused.value).startswith(f"{path}: ")
+    with pytest.raises(LimboFileError, match="unreadable limbo file"):
+        LimboLedgers.load(path)
+    with pytest.raises(LimboFileError, match="unreadable limbo file"):
+        enter_limbo(config, [3], "reformat")
+
+
+def test_a_file_that_cannot_be_written_is_a_limbo_file_error_naming_it(tmp_path: Path) -> None:
+    config = _config(tmp_path, shards=1)
+    path = limbo_path(config, 0)
+    path.parent.mkdir(parents=True)
+    path.with_name(path.name + ".tmp").mkdir()  # Where the new file is written first.
+    with pytest.raises(LimboFileError, match="cannot write the limbo file") as refused:
+        enter_limbo(config, [3], "reformat")
+    assert str(refused.value).startswith(f"{path}: ")
+    assert not path.exists()
 
 
 async def test_clearing_persists_and_the_last_one_removes_the_file(tmp_path: Path) -> None:
