@@ -16,6 +16,7 @@ from __future__ import annotations
 from bkaio.errors import QuotaExceededError
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
+    NamespaceDeletingError,
     NamespaceExistsError,
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
@@ -53,6 +54,7 @@ __all__ = [
     "CursorState",
     "InvalidStreamArgumentError",
     "Namespace",
+    "NamespaceDeletingError",
     "NamespaceExistsError",
     "NamespaceNotEmptyError",
     "NamespaceNotFoundError",

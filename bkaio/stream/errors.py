@@ -11,6 +11,7 @@ from bkaio.errors import BKError, InvalidArgumentError, QuotaExceededError
 
 __all__ = [
     "InvalidStreamArgumentError",
+    "NamespaceDeletingError",
     "NamespaceExistsError",
     "NamespaceNotEmptyError",
     "NamespaceNotFoundError",
@@ -24,6 +25,11 @@ __all__ = [
 
 class NamespaceNotFoundError(BKError):
     """The namespace does not exist (and `create` was not asked for)."""
+
+
+class NamespaceDeletingError(NamespaceNotFoundError):
+    """The namespace is being deleted (`delete_namespace` marked it): no stream can be created
+    or opened for writing in it. A `NamespaceNotFoundError`, which it is about to be."""
 
 
 class NamespaceExistsError(BKError):

@@ -253,6 +253,9 @@ class NamespaceSettings:
     max_streams: int | None = None
     retention_ignores_cursors: bool = False  # True: retention may pass the slowest cursor.
     ctime_ms: int = 0
+    # Set by `delete_namespace` before it lists the streams, never by a caller: no stream is
+    # created or opened for writing in the namespace from then on (NamespaceDeletingError).
+    deleting: bool = False
     version: int = field(default=0, compare=False)  # Metadata store version; not serialized.
 
     def __post_init__(self) -> None:
@@ -283,6 +286,7 @@ class NamespaceSettings:
             "max_streams": self.max_streams,
             "retention_ignores_cursors": self.retention_ignores_cursors,
             "ctime_ms": self.ctime_ms,
+            "deleting": self.deleting,
         }
 
     @classmethod
@@ -300,6 +304,7 @@ class NamespaceSettings:
                 max_streams=value.get("max_streams"),
                 retention_ignores_cursors=bool(value.get("retention_ignores_cursors", False)),
                 ctime_ms=int(value.get("ctime_ms", 0)),
+                deleting=bool(value.get("deleting", False)),
                 version=version,
             )
         except (KeyError, TypeError, ValueError, InvalidStreamArgumentError) as error:

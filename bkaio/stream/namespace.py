@@ -36,17 +36,26 @@ from bkaio.stream.model import (
     truncated,
     truncation_count,
 )
+from bkaio.stream.opening import open_writer as _open_writer
+from bkaio.stream.opening import undo_if_namespace_closed
 from bkaio.stream.reader import ReaderOptions, Start, StreamReader, end_seq, first_available
 from bkaio.stream.reader import open_reader as _open_reader
-from bkaio.stream.segments import namespace_sealed_bytes, seal_open_segment
+from bkaio.stream.segments import namespace_sealed_bytes, remove_stream
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
 from bkaio.stream.writer import StreamWriter, WriterOptions
-from bkaio.stream.writer import open_writer as _open_writer
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
 
 log = structlog.get_logger(__name__)
+
+
+def refuse_deleting_setting(namespace: str, settings: dict[str, Any]) -> None:
+    """`deleting` is `delete_namespace`'s mark, not a setting a caller gives."""
+    if "deleting" in settings:
+        raise InvalidStreamArgumentError(
+            f"namespace {namespace}: 'deleting' is not a setting (delete_namespace sets it)"
+        )
 
 
 def check_names(**names: object) -> None:
@@ -104,6 +113,7 @@ class Namespace:
     async def update_settings(self, **changes: Any) -> NamespaceSettings:
         """Change settings (quota_bytes, retention_seconds, ...) with a CAS; the new settings.
         At most MAX_METADATA_ATTEMPTS CASes (each lost one re-reads), then MetadataError."""
+        refuse_deleting_setting(self.name, changes)
         for _attempt in range(MAX_METADATA_ATTEMPTS):
             current = await self._store.get_namespace(self.name)
             try:
@@ -129,7 +139,8 @@ class Namespace:
         return await self._store.get_stream(self.name, stream)
 
     async def create_stream(self, stream: str) -> StreamMeta:
-        """Create an empty stream (no segment until a writer opens); existing ones are kept."""
+        """Create an empty stream (no segment until a writer opens); existing ones are kept.
+        NamespaceDeletingError (nothing kept) once `delete_namespace` marked the namespace."""
         check_names(stream=stream)
         for _attempt in range(MAX_METADATA_ATTEMPTS):
             meta = await self._store.find_stream(self.name, stream)
@@ -137,15 +148,17 @@ class Namespace:
                 return meta
             await self._check_stream_limit(stream)
             try:
-                return await self._store.put_stream(
+                meta = await self._store.put_stream(
                     self.name, stream, StreamMeta(ctime_ms=now_ms())
                 )
             except MetadataVersionError:
                 continue
+            await undo_if_namespace_closed(self._bk, self._store, self.name, stream)
+            return meta
         raise metadata_attempts_exhausted(f"stream {self.name}/{stream}", "creating it")
 
     async def _check_stream_limit(self, stream: str) -> None:
-        await self.refresh()
+        self.settings = await self._store.get_live_namespace(self.name)
         limit = self.settings.max_streams
         if limit is None:
             return
@@ -166,10 +179,10 @@ class Namespace:
         write_quorum: int | None = None,
         ack_quorum: int | None = None,
     ) -> StreamWriter:
-        """Become the stream's one writer (creating the stream if needed); fences the last one."""
+        """Become the stream's one writer (creating the stream if needed); fences the last one.
+        NamespaceDeletingError once `delete_namespace` marked the namespace (nothing kept)."""
         check_names(stream=stream)
-        await self.refresh()
-        settings = self.settings
+        settings = self.settings = await self._store.get_live_namespace(self.name)
         options = WriterOptions(
             roll_bytes=roll_bytes,
             roll_seconds=roll_seconds,
@@ -222,29 +235,8 @@ class Namespace:
         """Fence the writer, then delete the stream record, its ledgers and its cursors. At
         most MAX_METADATA_ATTEMPTS deletions of the record, then MetadataError (kept whole)."""
         check_names(stream=stream)
-        where = f"{self.name}/{stream}"
-        for _attempt in range(MAX_METADATA_ATTEMPTS):
-            meta = await self._store.get_stream(self.name, stream)
-            sealed = await seal_open_segment(self._bk, meta, where)
-            try:
-                deleted = await self._store.delete_stream(self.name, stream, version=meta.version)
-            except MetadataVersionError:
-                continue
-            except MetadataOutcomeUnknownError:
-                # Landed unless the record is still there: raising would leave its ledgers
-                # and cursors behind for good (a second call finds no stream to delete).
-                fresh = await self._store.find_stream(self.name, stream)
-                if fresh is not None and fresh.ctime_ms == meta.ctime_ms:
-                    continue
-                deleted = True
-            if not deleted:
-                raise StreamNotFoundError(f"stream {where} does not exist")
-            break
-        else:
-            raise metadata_attempts_exhausted(f"stream {where}", "deleting its record")
-        await self._delete_ledgers(sealed.segments)
-        await self._store.delete_cursors(self.name, stream)
-        log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
+        if await remove_stream(self._bk, self._store, self.name, stream) is None:
+            raise StreamNotFoundError(f"stream {self.name}/{stream} does not exist")
 
     async def _delete_ledgers(self, segments: tuple[Segment, ...]) -> None:
         for segment in segments:
@@ -377,6 +369,7 @@ async def open_namespace(
     NamespaceNotFoundError when absent and not `create`.
     """
     check_names(namespace=name)
+    refuse_deleting_setting(name, settings)
     store = StreamStore(metadata_of(bk))
     try:
         return Namespace(bk, store, name, await store.get_namespace(name))
@@ -398,6 +391,7 @@ async def open_namespace(
 async def create_namespace(bk: BookKeeper, name: str, **settings: Any) -> Namespace:
     """Create `name` (NamespaceExistsError if it exists)."""
     check_names(namespace=name)
+    refuse_deleting_setting(name, settings)
     store = StreamStore(metadata_of(bk))
     try:
         wanted = NamespaceSettings(ctime_ms=now_ms(), **settings)
@@ -415,19 +409,61 @@ async def list_namespaces(bk: BookKeeper) -> list[str]:
 
 
 async def delete_namespace(bk: BookKeeper, name: str, *, force: bool = False) -> None:
-    """Delete a namespace; with `force` its streams (and their ledgers) too."""
-    namespace = await open_namespace(bk, name)
-    streams = await namespace.list_streams()
-    if streams and not force:
+    """Delete a namespace; with `force` its streams (their ledgers and cursors) too.
+
+    The namespace is marked `deleting` first: from then on no stream is created or opened for
+    writing in it (NamespaceDeletingError; an opener whose record landed after the streams
+    were listed removes its stream itself, bkaio/stream/opening.py). Then its streams are
+    listed and removed until a listing finds none, then the record goes. Without `force`, a
+    namespace with streams is left as it was and NamespaceNotEmptyError raised. A forced
+    deletion that fails part way leaves the namespace marked; calling it again finishes it.
+    """
+    check_names(namespace=name)
+    store = StreamStore(metadata_of(bk))
+    settings = await store.get_namespace(name)  # NamespaceNotFoundError
+    if not force:
+        _refuse_not_empty(name, await store.list_streams(name))
+    await _mark_deleting(store, name, deleting=True)
+    removed = 0
+    for _round in range(MAX_METADATA_ATTEMPTS):
+        streams = await store.list_streams(name)  # After the mark: see opening.py.
+        if not streams:
+            break
+        if not force:  # Created between the first listing and the mark.
+            if not settings.deleting:
+                await _mark_deleting(store, name, deleting=False)
+            _refuse_not_empty(name, streams)
+        for stream in streams:
+            if await remove_stream(bk, store, name, stream) is not None:
+                removed += 1
+    else:
+        raise metadata_attempts_exhausted(
+            f"namespace {name}", "deleting its streams", "it stays marked deleting; try again"
+        )
+    await store.delete_namespace(name)
+    log.info("namespace_deleted", namespace=name, streams=removed)
+
+
+def _refuse_not_empty(name: str, streams: list[str]) -> None:
+    if streams:
         raise NamespaceNotEmptyError(
             f"namespace {name!r} still has {len(streams)} streams ({', '.join(streams[:5])}"
             f"{', ...' if len(streams) > 5 else ''}); delete them or pass force"
         )
-    for stream in streams:
-        with contextlib.suppress(StreamNotFoundError):
-            await namespace.delete_stream(stream)
-    await namespace._store.delete_namespace(name)
-    log.info("namespace_deleted", namespace=name, streams=len(streams))
+
+
+async def _mark_deleting(store: StreamStore, name: str, *, deleting: bool) -> None:
+    """Set (or clear) the namespace's `deleting` mark: at most MAX_METADATA_ATTEMPTS CASes,
+    a lost reply re-read like a lost race, then MetadataError."""
+    for _attempt in range(MAX_METADATA_ATTEMPTS):
+        current = await store.get_namespace(name)
+        if current.deleting == deleting:
+            return
+        with contextlib.suppress(MetadataVersionError, MetadataOutcomeUnknownError):
+            await store.put_namespace(name, replace(current, deleting=deleting))
+            return
+    step = "marking it deleted" if deleting else "clearing its deletion mark"
+    raise metadata_attempts_exhausted(f"namespace {name}", step)
 
 
 async def apply_retention(

@@ -1,16 +1,20 @@
 """A stream's ledgers as the writer, the namespace and the Spark sink all handle them: the
 password every stream ledger carries, the custom metadata that names its stream, sealing the
-segment a crashed writer left open, and the bytes a namespace's sealed segments hold.
+segment a crashed writer left open, removing a stream whole, and the bytes a namespace's
+sealed segments hold.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
-from bkaio.errors import NoSuchLedgerError
+from bkaio.errors import MetadataVersionError, NoSuchLedgerError
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.stream.model import StreamMeta
 from bkaio.stream.store import StreamStore, now_ms
 
@@ -46,6 +50,42 @@ async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> Str
         bytes=sealed.bytes,
     )
     return replace(meta, segments=(*meta.segments[:-1], sealed))
+
+
+async def remove_stream(
+    bk: BookKeeper, store: StreamStore, namespace: str, stream: str
+) -> StreamMeta | None:
+    """Fence the writer, then delete the stream record, its ledgers and its cursors; the
+    record as deleted (its open segment sealed), None when there was no stream. At most
+    MAX_METADATA_ATTEMPTS deletions of the record, then MetadataError (kept whole)."""
+    where = f"{namespace}/{stream}"
+    for _attempt in range(MAX_METADATA_ATTEMPTS):
+        meta = await store.find_stream(namespace, stream)
+        if meta is None:
+            return None
+        sealed = await seal_open_segment(bk, meta, where)
+        try:
+            deleted = await store.delete_stream(namespace, stream, version=meta.version)
+        except MetadataVersionError:
+            continue
+        except MetadataOutcomeUnknownError:
+            # Landed unless the record is still there: raising would leave its ledgers
+            # and cursors behind for good (a second call finds no stream to delete).
+            fresh = await store.find_stream(namespace, stream)
+            if fresh is not None and fresh.ctime_ms == meta.ctime_ms:
+                continue
+            deleted = True
+        if not deleted:
+            return None  # Deleted by another since it was read: its ledgers are theirs to drop.
+        break
+    else:
+        raise metadata_attempts_exhausted(f"stream {where}", "deleting its record")
+    for segment in sealed.segments:
+        with contextlib.suppress(NoSuchLedgerError):
+            await bk.delete_ledger(segment.ledger_id)
+    await store.delete_cursors(namespace, stream)
+    log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
+    return sealed
 
 
 def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:

@@ -19,7 +19,11 @@ from bkaio.meta import Metadata
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.records import check_name
 from bkaio.meta.store import EventKind
-from bkaio.stream.errors import NamespaceNotFoundError, StreamNotFoundError
+from bkaio.stream.errors import (
+    NamespaceDeletingError,
+    NamespaceNotFoundError,
+    StreamNotFoundError,
+)
 from bkaio.stream.model import CursorState, NamespaceSettings, StreamMeta
 
 if TYPE_CHECKING:
@@ -55,6 +59,17 @@ class StreamStore:
         if record is None:
             raise NamespaceNotFoundError(f"namespace {namespace!r} does not exist")
         return NamespaceSettings.from_dict(f"namespace {namespace}", record.value, record.version)
+
+    async def get_live_namespace(self, namespace: str) -> NamespaceSettings:
+        """The settings of a namespace streams may be created and written in: refuses one
+        absent (NamespaceNotFoundError) or being deleted (NamespaceDeletingError)."""
+        settings = await self.get_namespace(namespace)
+        if settings.deleting:
+            raise NamespaceDeletingError(
+                f"namespace {namespace!r} is being deleted: no stream can be created or "
+                "opened for writing in it"
+            )
+        return settings
 
     async def create_namespace(self, namespace: str, settings: NamespaceSettings) -> int:
         """CAS-create; MetadataVersionError when it exists already."""

@@ -1,11 +1,5 @@
-"""The one writer of a stream: fencing on open, pipelined writes, transparent ledger rolls.
-
-Opening (BookKeeper's log-level rule, reference/bookkeeper.md 3.4; DistributedLog's writer):
-read the stream record; if its last segment is still OPEN, recover that ledger (which fences
-the previous writer: its adds fail with LedgerFencedError) and seal the segment at the agreed
-end; create a new ledger; then CAS the record with the epoch bumped and the new segment
-appended. A lost CAS means another writer got in first: its record is read again and its
-segment fenced in turn, so the last opener wins and exactly one writer owns the stream.
+"""The one writer of a stream: pipelined writes, transparent ledger rolls. Opening it
+(fencing the last one) is bkaio/stream/opening.py's.
 
 Rolling: once the current segment reaches `roll_bytes` or `roll_seconds`, the writer seals its
 ledger (after every pending add resolved), creates the next one and CASes both changes into the
@@ -27,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -47,7 +41,6 @@ from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamM
 from bkaio.stream.segments import (
     STREAM_PASSWORD,
     namespace_sealed_bytes,
-    seal_open_segment,
     stream_ledger_metadata,
 )
 from bkaio.stream.store import StreamStore, now_ms
@@ -520,75 +513,3 @@ class StreamWriter:
                 f"stream {self._where}: writer epoch {self.epoch} was fenced by epoch "
                 f"{meta.epoch} (another writer opened the stream)"
             )
-
-
-async def open_writer(
-    bk: BookKeeper,
-    store: StreamStore,
-    namespace: str,
-    stream: str,
-    settings: NamespaceSettings,
-    options: WriterOptions,
-    *,
-    on_create: Any = None,
-) -> StreamWriter:
-    """Fence any previous writer, seal its segment, and start a new one (see module doc).
-
-    `on_create(namespace, stream)`, awaited before a new stream is created, may refuse it.
-    """
-    where = f"{namespace}/{stream}"
-    for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each lost CAS deletes its new ledger.
-        meta = await store.find_stream(namespace, stream)
-        if meta is None:
-            if on_create is not None:
-                await on_create(stream)
-            meta = StreamMeta(ctime_ms=now_ms())
-        meta = await seal_open_segment(bk, meta, where)
-        epoch = meta.epoch + 1
-        handle = await bk.create_ledger(
-            ensemble_size=options.ensemble_size,
-            write_quorum=options.write_quorum,
-            ack_quorum=options.ack_quorum,
-            password=STREAM_PASSWORD,
-            custom_metadata=stream_ledger_metadata(namespace, stream, epoch),
-        )
-        first_seq = meta.end_seq_if_closed
-        segment = Segment(handle.ledger_id, first_seq, -1, SegmentState.OPEN, now_ms())
-        target = replace(meta, epoch=epoch, segments=(*meta.segments, segment))
-        try:
-            meta = await store.put_stream(namespace, stream, target)
-        except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
-            current = await store.find_stream(namespace, stream)
-            won = (
-                isinstance(error, MetadataOutcomeUnknownError)
-                and current is not None
-                and current.epoch == epoch
-                and current.open_segment == segment
-            )
-            if not won:
-                log.info("stream_writer_open_raced", stream=where, epoch=epoch)
-                with contextlib.suppress(BKError):
-                    await bk.delete_ledger(handle.ledger_id)
-                continue
-            assert current is not None
-            meta = current
-        sealed_bytes = await namespace_sealed_bytes(store, namespace)
-        log.info(
-            "stream_writer_opened",
-            stream=where,
-            epoch=epoch,
-            ledger_id=handle.ledger_id,
-            first_seq=first_seq,
-        )
-        return StreamWriter(
-            bk=bk,
-            store=store,
-            namespace=namespace,
-            stream=stream,
-            settings=settings,
-            options=options,
-            meta=meta,
-            handle=handle,
-            sealed_namespace_bytes=sealed_bytes,
-        )
-    raise metadata_attempts_exhausted(f"stream {where}", "opening a writer")

@@ -1,0 +1,133 @@
+"""Opening a stream's writer, and the namespace check every stream creation makes.
+
+Opening (BookKeeper's log-level rule, reference/bookkeeper.md 3.4; DistributedLog's writer):
+read the stream record; if its last segment is still OPEN, recover that ledger (which fences
+the previous writer: its adds fail with LedgerFencedError) and seal the segment at the agreed
+end; create a new ledger; then CAS the record with the epoch bumped and the new segment
+appended. A lost CAS means another writer got in first: its record is read again and its
+segment fenced in turn, so the last opener wins and exactly one writer owns the stream.
+
+No stream outlives its namespace. `delete_namespace` marks the namespace `deleting` before it
+lists its streams; a writer's open (and `create_stream`) reads the namespace again after its
+record landed. Either the listing comes after the record (and removes the stream) or the read
+comes after the mark (and the opener removes the stream itself and fails with
+NamespaceDeletingError): a record that lands after the listing is never left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from bkaio.errors import BKError, MetadataVersionError
+from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
+from bkaio.stream.errors import NamespaceNotFoundError
+from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta
+from bkaio.stream.segments import (
+    STREAM_PASSWORD,
+    namespace_sealed_bytes,
+    remove_stream,
+    seal_open_segment,
+    stream_ledger_metadata,
+)
+from bkaio.stream.store import StreamStore, now_ms
+from bkaio.stream.writer import StreamWriter, WriterOptions
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper
+
+log = structlog.get_logger(__name__)
+
+
+async def undo_if_namespace_closed(
+    bk: BookKeeper, store: StreamStore, namespace: str, stream: str
+) -> None:
+    """Called once a record of `stream` landed (created, or taken over by a writer): when the
+    namespace is being deleted (NamespaceDeletingError) or gone (NamespaceNotFoundError), the
+    stream is removed whole (record, ledgers, cursors) and the error raised. See module doc."""
+    try:
+        await store.get_live_namespace(namespace)
+    except NamespaceNotFoundError as error:
+        where = f"{namespace}/{stream}"
+        log.info("stream_removed_namespace_closed", stream=where, error=str(error))
+        await remove_stream(bk, store, namespace, stream)
+        raise
+
+
+async def open_writer(
+    bk: BookKeeper,
+    store: StreamStore,
+    namespace: str,
+    stream: str,
+    settings: NamespaceSettings,
+    options: WriterOptions,
+    *,
+    on_create: Any = None,
+) -> StreamWriter:
+    """Fence any previous writer, seal its segment, and start a new one (see module doc).
+
+    `on_create(stream)`, awaited before a new stream is created, may refuse it. Once the
+    record landed, NamespaceDeletingError (or NamespaceNotFoundError) when the namespace is
+    being (or was) deleted, the stream removed whole (`undo_if_namespace_closed`).
+    """
+    where = f"{namespace}/{stream}"
+    for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each lost CAS deletes its new ledger.
+        meta = await store.find_stream(namespace, stream)
+        if meta is None:
+            if on_create is not None:
+                await on_create(stream)
+            meta = StreamMeta(ctime_ms=now_ms())
+        meta = await seal_open_segment(bk, meta, where)
+        epoch = meta.epoch + 1
+        handle = await bk.create_ledger(
+            ensemble_size=options.ensemble_size,
+            write_quorum=options.write_quorum,
+            ack_quorum=options.ack_quorum,
+            password=STREAM_PASSWORD,
+            custom_metadata=stream_ledger_metadata(namespace, stream, epoch),
+        )
+        first_seq = meta.end_seq_if_closed
+        segment = Segment(handle.ledger_id, first_seq, -1, SegmentState.OPEN, now_ms())
+        target = replace(meta, epoch=epoch, segments=(*meta.segments, segment))
+        try:
+            meta = await store.put_stream(namespace, stream, target)
+        except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
+            current = await store.find_stream(namespace, stream)
+            won = (
+                isinstance(error, MetadataOutcomeUnknownError)
+                and current is not None
+                and current.epoch == epoch
+                and current.open_segment == segment
+            )
+            if not won:
+                log.info("stream_writer_open_raced", stream=where, epoch=epoch)
+                with contextlib.suppress(BKError):
+                    await bk.delete_ledger(handle.ledger_id)
+                continue
+            assert current is not None
+            meta = current
+        await undo_if_namespace_closed(bk, store, namespace, stream)
+        sealed_bytes = await namespace_sealed_bytes(store, namespace)
+        log.info(
+            "stream_writer_opened",
+            stream=where,
+            epoch=epoch,
+            ledger_id=handle.ledger_id,
+            first_seq=first_seq,
+        )
+        return StreamWriter(
+            bk=bk,
+            store=store,
+            namespace=namespace,
+            stream=stream,
+            settings=settings,
+            options=options,
+            meta=meta,
+            handle=handle,
+            sealed_namespace_bytes=sealed_bytes,
+        )
+    raise metadata_attempts_exhausted(f"stream {where}", "opening a writer")

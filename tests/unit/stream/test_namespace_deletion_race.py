@@ -1,0 +1,213 @@
+"""delete_namespace against a writer opening (or a stream being created) at the same time.
+
+The deletion lists the namespace's streams, removes them, then deletes the namespace record.
+A stream whose record landed after that listing was left behind: a stream record, its ledger
+and a live writer under a namespace that no longer exists (and that a namespace of the same
+name created later would find). Each test runs the other party at a chosen step of the
+deletion (the store's methods wrapped in the test) and checks that nothing outlives the
+namespace: either the writer fails with NamespaceNotFoundError (NamespaceDeletingError while
+the deletion runs) and its stream is gone, or the namespace and its stream are both kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from bkaio.errors import LedgerFencedError, MetadataError
+from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.stream import (
+    InvalidStreamArgumentError,
+    Namespace,
+    NamespaceDeletingError,
+    NamespaceNotEmptyError,
+    NamespaceNotFoundError,
+    delete_namespace,
+    open_namespace,
+)
+from bkaio.stream import namespace as namespace_module
+from bkaio.stream.model import StreamMeta
+from bkaio.stream.segments import remove_stream
+from bkaio.stream.store import StreamStore, metadata_of
+from tests.unit.stream.conftest import ClientFactory
+
+
+async def leftovers(bk: BookKeeper, name: str) -> dict[str, Any]:
+    """What of namespace `name` is still in metadata: record, streams, cursors, ledgers."""
+    store = StreamStore(metadata_of(bk))
+    cursors = await metadata_of(bk).store.list_prefix(f"/cursors/{name}/", keys_only=True)
+    return {
+        "namespace": name in await store.list_namespaces(),
+        "streams": await store.list_streams(name),
+        "cursors": [kv.key for kv in cursors],
+        "ledgers": [ledger_id async for ledger_id in bk.list_ledgers()],
+    }
+
+
+NOTHING = {"namespace": False, "streams": [], "cursors": [], "ledgers": []}
+
+
+def before_namespace_record_goes(
+    monkeypatch: pytest.MonkeyPatch, step: Callable[[], Awaitable[None]]
+) -> None:
+    """Run `step` once, when the deletion is about to delete the namespace record: after
+    every listing of its streams."""
+    real = StreamStore.delete_namespace
+    ran: list[bool] = []
+
+    async def delete_namespace_after_step(self: StreamStore, namespace: str) -> bool:
+        if not ran:
+            ran.append(True)
+            await step()
+        return await real(self, namespace)
+
+    monkeypatch.setattr(StreamStore, "delete_namespace", delete_namespace_after_step)
+
+
+@pytest.mark.parametrize("force", [True, False])
+async def test_a_writer_opened_after_the_streams_were_listed_leaves_nothing_behind(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch, force: bool
+) -> None:
+    deleter, writer_client = await make_client(), await make_client()
+    ns = await open_namespace(deleter, "tenant", create=True)
+    if force:  # A stream the listing sees, with a writer and a cursor.
+        old = await ns.open_writer("old")
+        await old.write(b"old record")
+        async with await ns.open_reader("old", cursor="c") as reader:
+            await reader.ack((await reader.__anext__()).position)
+    other = await open_namespace(writer_client, "tenant")
+    refused: list[BaseException] = []
+
+    async def open_late_writer() -> None:
+        try:
+            await other.open_writer("late")
+        except NamespaceNotFoundError as error:
+            refused.append(error)
+
+    before_namespace_record_goes(monkeypatch, open_late_writer)
+    await delete_namespace(deleter, "tenant", force=force)
+    assert await leftovers(deleter, "tenant") == NOTHING
+    assert [type(error) for error in refused] == [NamespaceDeletingError]
+    assert "being deleted" in str(refused[0])
+    if force:
+        with pytest.raises(LedgerFencedError):
+            await old.write(b"after the deletion")
+
+
+async def test_a_writer_whose_record_lands_after_the_deletion_removes_its_stream(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer read the namespace and found no stream before the deletion began; its
+    creation lands once the namespace record is gone."""
+    deleter, writer_client = await make_client(), await make_client()
+    await open_namespace(deleter, "tenant", create=True)
+    other = await open_namespace(writer_client, "tenant")
+    real_put = StreamStore.put_stream
+    about_to_create, deleted = asyncio.Event(), asyncio.Event()
+
+    async def put_after_the_deletion(
+        self: StreamStore, namespace: str, stream: str, meta: StreamMeta
+    ) -> StreamMeta:
+        if meta.version == 0 and not deleted.is_set():
+            about_to_create.set()
+            await deleted.wait()
+        return await real_put(self, namespace, stream, meta)
+
+    monkeypatch.setattr(StreamStore, "put_stream", put_after_the_deletion)
+    opening = asyncio.create_task(other.open_writer("late"))
+    await about_to_create.wait()
+    await delete_namespace(deleter, "tenant")
+    deleted.set()
+    with pytest.raises(NamespaceNotFoundError, match="does not exist"):
+        await opening
+    assert await leftovers(deleter, "tenant") == NOTHING
+
+
+async def test_a_stream_created_after_the_streams_were_listed_is_removed(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deleter, creator = await make_client(), await make_client()
+    await open_namespace(deleter, "tenant", create=True)
+    other = await open_namespace(creator, "tenant")
+    refused: list[BaseException] = []
+
+    async def create_late_stream() -> None:
+        try:
+            await other.create_stream("late")
+        except NamespaceDeletingError as error:
+            refused.append(error)
+
+    before_namespace_record_goes(monkeypatch, create_late_stream)
+    await delete_namespace(deleter, "tenant", force=True)
+    assert await leftovers(deleter, "tenant") == NOTHING
+    assert len(refused) == 1
+
+
+async def test_a_refused_deletion_leaves_the_namespace_usable(make_client: ClientFactory) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    await ns.create_stream("kept")
+    with pytest.raises(NamespaceNotEmptyError):
+        await delete_namespace(bk, "tenant")
+    assert not (await ns.refresh()).deleting
+    writer = await ns.open_writer("kept")
+    await writer.write(b"still writable")
+    await writer.close()
+
+
+async def test_a_stream_created_between_the_first_listing_and_the_mark_refuses_the_deletion(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without force, a stream that appears after the emptiness check keeps the namespace."""
+    deleter, creator = await make_client(), await make_client()
+    ns = await open_namespace(deleter, "tenant", create=True)
+    other = await open_namespace(creator, "tenant")
+    real_put = StreamStore.put_namespace
+    created: list[StreamMeta] = []
+
+    async def create_before_marking(self: StreamStore, namespace: str, settings: Any) -> int:
+        if not created:
+            created.append(await other.create_stream("sneaky"))
+        return await real_put(self, namespace, settings)
+
+    monkeypatch.setattr(StreamStore, "put_namespace", create_before_marking)
+    with pytest.raises(NamespaceNotEmptyError, match="sneaky"):
+        await delete_namespace(deleter, "tenant")
+    assert not (await ns.refresh()).deleting
+    assert await ns.list_streams() == ["sneaky"]
+
+
+async def test_a_forced_deletion_that_failed_part_way_refuses_writers_and_finishes_later(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s")
+    await writer.write(b"record")
+
+    async def failing_remove(*args: Any) -> StreamMeta | None:
+        raise MetadataError("metadata store unavailable")
+
+    monkeypatch.setattr(namespace_module, "remove_stream", failing_remove)
+    with pytest.raises(MetadataError):
+        await delete_namespace(bk, "tenant", force=True)
+    with pytest.raises(NamespaceDeletingError, match="tenant"):
+        await ns.open_writer("another")
+    with pytest.raises(NamespaceDeletingError):
+        await ns.create_stream("another")
+    monkeypatch.setattr(namespace_module, "remove_stream", remove_stream)
+    await delete_namespace(bk, "tenant", force=True)
+    assert await leftovers(bk, "tenant") == NOTHING
+
+
+async def test_deleting_is_not_a_setting_a_caller_gives(make_client: ClientFactory) -> None:
+    bk = await make_client()
+    with pytest.raises(InvalidStreamArgumentError, match="'deleting' is not a setting"):
+        await open_namespace(bk, "tenant", create=True, deleting=True)
+    ns: Namespace = await open_namespace(bk, "tenant", create=True)
+    with pytest.raises(InvalidStreamArgumentError, match="'deleting' is not a setting"):
+        await ns.update_settings(deleting=True)
+    assert not (await ns.refresh()).deleting
