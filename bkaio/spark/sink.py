@@ -44,6 +44,7 @@ from bkaio.spark.errors import SparkJobAbortedError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
+from bkaio.stream.opening import undo_if_namespace_closed
 from bkaio.stream.segments import STREAM_PASSWORD, seal_open_segment, stream_ledger_metadata
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
 
@@ -226,9 +227,13 @@ def appended(meta: StreamMeta, written: Sequence[WrittenLedger], ctime_ms: int) 
 
 
 async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[WrittenLedger]) -> int:
-    """Append `written` to the stream in one CAS (creating the stream); the first new seq."""
+    """Append `written` to the stream in one CAS (creating the stream); the first new seq.
+
+    NamespaceNotFoundError (NamespaceDeletingError) when the namespace is gone (being
+    deleted), also when found once the record landed: the stream is then removed whole, its
+    new ledgers with it (`undo_if_namespace_closed`, as for a stream writer's open)."""
     store = StreamStore(metadata_of(bk))
-    await store.get_namespace(options.namespace)  # NamespaceNotFoundError, clearly.
+    await store.get_live_namespace(options.namespace)  # NamespaceNotFoundError, clearly.
     where = options.full_name
     written = [w for w in written if w.last_entry_id >= 0]
     if not written:
@@ -239,7 +244,9 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
         if meta is None:
             meta = StreamMeta(ctime_ms=now_ms())
         if ids <= {s.ledger_id for s in meta.segments}:
-            return -1  # A retried commit whose first attempt landed.
+            # A retried commit whose first attempt landed.
+            await undo_if_namespace_closed(bk, store, options.namespace, options.stream)
+            return -1
         meta = await seal_open_segment(bk, meta, where)
         target = appended(meta, written, now_ms())
         try:
@@ -248,6 +255,7 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
             continue
         except MetadataOutcomeUnknownError:
             continue  # The next round re-reads and sees whether it landed.
+        await undo_if_namespace_closed(bk, store, options.namespace, options.stream)
         first_seq = meta.end_seq_if_closed
         log.info(
             "spark_sink_published",
