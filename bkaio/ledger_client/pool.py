@@ -78,6 +78,7 @@ class BookiePool:
         # its end, and the connections they went to, written at once after them.
         self._deferred: list[Callable[[], None]] = []
         self._touched: set[BookieConnection] = set()
+        self._closed = False  # `close` ran: no connection is made any more.
 
     def defer_send(self, send: Callable[[], None]) -> None:
         """Run `send` (a ledger handle's `_send_unsent`) once this loop iteration's callbacks
@@ -103,6 +104,8 @@ class BookiePool:
             connection.flush_now()
 
     def _connection(self, bookie_id: str, ledger_id: int) -> BookieConnection:
+        if self._closed:  # A connection made now would outlive its client, never closed.
+            raise BookieUnavailableError(f"bookie {bookie_id}: the client is closed")
         address = self._resolve(bookie_id)
         if address is None:
             raise BookieUnavailableError(f"bookie {bookie_id} is not registered (never seen)")
@@ -473,7 +476,8 @@ class BookiePool:
             )
 
     async def close(self) -> None:
-        """Close every connection."""
+        """Close every connection; later requests fail at once with BookieUnavailableError."""
+        self._closed = True
         connections, self._connections = self._connections, {}
         for connection in connections.values():
             await connection.close()

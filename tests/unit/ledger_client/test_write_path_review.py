@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bkaio.errors import BookieUnavailableError
+from bkaio.errors import BKError, BookieUnavailableError
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta.bookies import BookieInfo
@@ -96,3 +96,32 @@ async def test_waiting_for_capacity_behind_a_cancelled_append_does_not_spin(
     await asyncio.wait_for(capacity, 5)
     assert await second == 1
     await lh.close()
+
+
+async def test_a_closed_pool_makes_no_new_connection() -> None:
+    """A request after `BookiePool.close` (a handle still writing or reading after its client
+    closed) fails at once: it opened a new connection, kept in a pool already closed, so
+    nothing ever closed it."""
+    loop = asyncio.get_running_loop()
+    accepted: list[str] = []
+    server = await loop.create_server(lambda: _Listener(accepted, "b"), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    known = {"bookie-1": BookieInfo(bookie_id="bookie-1", host="127.0.0.1", port=port)}
+    pool = BookiePool(ClientConfig(), known.get)
+    await pool.close()
+    answers: list[BKError | None] = []
+    pool.add_entry(
+        "bookie-1", 7, 0, recovery=False, master_key=b"k" * 32, lac=-1, length=1, digest=0,
+        payload=b"x", callback=answers.append,
+    )  # fmt: skip
+    with pytest.raises(BookieUnavailableError, match="client is closed"):
+        await pool.read_lac("bookie-1", 7)
+    with pytest.raises(BookieUnavailableError, match="client is closed"):
+        await pool.read_entries("bookie-1", 7, 0, 0, max_count=1, max_bytes=1)
+    await asyncio.sleep(0)
+    assert len(answers) == 1 and isinstance(answers[0], BookieUnavailableError)
+    assert "client is closed" in str(answers[0])
+    assert pool._connections == {}
+    server.close()
+    await server.wait_closed()
+    assert accepted == []
