@@ -116,6 +116,8 @@ class BookieRegistration:
         self._info = info
         self._lease = lease
         self._deregistered = False
+        self._in_place = True  # False from a lost lease until a new one carries the record.
+        self._move_pending = False  # A mode move started and not yet finished.
         self._keeper = loop_supervisor().spawn(
             "bookie_registration", self._keep, Restart(), instance=f"{info.bookie_id}/{lease.id}"
         )
@@ -130,13 +132,17 @@ class BookieRegistration:
 
     async def set_read_only(self, read_only: bool) -> None:
         """Move the registration to /bookies/readonly (or back) under the same lease."""
-        if read_only == self._info.read_only:
+        if read_only == self._info.read_only and not self._move_pending:
             return
-        old_key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
+        old_key = registration_key(self._info.bookie_id, read_only=not read_only)
         self._info = BookieInfo(**{**_fields(self._info), "read_only": read_only})
+        # Until both steps are done, a call for the same mode does them again (a failed move
+        # would otherwise count as made, and a read-only bookie stay listed as writable).
+        self._move_pending = True
         # The new key first: the bookie is never missing from the list during the move.
         await self._publish()
         await self._store.delete(old_key)
+        self._move_pending = False
         log.info("bookie_mode_changed", bookie_id=self._info.bookie_id, read_only=read_only)
 
     async def _publish(self) -> None:
@@ -148,15 +154,20 @@ class BookieRegistration:
         for longer than its TTL, say), retrying with backoff until it is done."""
         backoff = Backoff(0.2, max(0.2, min(5.0, self._lease.ttl_seconds / 2)))
         while not self._deregistered:
-            await self._lease.wait_lost()
-            if self._deregistered:
-                return
-            log.warning("bookie_registration_lost", bookie_id=self._info.bookie_id)
+            if self._in_place:
+                await self._lease.wait_lost()
+                if self._deregistered:
+                    return
+                log.warning("bookie_registration_lost", bookie_id=self._info.bookie_id)
+                self._in_place = False
             try:
+                # A lease granted for an attempt that fails is left to expire: nothing keeps
+                # it alive, and the next attempt takes a new one.
                 lease = await self._store.grant_lease(self._lease.ttl_seconds)
                 self._lease = lease
                 await self._publish()
                 lease.start_keep_alive()
+                self._in_place = True
                 log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
                 backoff.reset()
             except MetadataError as error:
