@@ -395,8 +395,7 @@ class StreamWriter:
             meta = await self._cas_segments(sealed, new_handle.ledger_id)
         except BKError as error:
             if new_handle is not None:
-                with contextlib.suppress(BKError):
-                    await self._bk.delete_ledger(new_handle.ledger_id)
+                await self._drop_unrecorded(new_handle.ledger_id)
             self._fail(error)
             self._roll_task = None
             return
@@ -414,6 +413,22 @@ class StreamWriter:
             first_seq=segment.first_seq,
         )
         self._send_held()
+
+    async def _drop_unrecorded(self, ledger_id: int) -> None:
+        """Delete the failed roll's new ledger unless the record names it: a write whose reply
+        was lost may have landed, and a record naming a deleted ledger fails its readers (and
+        `end_seq`) until the next writer seals it. Kept when the record cannot be read: an
+        orphan ledger (its custom metadata names the stream) is the lesser harm."""
+        try:
+            meta = await self._store.find_stream(self.namespace, self.stream)
+        except BKError as error:
+            # Not known whether the record names it: kept (found by its custom metadata).
+            self._log.warning("stream_roll_ledger_kept", ledger_id=ledger_id, error=str(error))
+            return
+        if meta is not None and any(s.ledger_id == ledger_id for s in meta.segments):
+            return  # Recorded: the next writer seals it (or deletion, truncation drop it).
+        with contextlib.suppress(BKError):
+            await self._bk.delete_ledger(ledger_id)
 
     def _send_held(self) -> None:
         """Send held writes to the current ledger in order, until it is due to roll in its
