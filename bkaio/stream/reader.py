@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from bkaio.errors import BKError, NoSuchEntryError, NoSuchLedgerError
+from bkaio.errors import BKError, MetadataError, NoSuchEntryError, NoSuchLedgerError
 from bkaio.ledger_client.errors import copy_error
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
@@ -467,9 +467,14 @@ class StreamReader:
             assert target is not None and self.cursor is not None
             if isinstance(self._watch_error, StreamNotFoundError):
                 raise copy_error(self._watch_error)
-            await self._store.put_cursor(
-                self.namespace, self.stream, self.cursor, CursorState(target, now_ms())
-            )
+            try:
+                await self._store.put_cursor(
+                    self.namespace, self.stream, self.cursor, CursorState(target, now_ms())
+                )
+            except MetadataError:  # It may have landed all the same (a lost reply).
+                with contextlib.suppress(MetadataError):
+                    await self._check_cursor_outlives_nothing()
+                raise
             await self._check_cursor_outlives_nothing()
             self._persisted = target
         except BKError as error:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.stream import InvalidStreamArgumentError, StreamNotFoundError, open_namespace
 from bkaio.stream.model import CursorState, StreamMeta
 from bkaio.stream.store import StreamStore, metadata_of
@@ -81,5 +82,35 @@ async def test_an_ack_racing_the_deletion_removes_the_cursor_it_wrote(
     await ns.delete_stream("s")  # Record, ledgers, cursors; then the ack's write lands.
     with pytest.raises(StreamNotFoundError, match="cursor 'c' was not kept"):
         await reader.ack(records[-1].position)
+    await reader.close()
+    assert await StreamStore(metadata_of(bk)).list_cursors("tenant", "s") == {}
+
+
+async def test_a_cursor_write_whose_reply_was_lost_after_the_deletion_leaves_no_cursor(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write landed after delete_stream removed the cursors, and its reply was lost: the
+    ack failed without checking the stream, and the cursor outlived it."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s")
+    for i in range(5):
+        await writer.write(b"old-%d" % i)
+    await writer.close()
+    reader = await ns.open_reader("s", cursor="c")
+    records = await take(reader, 5)
+    real_put = StreamStore.put_cursor
+
+    async def deleted_then_landed_reply_lost(
+        self: StreamStore, namespace: str, stream: str, cursor: str, state: CursorState
+    ) -> None:
+        await ns.delete_stream("s")
+        await real_put(self, namespace, stream, cursor, state)
+        raise MetadataOutcomeUnknownError("connection lost")
+
+    monkeypatch.setattr(StreamStore, "put_cursor", deleted_then_landed_reply_lost)
+    with pytest.raises(StreamNotFoundError, match="cursor 'c' was not kept"):
+        await reader.ack(records[2].position)
+    monkeypatch.undo()
     await reader.close()
     assert await StreamStore(metadata_of(bk)).list_cursors("tenant", "s") == {}
