@@ -94,8 +94,8 @@ class BookKeeper:
         # Runs the registry watch (`_start_bookie_watch`); the handles' one-shot jobs run
         # under `bkaio.supervision.spawn_job` on their own.
         self._supervisor: Supervisor | None = None
-        # Write handles still referenced: close stops their explicit-LAC timers and jobs, the
-        # only work a handle starts on its own (a LAC push after close would outlive the pool).
+        # Write handles still referenced: close stops them (`LedgerHandle.client_closed`), their
+        # ensemble changes and explicit-LAC pushes, which would outlive the pool otherwise.
         self._write_handles: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
         self._closed = False
 
@@ -206,7 +206,7 @@ class BookKeeper:
             return
         self._closed = True
         for handle in list(self._write_handles):
-            await handle.stop_explicit_lac()
+            await handle.client_closed()
         if self._supervisor is not None:
             await self._supervisor.stop()
         await self._ops.close()

@@ -241,6 +241,27 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
                 # when acknowledged): a done future would make this loop spin.
                 await asyncio.sleep(pause.next_delay())
 
+    async def client_closed(self) -> None:
+        """Its client is closing (`BookKeeper.close`, before its connections): the handle
+        stops as failed, so that no ensemble change, re-send or LAC push outlives them.
+
+        Adds not acknowledged by then fail with LedgerClosedError, and so do later appends;
+        the ledger stays OPEN until a recovery seals it. A sealed handle is left as it is.
+        """
+        if not self._closed:
+            self._fail(
+                LedgerClosedError(
+                    f"ledger {self.ledger_id}: its client is closed; adds not acknowledged by "
+                    f"then never will be, and the ledger stays open (last add confirmed "
+                    f"{self._lac}) until a recovery seals it"
+                )
+            )
+        task = self._change_task
+        if task is not None:  # Its metadata write would go through a connection being closed.
+            task.cancel()
+            await asyncio.wait((task,))
+        await self.stop_explicit_lac()
+
     async def __aenter__(self) -> LedgerHandle:
         return self
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bkaio.errors import BKError, BookieUnavailableError
+from bkaio.errors import BKError, BookieUnavailableError, LedgerClosedError
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta.bookies import BookieInfo
@@ -125,3 +125,36 @@ async def test_a_closed_pool_makes_no_new_connection() -> None:
     server.close()
     await server.wait_closed()
     assert accepted == []
+
+
+async def test_closing_the_client_stops_its_open_writers_without_ensemble_changes() -> None:
+    """`BookKeeper.close` with an add in flight: the add fails naming the closed client, and
+    nothing is written to the metadata after it. The connections' close failed the add like a
+    dead bookie, so the writer changed its ensemble (a metadata write through a closing
+    connection), tried every bookie, and told NotEnoughBookiesError ("bookies ... down")."""
+    cluster = fake_cluster(4)
+    ops = cluster.ops
+    lh = await cluster.client.create_ledger(2, 2, 2)
+    assert await lh.append(b"a") == 0
+    for bookie_id in ops.bookies:
+        ops.hold(bookie_id)
+    in_flight = lh.append(b"b")
+    updates = cluster.store.updates
+
+    async def close() -> None:  # As the wire pool's: requests in flight fail, later ones too.
+        ops.closed = True
+        ops.down.update(ops.bookies)
+        for bookie_id in list(ops.held):
+            ops.release(bookie_id)
+
+    ops.close = close  # type: ignore[method-assign]
+    await cluster.client.close()
+    with pytest.raises(LedgerClosedError, match="client is closed"):
+        await asyncio.wait_for(in_flight, 5)
+    with pytest.raises(LedgerClosedError, match="client is closed"):
+        lh.append(b"c")
+    for _ in range(20):  # Loop iterations in which an ensemble change would have run.
+        await asyncio.sleep(0)
+    assert cluster.store.updates == updates
+    assert len(lh.metadata.ensembles) == 1
+    assert lh.last_add_confirmed == 0
