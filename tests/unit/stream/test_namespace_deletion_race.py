@@ -19,6 +19,7 @@ import pytest
 
 from bkaio.errors import LedgerFencedError, MetadataError
 from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.stream import (
     InvalidStreamArgumentError,
     Namespace,
@@ -211,3 +212,25 @@ async def test_deleting_is_not_a_setting_a_caller_gives(make_client: ClientFacto
     with pytest.raises(InvalidStreamArgumentError, match="'deleting' is not a setting"):
         await ns.update_settings(deleting=True)
     assert not (await ns.refresh()).deleting
+
+
+async def test_a_creation_whose_reply_was_lost_after_the_deletion_leaves_nothing(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """create_stream raises a lost reply, but its record landed after the deletion finished."""
+    deleter, creator = await make_client(), await make_client()
+    await open_namespace(deleter, "tenant", create=True)
+    other = await open_namespace(creator, "tenant")
+    real_put = StreamStore.put_stream
+
+    async def deleted_then_landed_reply_lost(
+        self: StreamStore, namespace: str, stream: str, meta: StreamMeta
+    ) -> StreamMeta:
+        await delete_namespace(deleter, "tenant")
+        await real_put(self, namespace, stream, meta)
+        raise MetadataOutcomeUnknownError("connection lost")
+
+    monkeypatch.setattr(StreamStore, "put_stream", deleted_then_landed_reply_lost)
+    with pytest.raises(NamespaceNotFoundError, match="does not exist"):
+        await other.create_stream("late")
+    assert await leftovers(deleter, "tenant") == NOTHING
