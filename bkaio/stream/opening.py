@@ -110,6 +110,12 @@ async def open_writer(
                 continue
             assert current is not None
             meta = current
+        except BKError:
+            # Not applied (a write whose outcome is unknown raises the error above): the
+            # record does not name the new ledger, which would be left behind.
+            with contextlib.suppress(BKError):
+                await bk.delete_ledger(handle.ledger_id)
+            raise
         await undo_if_namespace_closed(bk, store, namespace, stream)
         sealed_bytes = await namespace_sealed_bytes(store, namespace)
         log.info(
