@@ -9,7 +9,8 @@ Master keys: ledger metadata keeps only a hash of the ledger's master key (the w
 password never reaches metadata), yet a replacement bookie must learn the right key, or the
 writer's next add there would be refused (UNAUTHORIZED). A bookie that holds the ledger knows
 the key; `MasterKeys` asks the admin HTTP of the ledger's live bookies
-(`GET /api/v1/autorecovery/ledger_key`, Bearer admin token) and checks the answer against the
+(`GET /api/v1/autorecovery/ledger_key`, Bearer admin token; HTTPS with the process's TLS
+context when the bookie registered an https:// admin URL) and checks the answer against the
 hash in the metadata before using it.
 """
 
@@ -34,6 +35,11 @@ from bkaio.ledger_client.placement import BookieCandidate, PlacementPolicy, make
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import BookieInfo, LedgerMetadata, Metadata
 from bkaio.protocol.digest import password_check
+from bkaio.security.admin_client import (
+    ADMIN_CLIENT_TLS_SETTINGS,
+    AdminTlsMismatchError,
+    admin_request_ssl,
+)
 from bkaio.supervision import Restart, loop_supervisor
 
 from .fragments import ReplicationError
@@ -147,9 +153,18 @@ class ClusterView:
 class MasterKeys:
     """Learns ledgers' master keys from the bookies that hold them (see the module docstring)."""
 
-    def __init__(self, view: ClusterView, admin_token: str) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        admin_token: str,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`tls`: verifies bookies whose admin API serves HTTPS (None: this process has no
+        TLS, and such a bookie is refused naming what to set)."""
         self._view = view
         self._token = admin_token
+        self._tls = tls
         self._cache: dict[int, bytes] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -170,6 +185,9 @@ class MasterKeys:
         for bookie_id in candidates:
             try:
                 key = await self._ask(bookie_id, metadata.ledger_id)
+            except AdminTlsMismatchError as error:
+                errors.append(f"{bookie_id}: {error}")
+                continue
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
                 errors.append(f"{bookie_id}: {error!r}")
                 continue
@@ -194,6 +212,9 @@ class MasterKeys:
         info = self._view.info(bookie_id)
         if info is None or not info.admin_url:
             raise ValueError(f"bookie {bookie_id} registered no admin URL")
+        ssl_arg = admin_request_ssl(
+            info.admin_url, self._tls, tls_setting=ADMIN_CLIENT_TLS_SETTINGS
+        )
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=_KEY_HTTP_TIMEOUT_SECONDS)
@@ -201,7 +222,7 @@ class MasterKeys:
         url = f"{info.admin_url}/api/v1/autorecovery/ledger_key"
         headers = {"Authorization": f"Bearer {self._token}"}
         async with self._session.get(
-            url, params={"ledger_id": str(ledger_id)}, headers=headers
+            url, params={"ledger_id": str(ledger_id)}, headers=headers, ssl=ssl_arg
         ) as response:
             body: Any = await response.json(content_type=None)
             if response.status != 200:

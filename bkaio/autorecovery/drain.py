@@ -22,22 +22,25 @@ incomplete bookie (the ledger check's) that is not registered now is left in the
 the workers. `skip_open_ledgers` leaves ledgers that are not closed alone (nothing fenced).
 `decommission` records the bookie as decommissioned first: the bookie turns read-only (so
 writers move their open ledgers off it by ensemble change) and stays so, also across restarts,
-until `recommission_bookie`.
+until `recommission_bookie`. `tls` and `auth_token` are what the bookies require of clients
+(the TLS context also verifies bookies whose admin API, asked for master keys, serves HTTPS).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, BKTimeoutError, NotEnoughBookiesError
+from bkaio.ledger_client.types import ClientConfig
 from bkaio.meta import Lease, LedgerMetadata, Metadata, UnderreplicatedLedger
 
 from .admin import check_known_bookie, metadata_of
@@ -232,12 +235,23 @@ async def plan_recovery(
         return RecoveryPlan(bookie_id, registered, tuple(ledgers))
 
 
+class BookieAccess(NamedTuple):
+    """How a drain reaches the bookies: the admin token (ledgers' master keys), the TLS
+    context (client port and HTTPS admin APIs; None: plain) and the HELLO token."""
+
+    admin_token: str
+    tls: ssl.SSLContext | None
+    auth_token: str | None
+
+
 async def recover_bookie(
     metadata: str | Metadata,
     bookie_id: str,
     progress: ProgressCallback | None = None,
     *,
     admin_token: str = "",
+    tls: ssl.SSLContext | None = None,
+    auth_token: str | None = None,
     force: bool = False,
     skip_open_ledgers: bool = False,
     on_failure: FailureCallback | None = None,
@@ -264,7 +278,7 @@ async def recover_bookie(
         drain = _Drain(
             meta,
             bookie_id,
-            admin_token,
+            BookieAccess(admin_token, tls, auth_token),
             progress,
             on_failure,
             concurrency=concurrency,
@@ -281,6 +295,8 @@ async def decommission_bookie(
     progress: ProgressCallback | None = None,
     *,
     admin_token: str = "",
+    tls: ssl.SSLContext | None = None,
+    auth_token: str | None = None,
     open_ledger_grace_seconds: float = 30.0,
     on_failure: FailureCallback | None = None,
     concurrency: int = 4,
@@ -301,7 +317,7 @@ async def decommission_bookie(
         drain = _Drain(
             meta,
             bookie_id,
-            admin_token,
+            BookieAccess(admin_token, tls, auth_token),
             progress,
             on_failure,
             concurrency=concurrency,
@@ -335,7 +351,7 @@ class _Drain:
         self,
         meta: Metadata,
         bookie_id: str,
-        admin_token: str,
+        access: BookieAccess,
         progress: ProgressCallback | None,
         on_failure: FailureCallback | None,
         *,
@@ -347,7 +363,7 @@ class _Drain:
         assert concurrency >= 1, concurrency
         self._meta = meta
         self._bookie_id = bookie_id
-        self._token = admin_token
+        self._access = access
         self._progress = progress
         self._on_failure = on_failure
         self._concurrency = concurrency
@@ -367,9 +383,16 @@ class _Drain:
         self._decommissioned: set[str] = set()
 
     async def run(self, timeout_seconds: float) -> RecoveryReport:
-        view = ClusterView(self._meta)
+        access = self._access
+        client_config = ClientConfig(
+            client_id="bkaio-autorecovery",
+            add_timeout=15.0,
+            read_timeout=15.0,
+            auth_token=access.auth_token or None,
+        )
+        view = ClusterView(self._meta, client_config=client_config, tls=access.tls)
         await view.start()
-        keys = MasterKeys(view, self._token)
+        keys = MasterKeys(view, access.admin_token, tls=access.tls)
         replicator = Replicator(view, keys, AutorecoveryMetrics())
         lease = await self._meta.store.grant_lease(_ADMIN_LEASE_TTL_SECONDS)
         lease.start_keep_alive()

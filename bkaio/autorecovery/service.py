@@ -76,7 +76,7 @@ class AutorecoveryService:
             auth_token=auth_token or None,
         )
         self.view = ClusterView(metadata, client_config=client_config, tls=tls)
-        self.keys = MasterKeys(self.view, self.config.admin_token or admin_token)
+        self.keys = MasterKeys(self.view, self.config.admin_token or admin_token, tls=tls)
         self.replicator = Replicator(
             self.view, self.keys, self.metrics, entries_in_flight=self.config.entries_in_flight
         )
@@ -176,10 +176,13 @@ async def run_autorecovery(
     owner: str | None = None,
     stop: asyncio.Event | None = None,
     metrics_registry: CollectorRegistry | None = None,
+    tls: ssl.SSLContext | None = None,
+    auth_token: str | None = None,
 ) -> int:
     """Run an auditor candidate and a replication worker until `stop` is set (or cancelled).
 
-    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys). Returns
+    `admin_token` is the bookies' admin token (needed to learn ledgers' master keys); `tls`
+    and `auth_token` what the bookies require of clients (TLS also for HTTPS admin APIs). Returns
     the process exit code: 0 when stopped, `EXIT_TASK_FAILED` when a task failed for good.
     Stops within a few seconds of `stop` whatever the metadata store is doing.
     """
@@ -198,6 +201,8 @@ async def run_autorecovery(
             config=config,
             admin_token=admin_token,
             metrics=AutorecoveryMetrics(metrics_registry),
+            tls=tls,
+            auth_token=auth_token,
         )
         try:
             if await unless_stopped(asyncio.ensure_future(service.start()), stop):

@@ -21,12 +21,14 @@ GET  /api/v1/autorecovery/ledger_key?ledger_id=N       master key this bookie re
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
 
 from bkaio import autorecovery
 from bkaio.errors import MetadataError
+from bkaio.security.tls import bookie_client_tls_context
 
 from .admin_http import (
     AdminHost,
@@ -141,7 +143,18 @@ class _AutorecoveryRoutes:
             meta = metadata_of(host)
 
             async def work(progress: Any) -> Any:
-                return await action(meta, source, progress, admin_token=token)
+                # As this bookie's own autorecovery reaches the others: its client TLS (also
+                # for HTTPS admin APIs, asked for master keys) and the HELLO token.
+                config = host.config
+                tls = await asyncio.to_thread(bookie_client_tls_context, config.tls)
+                return await action(
+                    meta,
+                    source,
+                    progress,
+                    admin_token=token,
+                    tls=tls,
+                    auth_token=config.server.auth_token or None,
+                )
 
             job_id = host.jobs.start(kind, source, work)
             return web.json_response(host.jobs.jobs[job_id], status=202)

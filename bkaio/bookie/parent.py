@@ -51,6 +51,7 @@ from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
 from bkaio.process_metrics import ProcessesCollector
+from bkaio.security.tls import server_tls_context
 from bkaio.supervision import EXIT_TASK_FAILED, FatalTaskFailure, Restart, Supervisor, bounded
 
 from .admin import build_admin_app
@@ -255,8 +256,17 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
         runner = web.AppRunner(
             build_admin_app(self), access_log=None, shutdown_timeout=ADMIN_SHUTDOWN_SECONDS
         )
+        # HTTPS with the bookie's certificate (admin.tls; docs/security.md). Server
+        # authentication only: the admin token guards what changes or reveals secrets, and
+        # Prometheus scrapes /metrics with the cluster CA alone.
+        ssl_context = None
+        if self.config.admin_https:
+            tls = self.config.tls
+            ssl_context = await asyncio.to_thread(
+                server_tls_context, tls.cert_file, tls.key_file, min_version=tls.min_version
+            )
         await runner.setup()
-        site = web.TCPSite(runner, admin.host, admin.port)
+        site = web.TCPSite(runner, admin.host, admin.port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as error:
@@ -267,7 +277,7 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
         server = site._server  # aiohttp keeps the listening sockets here.
         sockets = getattr(server, "sockets", None) or ()
         port = sockets[0].getsockname()[1] if sockets else admin.port
-        self.admin_url = f"http://{admin.host}:{port}"
+        self.admin_url = self.config.admin_url(port)
         return runner
 
     async def _shutdown(self, exit_code: int) -> int:

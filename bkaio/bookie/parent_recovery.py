@@ -95,13 +95,12 @@ class RecoveryServices(ParentState):
             read_timeout=15.0,
             auth_token=self.config.server.auth_token or None,
         )
-        view = ClusterView(
-            self.metadata,
-            client_config=client_config,
-            tls=bookie_client_tls_context(self.config.tls),
-        )
+        tls = bookie_client_tls_context(self.config.tls)
+        view = ClusterView(self.metadata, client_config=client_config, tls=tls)
         await view.start()
-        keys = MasterKeys(view, self.config.autorecovery.admin_token or self.config.admin.token)
+        keys = MasterKeys(
+            view, self.config.autorecovery.admin_token or self.config.admin.token, tls=tls
+        )
         try:
             repair = LimboRepair(
                 self.config.bookie_id,

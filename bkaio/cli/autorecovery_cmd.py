@@ -8,7 +8,7 @@ import signal
 import click
 import structlog
 
-from bkaio.cli.common import metadata_option, run
+from bkaio.cli.common import client_options, metadata_option, run
 from bkaio.cli.params import FiniteFloat
 from bkaio.fault_switches import fault_switch_refusal
 
@@ -69,6 +69,8 @@ def autorecovery(
         lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
     )
 
+    options = client_options()  # $BKAIO_TLS_CA (also for HTTPS admin APIs), the HELLO token.
+
     async def go() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -80,6 +82,7 @@ def autorecovery(
             admin_token=admin_token,
             stop=stop,
             metrics_registry=registry,
+            **options,
         )
 
     code = run(go())

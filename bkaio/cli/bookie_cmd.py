@@ -174,9 +174,7 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         "shard_ports": [config.shard_port(i) for i in range(config.shard_count)],
         "rack": config.rack,
         "metadata": redact_uri(config.metadata.uri),
-        "admin": f"http://{config.admin.host}:{config.admin.port}"
-        if config.admin.enabled
-        else None,
+        "admin": config.admin_url(config.admin.port) if config.admin.enabled else None,
         **measure_space(ledger_directories(config)).to_dict(),
         "directories": directories,
         # false: BookKeeper's journalSyncData=false; a power failure can lose acknowledged entries.
@@ -184,9 +182,7 @@ def bookie_info(context: click.Context, config_path: Path | None, as_json: bool)
         "limbo": _limbo_of(config),
         # The running bookie's health, mode and supervised tasks (its admin `/status`); null
         # when it does not answer (not running, or admin HTTP off).
-        "status": _running_status(config.admin.host, config.admin.port)
-        if config.admin.enabled
-        else None,
+        "status": _running_status(config) if config.admin.enabled else None,
     }
     emit(result, as_json=as_json)
 
@@ -207,9 +203,14 @@ def _limbo_of(config: Any) -> dict[str, Any]:
     }
 
 
-def _running_status(host: str, port: int) -> dict[str, Any] | None:
+def _running_status(config: Any) -> dict[str, Any] | None:
+    """The running bookie's admin `/status`, over HTTPS (its [tls] client CA) when it serves it."""
+    from bkaio.security.tls import bookie_client_tls_context
+
+    url = f"{config.admin_url(config.admin.port)}/status"
+    context = bookie_client_tls_context(config.tls) if config.admin_https else None
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=2.0) as response:
+        with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
             body = json.loads(response.read())
     except (OSError, ValueError):
         return None

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bkaio.cli.common import json_option, metadata_option, run
+from bkaio.cli.common import client_options, json_option, metadata_option, run
 from bkaio.cli.output import emit, table
 from bkaio.cli.params import BOOKIE_ID, FiniteFloat
 from bkaio.errors import BKError
@@ -224,6 +224,7 @@ def recover(
         emit(plan.to_dict(), as_json=as_json, human=_plan_human(plan, detailed=dry_run))
         return
     require_admin_token(admin_token, "recover")
+    options = client_options()  # $BKAIO_TLS_CA (also for HTTPS admin APIs), the HELLO token.
 
     async def go() -> Any:
         with _ProgressView("recover", bookie_id) as view:
@@ -232,6 +233,7 @@ def recover(
                 bookie_id,
                 view.update,
                 admin_token=admin_token,
+                **options,
                 force=force,
                 skip_open_ledgers=skip_open_ledgers,
                 on_failure=view.failed,
@@ -267,6 +269,7 @@ def decommission(
     from bkaio import autorecovery
 
     require_admin_token(admin_token, "decommission")
+    options = client_options()  # $BKAIO_TLS_CA (also for HTTPS admin APIs), the HELLO token.
 
     async def go() -> Any:
         with _ProgressView("decommission", bookie_id) as view:
@@ -275,6 +278,7 @@ def decommission(
                 bookie_id,
                 view.update,
                 admin_token=admin_token,
+                **options,
                 open_ledger_grace_seconds=grace_seconds,
                 on_failure=view.failed,
                 timeout_seconds=timeout_seconds,

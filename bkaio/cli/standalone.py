@@ -428,6 +428,7 @@ class StandaloneCluster:
                 "client_cert_file": str(files.client_cert_file),
                 "client_key_file": str(files.client_key_file),
             }
+        scheme = "https" if self.layout.tls else "http"
         return {
             "metadata": self.layout.metadata_uri,
             "tls": tls,
@@ -435,7 +436,8 @@ class StandaloneCluster:
             "bookies": [
                 {
                     "bookie_id": f"{LOOPBACK}:{port}",
-                    "admin_url": f"http://{LOOPBACK}:{admin}",
+                    # Its admin.tls is "auto": HTTPS with the local CA when --tls.
+                    "admin_url": f"{scheme}://{LOOPBACK}:{admin}",
                     "pid": bookie.process.pid if bookie.process is not None else None,
                     "restarts": bookie.restarts,
                 }

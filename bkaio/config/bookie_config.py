@@ -31,6 +31,7 @@ from bkaio.config.sections import (
     ServerConfig,
     StorageDirs,
     TlsConfig,
+    admin_serves_https,
 )
 from bkaio.entrylog.config import StorageConfig
 from bkaio.errors import ConfigError
@@ -67,6 +68,22 @@ class BookieConfig:
                 f"bookie.port={self.port} with {self.shard_count} shards needs ports up to "
                 f"{self.port + self.shard_count - 1}, above 65535"
             )
+        if self.admin.enabled:
+            admin_serves_https(self.admin, self.tls)  # Refuses admin.tls "on" without TLS.
+
+    @property
+    def admin_https(self) -> bool:
+        """Whether the admin HTTP serves HTTPS (admin.tls; docs/security.md)."""
+        return self.admin.enabled and admin_serves_https(self.admin, self.tls)
+
+    def admin_url(self, port: int) -> str:
+        """The admin API's base URL as others reach it on `port`: its scheme, and
+        admin.host, or the advertised host when admin.host is a wildcard (0.0.0.0 reaches
+        nothing from another machine, and a certificate names the advertised host)."""
+        host = self.advertised_host if self.admin.host in _WILDCARD_HOSTS else self.admin.host
+        if ":" in host:
+            host = f"[{host}]"  # An IPv6 address.
+        return f"{'https' if self.admin_https else 'http'}://{host}:{port}"
 
     def shard_port(self, shard_index: int) -> int:
         assert 0 <= shard_index < self.shard_count, (shard_index, self.shard_count)

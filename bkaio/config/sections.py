@@ -193,16 +193,26 @@ class TlsConfig:
             raise ConfigError("tls.client_cert_file and tls.client_key_file go together")
 
 
+ADMIN_TLS_MODES: Final = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdminConfig:
     enabled: bool = True
     host: str = "127.0.0.1"  # Loopback by default: the admin API is not for the open network.
     port: int = 8180  # 0: any free port (tests).
     token: str = ""  # Bearer token for PUT endpoints; empty disables them.
+    # HTTPS with the bookie's own certificate ([tls] cert_file/key_file): "auto" when
+    # tls.enabled, "on" always (refused at start without tls.enabled), "off" plain HTTP.
+    tls: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"admin.port={self.port} must be in [0, 65535]")
+        if self.tls not in ADMIN_TLS_MODES:
+            raise ConfigError(
+                f"admin.tls={self.tls!r} must be auto|on|off (auto: HTTPS when tls.enabled)"
+            )
         if not self.host.strip():
             # asyncio binds an empty host on every interface: the opposite of the default's
             # intent, and more likely an unset template variable than a choice ("0.0.0.0" is).
@@ -210,6 +220,20 @@ class AdminConfig:
                 "admin.host is empty; give an address (127.0.0.1 for this machine only, "
                 "0.0.0.0 for every interface)"
             )
+
+
+def admin_serves_https(admin: AdminConfig, tls: TlsConfig) -> bool:
+    """Whether the admin HTTP serves HTTPS (with tls.cert_file and tls.key_file): admin.tls
+    "on", or "auto" with tls.enabled. ConfigError for "on" without the bookie's TLS."""
+    if admin.tls == "off":
+        return False
+    if admin.tls == "on" and not tls.enabled:
+        raise ConfigError(
+            'admin.tls = "on" needs tls.enabled = true with tls.cert_file and tls.key_file '
+            '(the admin HTTPS serves the bookie\'s certificate); or set admin.tls = "off" '
+            "for plain HTTP"
+        )
+    return tls.enabled
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

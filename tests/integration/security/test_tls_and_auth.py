@@ -36,7 +36,8 @@ async def _raw_tls(cluster: BookieCluster, context: ssl.SSLContext | None) -> Ra
 
 
 def _metric(cluster: BookieCluster, name: str) -> float:
-    with urllib.request.urlopen(f"{cluster[0].admin_url}/metrics", timeout=10) as response:
+    url, context = f"{cluster[0].admin_url}/metrics", cluster[0].admin_ssl
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
         text = response.read().decode()
     total = 0.0
     for line in text.splitlines():
