@@ -103,6 +103,9 @@ class Lease(abc.ABC):
         self.ttl_seconds = ttl_seconds
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
+        # Loop time by which the store drops the lease unless a refresh reaches it: a TTL after
+        # the last confirmed refresh was sent (at first: when the granted lease was built).
+        self._expires_at = asyncio.get_running_loop().time() + ttl_seconds
 
     @abc.abstractmethod
     async def keep_alive(self) -> None:
@@ -120,7 +123,9 @@ class Lease(abc.ABC):
 
     @property
     def lost(self) -> bool:
-        """True once the background keep-alive found the lease expired (or after revoke)."""
+        """True once the background keep-alive found the lease expired, or confirmed no refresh
+        for a TTL (the store may have dropped it: its holder must stop acting on it), or after
+        revoke."""
         return self._lost.is_set()
 
     async def wait_lost(self) -> None:
@@ -147,17 +152,33 @@ class Lease(abc.ABC):
                 await task
 
     async def _keep_alive_forever(self, interval_seconds: float) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_seconds)
+            sent = loop.time()
             try:
-                await self.keep_alive()
+                # A refresh that lands after the lease lapsed on the store renews nothing.
+                async with asyncio.timeout_at(self._expires_at):
+                    await self.keep_alive()
             except LeaseExpiredError:
                 log.warning("lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds)
                 self._lost.set()
                 return
-            except MetadataError as error:
-                # The store is unreachable; keep trying until the TTL decides for us.
+            except (MetadataError, TimeoutError) as error:
+                if loop.time() >= self._expires_at:
+                    # Unconfirmed for a whole TTL: the store may have dropped the lease and
+                    # someone else taken what it held (an election, a lock). Lost, as far as
+                    # this holder can tell; it must not go on acting as if it still held it.
+                    log.warning(
+                        "lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds,
+                        reason="no refresh confirmed within the TTL", error=str(error),
+                    )  # fmt: skip
+                    self._lost.set()
+                    return
+                # The store is unreachable; keep trying while the lease may still live there.
                 log.warning("lease_keep_alive_failed", lease_id=self.id, error=str(error))
+            else:
+                self._expires_at = sent + self.ttl_seconds
 
     async def __aenter__(self) -> Lease:
         return self
