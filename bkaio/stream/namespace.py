@@ -417,34 +417,34 @@ async def delete_namespace(bk: BookKeeper, name: str, *, force: bool = False) ->
     The namespace is marked `deleting` first: from then on no stream is created or opened for
     writing in it (NamespaceDeletingError; an opener whose record landed after the streams
     were listed removes its stream itself, bkaio/stream/opening.py). Then its streams are
-    listed and removed until a listing finds none, then the record goes. Without `force`, a
-    namespace with streams is left as it was and NamespaceNotEmptyError raised. A forced
-    deletion that fails part way leaves the namespace marked; calling it again finishes it.
+    listed and removed until a listing finds none, and the record is deleted at the version
+    read with the mark before that listing (changed since: marked and listed again). Without
+    `force`, a namespace with streams is left as it was and NamespaceNotEmptyError raised. A
+    forced deletion that fails part way leaves the namespace marked; calling it again
+    finishes it.
     """
     check_names(namespace=name)
     store = StreamStore(metadata_of(bk))
-    settings = await store.get_namespace(name)  # NamespaceNotFoundError
     if not force:
+        await store.get_namespace(name)  # NamespaceNotFoundError first.
         _refuse_not_empty(name, await store.list_streams(name))
-    await _mark_deleting(store, name, deleting=True)
     removed = 0
     for _round in range(MAX_METADATA_ATTEMPTS):
+        version, marked_here = await _set_deleting(store, name, deleting=True)
         streams = await store.list_streams(name)  # After the mark: see opening.py.
-        if not streams:
-            break
-        if not force:  # Created between the first listing and the mark.
-            if not settings.deleting:
-                await _mark_deleting(store, name, deleting=False)
+        if streams and not force:  # Created between the first listing and the mark.
+            if marked_here:
+                await _set_deleting(store, name, deleting=False)
             _refuse_not_empty(name, streams)
         for stream in streams:
             if await remove_stream(bk, store, name, stream) is not None:
                 removed += 1
-    else:
-        raise metadata_attempts_exhausted(
-            f"namespace {name}", "deleting its streams", "it stays marked deleting; try again"
-        )
-    await store.delete_namespace(name)
-    log.info("namespace_deleted", namespace=name, streams=removed)
+        if not streams and await _delete_marked(store, name, version):
+            log.info("namespace_deleted", namespace=name, streams=removed)
+            return
+    raise metadata_attempts_exhausted(
+        f"namespace {name}", "deleting its streams", "it stays marked deleting; try again"
+    )
 
 
 def _refuse_not_empty(name: str, streams: list[str]) -> None:
@@ -455,18 +455,38 @@ def _refuse_not_empty(name: str, streams: list[str]) -> None:
         )
 
 
-async def _mark_deleting(store: StreamStore, name: str, *, deleting: bool) -> None:
-    """Set (or clear) the namespace's `deleting` mark: at most MAX_METADATA_ATTEMPTS CASes,
-    a lost reply re-read like a lost race, then MetadataError."""
+async def _set_deleting(store: StreamStore, name: str, *, deleting: bool) -> tuple[int, bool]:
+    """Set (or clear) the namespace's `deleting` mark; its version then, and whether this call
+    changed it (a lost reply found applied counts as this call's). At most
+    MAX_METADATA_ATTEMPTS CASes, then MetadataError."""
+    sent = False
     for _attempt in range(MAX_METADATA_ATTEMPTS):
         current = await store.get_namespace(name)
         if current.deleting == deleting:
-            return
-        with contextlib.suppress(MetadataVersionError, MetadataOutcomeUnknownError):
-            await store.put_namespace(name, replace(current, deleting=deleting))
-            return
+            return current.version, sent
+        try:
+            return await store.put_namespace(name, replace(current, deleting=deleting)), True
+        except MetadataVersionError:
+            continue
+        except MetadataOutcomeUnknownError:
+            sent = True  # The next read tells whether it landed.
     step = "marking it deleted" if deleting else "clearing its deletion mark"
     raise metadata_attempts_exhausted(f"namespace {name}", step)
+
+
+async def _delete_marked(store: StreamStore, name: str, version: int) -> bool:
+    """Delete the namespace record if it is still at `version` (marked, as it was before the
+    last listing of its streams): False when it changed since (a mark cleared by a deletion
+    without force and set again, settings updated), so its streams are listed again."""
+    try:
+        await store.delete_namespace(name, expected_version=version)
+    except MetadataVersionError:
+        return False
+    except MetadataOutcomeUnknownError:
+        with contextlib.suppress(NamespaceNotFoundError):
+            await store.get_namespace(name)
+            return False
+    return True
 
 
 async def apply_retention(

@@ -80,8 +80,11 @@ class StreamStore:
             namespace, settings.to_dict(), expected_version=settings.version
         )
 
-    async def delete_namespace(self, namespace: str) -> bool:
-        return await self._records.delete_namespace(namespace)
+    async def delete_namespace(
+        self, namespace: str, *, expected_version: int | None = None
+    ) -> bool:
+        """MetadataVersionError when `expected_version` is given and the record is at another."""
+        return await self._records.delete_namespace(namespace, expected_version=expected_version)
 
     async def list_namespaces(self) -> list[str]:
         return await self._records.list_namespaces()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from bkaio.stream import namespace as namespace_module
 from bkaio.stream.model import StreamMeta
 from bkaio.stream.segments import remove_stream
 from bkaio.stream.store import StreamStore, metadata_of
+from bkaio.stream.writer import StreamWriter
 from tests.unit.stream.conftest import ClientFactory
 
 
@@ -59,11 +61,13 @@ def before_namespace_record_goes(
     real = StreamStore.delete_namespace
     ran: list[bool] = []
 
-    async def delete_namespace_after_step(self: StreamStore, namespace: str) -> bool:
+    async def delete_namespace_after_step(
+        self: StreamStore, namespace: str, *, expected_version: int | None = None
+    ) -> bool:
         if not ran:
             ran.append(True)
             await step()
-        return await real(self, namespace)
+        return await real(self, namespace, expected_version=expected_version)
 
     monkeypatch.setattr(StreamStore, "delete_namespace", delete_namespace_after_step)
 
@@ -234,3 +238,27 @@ async def test_a_creation_whose_reply_was_lost_after_the_deletion_leaves_nothing
     with pytest.raises(NamespaceNotFoundError, match="does not exist"):
         await other.create_stream("late")
     assert await leftovers(deleter, "tenant") == NOTHING
+
+
+async def test_a_mark_cleared_before_the_record_goes_sends_the_deletion_back_to_listing(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion without force that marked the namespace first and found a stream clears the
+    mark, possibly after a forced deletion's last (empty) listing: a writer then opens in the
+    unmarked namespace, and the forced deletion deleted the record under it."""
+    deleter, writer_client = await make_client(), await make_client()
+    await open_namespace(deleter, "tenant", create=True)
+    other = await open_namespace(writer_client, "tenant")
+    store = StreamStore(metadata_of(deleter))
+    opened: list[StreamWriter] = []
+
+    async def unmarked_then_opened() -> None:
+        current = await store.get_namespace("tenant")
+        await store.put_namespace("tenant", replace(current, deleting=False))
+        opened.append(await other.open_writer("late"))
+
+    before_namespace_record_goes(monkeypatch, unmarked_then_opened)
+    await delete_namespace(deleter, "tenant", force=True)
+    assert await leftovers(deleter, "tenant") == NOTHING
+    with pytest.raises(LedgerFencedError):
+        await opened[0].write(b"after the deletion")
