@@ -134,3 +134,61 @@ async def test_master_keys_and_shell_recover_use_https_with_the_cluster_ca(
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     after = await meta.ledgers.get(handle.ledger_id)
     assert all(target not in ensemble for _, ensemble in after.ensembles), after
+
+
+async def test_bkaio_autorecovery_repairs_a_tls_cluster_with_the_cluster_ca(
+    bookie_cluster_factory: BookieClusterFactory, pki: Pki
+) -> None:
+    cluster = await bookie_cluster_factory(
+        count=3,
+        config={
+            "tls": pki.tls_section(require_client_cert=True),
+            "autorecovery": {"enabled": False},  # Only the `bkaio autorecovery` process acts.
+        },
+    )
+    context = client_tls_context(pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
+    async with bkaio.BookKeeper.connect(cluster.metadata_uri, tls=context) as bk:
+        handle = await bk.create_ledger(
+            ensemble_size=2, write_quorum=2, ack_quorum=2, password=b"pw"
+        )
+        await asyncio.gather(*(handle.append(b"entry-%d" % i) for i in range(20)))
+        await handle.close()
+    meta = await cluster.metadata()
+    target = (await meta.ledgers.get(handle.ledger_id)).ensembles[0][1][0]
+    env = {
+        **os.environ,
+        "BKAIO_TLS_CA": str(pki.ca),
+        "BKAIO_TLS_CERT": str(pki.client_cert),
+        "BKAIO_TLS_KEY": str(pki.client_key),
+        "BKAIO_ADMIN_TOKEN": cluster.admin_token,
+    }
+    log_path = cluster.base_dir / "autorecovery.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            BKAIO,
+            "autorecovery",
+            "--metadata",
+            cluster.metadata_uri,
+            "--lost-bookie-delay",
+            "0",
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        index = cluster.bookie_ids.index(target)
+        cluster.kill9(index)
+        await cluster.wait_until_deregistered(index)
+        deadline = asyncio.get_running_loop().time() + 90.0
+        while True:
+            ensembles = (await meta.ledgers.get(handle.ledger_id)).ensembles
+            if all(target not in ensemble for _, ensemble in ensembles):
+                break
+            assert process.returncode is None, log_path.read_text()
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"not re-replicated:\n{log_path.read_text()[-4000:]}")
+            await asyncio.sleep(0.2)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await asyncio.wait_for(process.wait(), 30)
