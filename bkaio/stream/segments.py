@@ -6,13 +6,12 @@ sealed segments hold.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
-from bkaio.errors import MetadataVersionError, NoSuchLedgerError
+from bkaio.errors import BKError, MetadataError, MetadataVersionError, NoSuchLedgerError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
 from bkaio.stream.model import StreamMeta
@@ -80,10 +79,25 @@ async def remove_stream(
         break
     else:
         raise metadata_attempts_exhausted(f"stream {where}", "deleting its record")
+    # The record is gone: nothing names these any more, so each is tried whatever the others
+    # did, and the ones left are named in the error (and the log) instead of lost track of.
+    left: dict[int, BKError] = {}
     for segment in sealed.segments:
-        with contextlib.suppress(NoSuchLedgerError):
+        try:
             await bk.delete_ledger(segment.ledger_id)
+        except NoSuchLedgerError:
+            pass
+        except BKError as error:
+            left[segment.ledger_id] = error
     await store.delete_cursors(namespace, stream)
+    if left:
+        log.warning("stream_ledgers_left", stream=where, ledger_ids=sorted(left))
+        first_id, first = next(iter(left.items()))
+        raise MetadataError(
+            f"stream {where}: deleted, but {len(left)} of its ledgers could not be: "
+            f"{', '.join(map(str, left))} (ledger {first_id}: {type(first).__name__}: "
+            f"{first}); delete them with the ledger API"
+        ) from first
     log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
     return sealed
 

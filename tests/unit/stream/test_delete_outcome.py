@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bkaio.errors import NoSuchLedgerError
+from bkaio.errors import MetadataError, NoSuchLedgerError
+from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.stream import StreamNotFoundError, open_namespace
 from bkaio.stream.store import StreamStore, metadata_of
@@ -35,3 +36,34 @@ async def test_a_deletion_whose_reply_was_lost_still_drops_ledgers_and_cursors(
     assert await StreamStore(metadata_of(bk)).list_cursors("tenant", "s") == {}
     with pytest.raises(StreamNotFoundError):
         await ns.delete_stream("s")
+
+
+async def test_a_ledger_that_cannot_be_deleted_leaves_the_others_and_the_cursors_deleted(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the record is gone nothing names the stream's ledgers: the first ledger deletion
+    that failed stopped the rest (and the cursors') for good, a second call finding no stream."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s", roll_bytes=10)
+    positions = [await writer.write(b"%010d" % i) for i in range(3)]
+    await writer.close()
+    async with await ns.open_reader("s", cursor="c") as reader:
+        await reader.ack((await reader.__anext__()).position)
+    stuck = positions[0].ledger_id
+    real_delete = BookKeeper.delete_ledger
+
+    async def first_one_fails(self: BookKeeper, ledger_id: int) -> None:
+        if ledger_id == stuck:
+            raise MetadataError("metadata store unreachable")
+        await real_delete(self, ledger_id)
+
+    monkeypatch.setattr(BookKeeper, "delete_ledger", first_one_fails)
+    with pytest.raises(MetadataError, match=rf"could not be: {stuck} \(ledger {stuck}: "):
+        await ns.delete_stream("s")
+    monkeypatch.undo()
+    await bk.get_ledger_metadata(stuck)  # Left, and named in the error.
+    for position in positions[1:]:
+        with pytest.raises(NoSuchLedgerError):
+            await bk.get_ledger_metadata(position.ledger_id)
+    assert await StreamStore(metadata_of(bk)).list_cursors("tenant", "s") == {}
