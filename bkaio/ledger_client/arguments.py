@@ -15,7 +15,14 @@ from bkaio.errors import InvalidArgumentError
 from bkaio.meta.ledgers import check_ledger_id
 from bkaio.protocol.codes import I64_MAX
 
-__all__ = ["MAX_ENTRY_ID", "check_count", "check_entry_id", "check_ledger_id", "check_timeout"]
+__all__ = [
+    "MAX_ENTRY_ID",
+    "check_count",
+    "check_entry_id",
+    "check_ledger_id",
+    "check_password",
+    "check_timeout",
+]
 
 MAX_ENTRY_ID = I64_MAX
 _MAX_FLOAT = sys.float_info.max
@@ -40,6 +47,13 @@ def check_count(value: object, name: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     raise InvalidArgumentError(f"{name}={value!r} must be an int >= 1")
+
+
+def check_password(password: object) -> bytes:
+    """`password` as bytes when it is bytes-like (a str is a mistake: which encoding?)."""
+    if isinstance(password, bytes | bytearray | memoryview):
+        return bytes(password)
+    raise InvalidArgumentError(f"password must be bytes, got {type(password).__name__}")
 
 
 def check_timeout(timeout: object, name: str = "timeout") -> float:

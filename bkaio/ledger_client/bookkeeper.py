@@ -23,7 +23,7 @@ import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, ConfigError, UnauthorizedError
-from bkaio.ledger_client.arguments import check_count, check_ledger_id
+from bkaio.ledger_client.arguments import check_count, check_ledger_id, check_password
 from bkaio.ledger_client.connections import BookiePool
 from bkaio.ledger_client.context import ClientContext, LedgerStore
 from bkaio.ledger_client.errors import InvalidArgumentError
@@ -236,8 +236,9 @@ class BookKeeper:
     ) -> LedgerHandle:
         """Create a ledger on `ensemble_size` writable bookies and open it for writing.
 
-        Needs ints (not bools) with ensemble_size >= write_quorum >= ack_quorum >= 1
-        (InvalidArgumentError); NotEnoughBookiesError when fewer writable bookies are registered.
+        Needs ints (not bools) with ensemble_size >= write_quorum >= ack_quorum >= 1 and a
+        bytes-like password (InvalidArgumentError, before anything is asked of the metadata);
+        NotEnoughBookiesError when fewer writable bookies are registered.
         """
         for name, size in (
             ("ensemble_size", ensemble_size),
@@ -250,6 +251,7 @@ class BookKeeper:
                 f"need ensemble_size ({ensemble_size}) >= write_quorum ({write_quorum}) >= "
                 f"ack_quorum ({ack_quorum}) >= 1"
             )
+        password = check_password(password)
         custom = dict(custom_metadata or {})
         for key, value in custom.items():
             if not isinstance(key, str) or not isinstance(value, bytes):
@@ -287,9 +289,10 @@ class BookKeeper:
         old writer can add nothing more, and the handle reads up to the agreed last entry.
         Without, nothing is fenced and the handle reads up to the LAC. NoSuchLedgerError if
         it does not exist; UnauthorizedError on a wrong password; InvalidArgumentError unless
-        `ledger_id` is an int in [0, 2**63 - 1].
+        `ledger_id` is an int in [0, 2**63 - 1] and the password bytes-like.
         """
         check_ledger_id(ledger_id)
+        password = check_password(password)
         metadata = await self._context.ledgers.get(ledger_id)
         if metadata.password_hash and not hmac.compare_digest(
             metadata.password_hash, password_hash(password, ledger_id)

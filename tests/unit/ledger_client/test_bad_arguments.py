@@ -117,3 +117,34 @@ async def test_quorum_sizes_are_ints_with_the_quorum_rules(
     with pytest.raises(InvalidArgumentError, match=message):
         await cluster.client.create_ledger(*sizes)
     assert cluster.store.records == {}
+
+
+@pytest.mark.parametrize("password", ["secret", None, 7])
+async def test_a_password_that_is_not_bytes_is_refused_before_the_metadata_is_asked(
+    password: Any,
+) -> None:
+    """create_ledger took a ledger id from the metadata first and then failed with ConfigError
+    from the master key; open_ledger read the metadata first, and without recovery on a ledger
+    with no password accepted a str."""
+    cluster = fake_cluster()
+    asked: list[str] = []
+    store = cluster.store
+    real_next_id, real_get = store.next_id, store.get
+
+    async def next_id() -> int:
+        asked.append("next_id")
+        return await real_next_id()
+
+    async def get(ledger_id: int) -> Any:
+        asked.append("get")
+        return await real_get(ledger_id)
+
+    store.next_id = next_id  # type: ignore[method-assign]
+    store.get = get  # type: ignore[method-assign]
+    with pytest.raises(InvalidArgumentError, match="password must be bytes, got"):
+        await cluster.client.create_ledger(3, 2, 2, password=password)
+    for recovery in (True, False):
+        with pytest.raises(InvalidArgumentError, match="password must be bytes, got"):
+            await cluster.client.open_ledger(1, password=password, recovery=recovery)
+    assert asked == []
+    assert store.records == {}
