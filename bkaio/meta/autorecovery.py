@@ -462,10 +462,13 @@ class AuditorElection:
             raise
 
     async def _wait_for_vacancy(self) -> None:
-        kv = await self._store.get(AUDITOR_KEY)
-        if kv is None:
+        # From the revision of the read, not the key's own version: an auditor elected long
+        # ago holds a key whose version the store may have compacted away, and a watch from
+        # there would fail at once (the candidate failing its election over and over).
+        snapshot = await self._store.snapshot_prefix(AUDITOR_KEY)
+        if not any(kv.key == AUDITOR_KEY for kv in snapshot.kvs):
             return
-        events = self._store.watch_prefix(AUDITOR_KEY, start_revision=kv.version + 1)
+        events = self._store.watch_prefix(AUDITOR_KEY, start_revision=snapshot.revision + 1)
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.key == AUDITOR_KEY and event.kind is EventKind.DELETE:

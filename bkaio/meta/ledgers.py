@@ -234,12 +234,16 @@ class LedgerManager:
     async def watch(self, ledger_id: int) -> AsyncIterator[LedgerMetadata | None]:
         """The current record, then each new version; None (and the end) once deleted."""
         key = ledger_key(ledger_id)
-        kv = await self._store.get(key)
+        # The record and the revision it was read at, in one read (no other key has this
+        # fixed-width key as a prefix). The watch starts after that revision, not after the
+        # record's own version: a record unchanged for long has a version the store may have
+        # compacted away, and a watch from there would fail at once.
+        snapshot = await self._store.snapshot_prefix(key)
+        kv = next((kv for kv in snapshot.kvs if kv.key == key), None)
         if kv is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
         yield deserialize(kv.value, ledger_id=ledger_id, version=kv.version)
-        # Any later change of this key has a revision above its current version.
-        events = self._store.watch_prefix(key, start_revision=kv.version + 1)
+        events = self._store.watch_prefix(key, start_revision=snapshot.revision + 1)
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.key != key:
