@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
+from bkaio.errors import BKError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.records import name_problem
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
@@ -29,7 +29,6 @@ from bkaio.stream.errors import (
 )
 from bkaio.stream.model import (
     NamespaceSettings,
-    Segment,
     StreamMeta,
     StreamPosition,
     retention_count,
@@ -40,7 +39,7 @@ from bkaio.stream.opening import open_writer as _open_writer
 from bkaio.stream.opening import undo_if_namespace_closed
 from bkaio.stream.reader import ReaderOptions, Start, StreamReader, end_seq, first_available
 from bkaio.stream.reader import open_reader as _open_reader
-from bkaio.stream.segments import namespace_sealed_bytes, remove_stream
+from bkaio.stream.segments import delete_unnamed_ledgers, namespace_sealed_bytes, remove_stream
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
 from bkaio.stream.writer import StreamWriter, WriterOptions
 
@@ -241,11 +240,6 @@ class Namespace:
         if await remove_stream(self._bk, self._store, self.name, stream) is None:
             raise StreamNotFoundError(f"stream {self.name}/{stream} does not exist")
 
-    async def _delete_ledgers(self, segments: tuple[Segment, ...]) -> None:
-        for segment in segments:
-            with contextlib.suppress(NoSuchLedgerError):
-                await self._bk.delete_ledger(segment.ledger_id)
-
     # ------------------------------------------------------------------ truncation
 
     async def truncate(
@@ -296,7 +290,8 @@ class Namespace:
                 if fresh.first_seq < target.first_seq:
                     continue
             removed = meta.segments[:count]
-            await self._delete_ledgers(removed)
+            where = f"stream {self.name}/{stream}"
+            await delete_unnamed_ledgers(self._bk, removed, f"{where}: truncated")
             log.info(
                 "stream_truncated",
                 stream=f"{self.name}/{stream}",

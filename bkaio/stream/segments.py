@@ -14,7 +14,7 @@ import structlog
 from bkaio.errors import BKError, MetadataError, MetadataVersionError, NoSuchLedgerError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
-from bkaio.stream.model import StreamMeta
+from bkaio.stream.model import Segment, StreamMeta
 from bkaio.stream.store import StreamStore, now_ms
 
 if TYPE_CHECKING:
@@ -79,27 +79,34 @@ async def remove_stream(
         break
     else:
         raise metadata_attempts_exhausted(f"stream {where}", "deleting its record")
-    # The record is gone: nothing names these any more, so each is tried whatever the others
-    # did, and the ones left are named in the error (and the log) instead of lost track of.
+    try:
+        await delete_unnamed_ledgers(bk, sealed.segments, f"stream {where}: deleted")
+    finally:
+        await store.delete_cursors(namespace, stream)
+    log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
+    return sealed
+
+
+async def delete_unnamed_ledgers(bk: BookKeeper, segments: tuple[Segment, ...], done: str) -> None:
+    """Delete the ledgers of `segments`, which the stream record no longer names (`done` says
+    what removed them). Nothing else would find them, so each is tried whatever the others
+    did, and MetadataError names the ones left (gone already is fine)."""
     left: dict[int, BKError] = {}
-    for segment in sealed.segments:
+    for segment in segments:
         try:
             await bk.delete_ledger(segment.ledger_id)
         except NoSuchLedgerError:
             pass
         except BKError as error:
             left[segment.ledger_id] = error
-    await store.delete_cursors(namespace, stream)
     if left:
-        log.warning("stream_ledgers_left", stream=where, ledger_ids=sorted(left))
+        log.warning("stream_ledgers_left", stream=done, ledger_ids=sorted(left))
         first_id, first = next(iter(left.items()))
         raise MetadataError(
-            f"stream {where}: deleted, but {len(left)} of its ledgers could not be: "
+            f"{done}, but {len(left)} of its ledgers could not be deleted: "
             f"{', '.join(map(str, left))} (ledger {first_id}: {type(first).__name__}: "
             f"{first}); delete them with the ledger API"
         ) from first
-    log.info("stream_deleted", stream=where, ledgers=len(sealed.segments))
-    return sealed
 
 
 def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:

@@ -59,7 +59,7 @@ async def test_a_ledger_that_cannot_be_deleted_leaves_the_others_and_the_cursors
         await real_delete(self, ledger_id)
 
     monkeypatch.setattr(BookKeeper, "delete_ledger", first_one_fails)
-    with pytest.raises(MetadataError, match=rf"could not be: {stuck} \(ledger {stuck}: "):
+    with pytest.raises(MetadataError, match=rf"could not be deleted: {stuck} \(ledger {stuck}: "):
         await ns.delete_stream("s")
     monkeypatch.undo()
     await bk.get_ledger_metadata(stuck)  # Left, and named in the error.
@@ -67,3 +67,33 @@ async def test_a_ledger_that_cannot_be_deleted_leaves_the_others_and_the_cursors
         with pytest.raises(NoSuchLedgerError):
             await bk.get_ledger_metadata(position.ledger_id)
     assert await StreamStore(metadata_of(bk)).list_cursors("tenant", "s") == {}
+
+
+async def test_a_truncation_whose_ledger_cannot_be_deleted_deletes_the_others(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The truncation drops the segments from the record first: a failing ledger deletion
+    stopped the rest, which nothing named any more."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s", roll_bytes=10)
+    positions = [await writer.write(b"%010d" % i) for i in range(4)]
+    await writer.wait_for_capacity()
+    stuck = positions[0].ledger_id
+    real_delete = BookKeeper.delete_ledger
+
+    async def first_one_fails(self: BookKeeper, ledger_id: int) -> None:
+        if ledger_id == stuck:
+            raise MetadataError("metadata store unreachable")
+        await real_delete(self, ledger_id)
+
+    monkeypatch.setattr(BookKeeper, "delete_ledger", first_one_fails)
+    with pytest.raises(MetadataError, match=rf"truncated, but 1 of its ledgers .*: {stuck} "):
+        await ns.truncate("s", before=positions[3])
+    monkeypatch.undo()
+    await bk.get_ledger_metadata(stuck)
+    for position in positions[1:3]:
+        with pytest.raises(NoSuchLedgerError):
+            await bk.get_ledger_metadata(position.ledger_id)
+    assert (await ns.stream_metadata("s")).first_seq == 3
+    await writer.close()
