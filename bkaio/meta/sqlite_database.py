@@ -274,6 +274,11 @@ class SqliteDatabase:
         self, full_prefix: str, start_after: str | None, limit: int | None, keys_only: bool
     ) -> list[KeyValue]:
         self._reap_if_needed_sync()
+        return self._rows_sync(full_prefix, start_after, limit, keys_only)
+
+    def _rows_sync(
+        self, full_prefix: str, start_after: str | None, limit: int | None, keys_only: bool
+    ) -> list[KeyValue]:
         lower, operator = (full_prefix, ">=") if start_after is None else (start_after, ">")
         value_column = "x''" if keys_only else "value"
         rows = (
@@ -292,7 +297,9 @@ class SqliteDatabase:
         conn = self._connection()
         conn.execute("BEGIN")  # One read snapshot for the rows and the revision.
         try:
-            kvs = self.list_sync(full_prefix, None, None, False)
+            # Not list_sync: a lease found expired now would be reaped in a write transaction,
+            # which cannot start inside this one (the snapshot failed).
+            kvs = self._rows_sync(full_prefix, None, None, False)
             revision = self.revision_sync()
         finally:
             conn.execute("COMMIT")
