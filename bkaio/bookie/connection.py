@@ -9,7 +9,9 @@ sent with one `transport.write` (a flush scheduled with `call_soon`); OK answers
 continue each other (ADD_ENTRIES frames) leave as one ADD_ENTRIES answer. Backpressure: past
 `max_inflight_per_connection` requests in flight (a frame of adds is split at the cap), past the
 shard's memory bound, while the shard's write cache is full, or while the transport's write
-buffer is above its high-water mark, the connection stops reading the socket.
+buffer is above its high-water mark, the connection stops reading the socket; reads already
+taken wait for room before they read (bkaio/bookie/read_memory.py: `writing_paused`,
+`unsent_bytes`, `writing_resumed`).
 
 HELLO must come first (anything else: BAD_REQUEST, close; another version: UNSUPPORTED_VERSION,
 close). A frame or body that cannot be decoded gets one ERROR response with BAD_REQUEST and the
@@ -144,6 +146,7 @@ class BookieServerProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self._update_reading()
+        self._server.writing_resumed(self)  # Reads waiting for room to answer go on.
 
     def data_received(self, data: bytes) -> None:
         if self._closing or self._refused:
@@ -410,6 +413,15 @@ class BookieServerProtocol(asyncio.Protocol):
         """A long poll of this connection: cancelled if the connection is lost first."""
         self._long_polls.add(task)
         task.add_done_callback(self._long_polls.discard)
+
+    def writing_paused(self) -> bool:
+        return self._write_paused and self._transport is not None
+
+    def unsent_bytes(self) -> int:
+        transport = self._transport
+        if transport is None:
+            return 0
+        return transport.get_write_buffer_size() + len(self._encoder)
 
     def pause_for_memory(self) -> None:
         self._memory_paused = True

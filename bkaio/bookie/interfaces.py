@@ -30,6 +30,10 @@ __all__ = ["AddRequests", "Peer", "RequestHandler"]
 class Peer(Protocol):
     """One client connection, as the request handling sees it. Event loop only."""
 
+    def __hash__(self) -> int:
+        """By identity: a connection keys the shard's per-connection counts."""
+        ...
+
     @property
     def peer(self) -> str:
         """The client's address, for logs."""
@@ -64,6 +68,16 @@ class Peer(Protocol):
 
     def track_long_poll(self, task: asyncio.Task[None]) -> None:
         """A long poll of this connection: cancelled when the connection is lost."""
+        ...
+
+    def writing_paused(self) -> bool:
+        """Whether its transport's unsent bytes are above `server.write_buffer_high_bytes` (until
+        they drain to a quarter of it; then `RequestHandler.writing_resumed`). False once the
+        connection is gone."""
+        ...
+
+    def unsent_bytes(self) -> int:
+        """Answer bytes queued or handed to the transport and not sent yet."""
         ...
 
     def pause_for_memory(self) -> None: ...
@@ -112,6 +126,10 @@ class RequestHandler(Protocol):
 
     def close_connection(self, peer: Peer) -> None:
         """The connection is gone: forget it."""
+        ...
+
+    def writing_resumed(self, peer: Peer) -> None:
+        """`peer`'s unsent bytes drained below the low-water mark: its reads may answer."""
         ...
 
     def hello(self, request: HelloRequest) -> tuple[Response, bool]:

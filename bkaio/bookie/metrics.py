@@ -150,7 +150,8 @@ class ShardMetrics:
         )
         self.inflight_bytes = Gauge(
             "bkaio_bookie_inflight_bytes",
-            "Bytes of requests received and not yet answered (the global memory bound)",
+            "Bytes of requests received and not yet answered, and the bounds of read answers "
+            "being read (the global memory bound)",
             registry=r,
         )
         self.long_poll_waiters = Gauge(

@@ -9,7 +9,9 @@ count and byte limits are the smaller of the request's and the bookie's
 and the reader pool for a bounded time. A long poll waits like READ_LAC's (`wait_for_lac`),
 then reads only up to the LAC it answers with, including entries of it still being journaled
 here (the LAC says an ack quorum holds them durably; BookKeeper's bookie serves them from its
-write cache): the answer never waits for this bookie's own sync.
+write cache): the answer never waits for this bookie's own sync. The answer's memory is
+reserved after that wait and before the read (bkaio/bookie/read_memory.py): a waiting poll
+holds none.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from bkaio.entrylog.api import LedgerStorage
 from bkaio.errors import NoSuchLedgerError, TooManyRequestsError
 from bkaio.protocol import I64_MAX, ReadEntriesRequest, ReadEntriesResponse, Response, Status
 
+from .interfaces import Peer
 from .lac_waiters import LacWaiters
 from .metrics import ShardMetrics
+from .read_memory import ReadMemory, answer_bound
 
 
 class ShardServer(Protocol):
@@ -35,6 +39,7 @@ class ShardServer(Protocol):
     limits: ServerConfig
     metrics: ShardMetrics
     lac_waiters: LacWaiters
+    read_memory: ReadMemory
     stopping: bool
 
 
@@ -105,10 +110,11 @@ def _lac_of(server: ShardServer, ledger_id: int) -> int:
 
 
 async def read_entries(
-    server: ShardServer, request: ReadEntriesRequest, owner: Hashable = None
+    server: ShardServer, request: ReadEntriesRequest, peer: Peer | None = None
 ) -> Response:
-    """The answer to `request` (its shard already checked by the server); `owner` is the
-    connection a long poll counts against."""
+    """The answer to `request` (its shard already checked by the server) for `peer`, the
+    connection a long poll counts against and the answer's memory waits for (None: only the
+    shard's memory; the caller releases the reservation, `ReadMemory.release`)."""
     ledger_id = request.ledger_id
     limits = server.limits
     max_count = min(request.max_count, limits.max_read_range_count)
@@ -123,13 +129,15 @@ async def read_entries(
     # slowest of the write quorum): they come from memory, as an ack quorum holds them.
     journaling_up_to = -1
     if request.long_poll:
-        lac = await wait_for_lac(server, ledger_id, request.previous_lac, request.timeout_ms, owner)
+        lac = await wait_for_lac(server, ledger_id, request.previous_lac, request.timeout_ms, peer)
         last = min(last, lac)
         if last < first or max_count == 0 or server.storage.ledger_state(ledger_id) is None:
             # Nothing confirmed past the poll's start, no entries wanted (a poll for the LAC
             # alone), or no such ledger yet: the LAC alone.
             return ReadEntriesResponse(request.request_id, Status.OK, ledger_id, lac, first, ())
         journaling_up_to = lac
+    count = max(0, min(max_count, (last - first) // request.stride + 1))
+    await server.read_memory.reserve(peer, answer_bound(limits, max_bytes, count))
     run = await server.storage.read_records(
         ledger_id, first, last, request.stride, max_count, max_bytes,
         journaling_up_to=journaling_up_to,

@@ -1,7 +1,8 @@
 """One shard's request handling: routing checks, read-only mode, the operations of protocol v1.
 
 `ShardServer` owns the shard's storage handle (`LedgerStorage`), its connections (as `Peer`s,
-bkaio/bookie/interfaces.py), the long-poll waiters and the global memory bound. Connections hand
+bkaio/bookie/interfaces.py), the long-poll waiters and the global memory bound, which the
+answers of reads join (`ReadMemory`, bkaio/bookie/read_memory.py). Connections hand
 it decoded requests (`dispatch`) and checked add frames (`add`, the one add path, in
 bkaio/bookie/adds.py). Every operation but the add is a coroutine returning its response, run as
 one task and answered through the connection's batched writer. Semantics follow BookKeeper
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import structlog
@@ -73,6 +73,7 @@ from .lac_waiters import LacWaiters
 from .limbo import LimboLedgers
 from .metrics import ShardMetrics
 from .read_entries import notify_lac_early, read_entries, wait_for_lac
+from .read_memory import ReadMemory, answer_bound
 from .space import BookieSpace
 
 __all__ = ["ADD_ENTRIES_MIN_FRAME_BYTES", "FEATURES", "REQUEST_OVERHEAD_BYTES", "ShardServer"]
@@ -150,7 +151,9 @@ class ShardServer(AddPath):
         self.auth_throttle = AuthFailureThrottle(
             config.server.auth_failure_delay_seconds, config.server.auth_failure_max_delay_seconds
         )
-        self._handlers: dict[Op, Callable[[Any], Awaitable[Response]]] = {
+        # The answers of reads reserve their memory first (bkaio/bookie/read_memory.py).
+        self.read_memory = ReadMemory(self, config.server, metrics, self._resume_after_memory)
+        self._handlers: dict[Op, Callable[[Any, Peer], Awaitable[Response]]] = {
             Op.READ_ENTRY: self._read_entry,
             Op.READ_RANGE: self._read_range,
             Op.READ_ENTRIES: self._read_entries,
@@ -260,6 +263,10 @@ class ShardServer(AddPath):
     def close_connection(self, peer: Peer) -> None:
         self.connections.discard(peer)
         self.memory_paused.discard(peer)
+        self.read_memory.connection_lost(peer)
+
+    def writing_resumed(self, peer: Peer) -> None:
+        self.read_memory.connection_writable(peer)
 
     def refusal_delay(self, host: str, now: float) -> float:
         """How long a HELLO with a wrong token from `host` waits for its answer (grows with
@@ -297,11 +304,6 @@ class ShardServer(AddPath):
             self.memory_paused.add(peer)
             peer.pause_for_memory()
         started = time.perf_counter()
-        # Long polls count against this connection's bound too.
-        if op is Op.READ_LAC:
-            handler = partial(self._read_lac, owner=peer)
-        elif op is Op.READ_ENTRIES:
-            handler = partial(self._read_entries, owner=peer)
         task = self._loop.create_task(self._run(peer, request, handler, size, started))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -348,16 +350,17 @@ class ShardServer(AddPath):
         self,
         peer: Peer,
         request: Any,
-        handler: Callable[[Any], Awaitable[Response]],
+        handler: Callable[[Any, Peer], Awaitable[Response]],
         size: int,
         started: float,
     ) -> None:
         try:
-            response = await handler(request)
+            response = await handler(request, peer)
         except BKError as error:
             response = request.error_response(error.status)
             self.log.debug("request_failed", op=request.op.name, error=str(error))
         except asyncio.CancelledError:
+            self.read_memory.release(asyncio.current_task())
             self._finish(peer, request.request_id, size)
             raise
         except Exception as crash:  # Answered, and reported: a bug, not a bad request.
@@ -365,6 +368,8 @@ class ShardServer(AddPath):
             response = request.error_response(Status.INTERNAL_ERROR)
         self._finish(peer, request.request_id, size)
         peer.respond(response)
+        if self.read_memory.held:  # A read's answer: given back once flushed (queued before).
+            self._loop.call_soon(self.read_memory.release, asyncio.current_task())
         self.metrics.observe_request(
             _OP_NAMES[request.op], time.perf_counter() - started, response.status is Status.OK
         )
@@ -380,6 +385,8 @@ class ShardServer(AddPath):
             paused, self.memory_paused = self.memory_paused, set()
             for waiting in paused:
                 waiting.resume_after_memory()
+        if self.read_memory.waiting:
+            self.read_memory.admit()
 
     def _check_shard(self, ledger_id: int) -> None:
         if ledger_id % self.shard_count != self.shard_index:
@@ -426,12 +433,12 @@ class ShardServer(AddPath):
 
     # --- operations other than adds (bkaio/bookie/adds.py) -----------------------------------
 
-    async def _read_entry(self, request: ReadEntryRequest) -> Response:
+    async def _read_entry(self, request: ReadEntryRequest, peer: Peer) -> Response:
         """A READ_ENTRY is a read of a range of one (`_read`)."""
         ledger_id = request.ledger_id
         try:
             (stored,) = await self._read(
-                ledger_id, request.flags, request.master_key, request.entry_id, 1, _NO_LIMIT
+                peer, ledger_id, request.flags, request.master_key, request.entry_id, 1, _NO_LIMIT
             )
         except NoSuchEntryError:
             return ReadEntryResponse(
@@ -447,7 +454,7 @@ class ShardServer(AddPath):
             request.request_id, Status.OK, ledger_id, stored.entry_id, self._lac_of(ledger_id), wire
         )
 
-    async def _read_range(self, request: ReadRangeRequest) -> Response:
+    async def _read_range(self, request: ReadRangeRequest, peer: Peer) -> Response:
         ledger_id = request.ledger_id
         max_count = min(request.max_count, self.limits.max_read_range_count)
         max_bytes = min(request.max_bytes, self.limits.max_read_range_bytes)
@@ -456,6 +463,7 @@ class ShardServer(AddPath):
         if max_bytes < request.max_bytes:
             self.metrics.limit_hit("max_read_range_bytes")
         stored = await self._read(
+            peer,
             ledger_id,
             request.flags,
             request.master_key,
@@ -471,6 +479,7 @@ class ShardServer(AddPath):
 
     async def _read(
         self,
+        peer: Peer,
         ledger_id: int,
         flags: Flag,
         master_key: bytes | None,
@@ -479,8 +488,10 @@ class ShardServer(AddPath):
         max_bytes: int,
     ) -> list[StoredEntry]:
         """The one read of the shard (READ_ENTRY, READ_RANGE): routing, the fence a recovery
-        read asks for, then storage's `read_range`."""
+        read asks for, the answer's memory, then storage's `read_range`."""
         await self._route_and_fence(ledger_id, flags, master_key)
+        payload_bytes = 0 if max_bytes == _NO_LIMIT else max_bytes  # The first entry's: any.
+        await self.read_memory.reserve(peer, answer_bound(self.limits, payload_bytes, max_count))
         try:
             stored = await self.storage.read_range(ledger_id, first_entry_id, max_count, max_bytes)
         except (NoSuchEntryError, NoSuchLedgerError) as missing:
@@ -504,15 +515,15 @@ class ShardServer(AddPath):
         if flags & Flag.FENCE:
             await self._fence(ledger_id, master_key)
 
-    async def _read_entries(self, request: ReadEntriesRequest, owner: object = None) -> Response:
+    async def _read_entries(self, request: ReadEntriesRequest, peer: Peer) -> Response:
         self._check_shard(request.ledger_id)
         # An answer leaves out the entries a shard lacks, which a reader takes for "not
         # stored": in limbo that is not known, so the whole request is DATA_UNKNOWN (the
         # reader asks another bookie, or reads entry by entry, which limbo answers per entry).
         self._refuse_if_in_limbo(request.ledger_id, BKError("its range answers are incomplete"))
-        return await read_entries(self, request, owner)
+        return await read_entries(self, request, peer)
 
-    async def _read_lac(self, request: ReadLacRequest, owner: object = None) -> Response:
+    async def _read_lac(self, request: ReadLacRequest, peer: Peer) -> Response:
         ledger_id = request.ledger_id
         await self._route_and_fence(ledger_id, request.flags, request.master_key)
         long_poll = bool(request.flags & Flag.LONG_POLL)
@@ -520,7 +531,7 @@ class ShardServer(AddPath):
             raise NoSuchLedgerError(f"ledger {ledger_id} is not on {self.config.bookie_id}")
         if long_poll:
             lac = await wait_for_lac(
-                self, ledger_id, request.previous_lac, request.timeout_ms, owner
+                self, ledger_id, request.previous_lac, request.timeout_ms, peer
             )
         else:
             lac = self._lac_of(ledger_id)
@@ -528,7 +539,7 @@ class ShardServer(AddPath):
         last_entry_id = state.last_entry_id if state is not None else -1
         return ReadLacResponse(request.request_id, Status.OK, ledger_id, lac, last_entry_id)
 
-    async def _write_lac(self, request: WriteLacRequest) -> Response:
+    async def _write_lac(self, request: WriteLacRequest, _peer: Peer) -> Response:
         ledger_id = request.ledger_id
         self._check_shard(ledger_id)
         if self.read_only:  # It is journaled: a full disk takes no more (BookKeeper: EREADONLY).
@@ -544,12 +555,12 @@ class ShardServer(AddPath):
             self.lac_waiters.notify(ledger_id, self._lac_of(ledger_id))
         return WriteLacResponse(request.request_id, Status.OK, ledger_id)
 
-    async def _force(self, request: ForceRequest) -> Response:
+    async def _force(self, request: ForceRequest, _peer: Peer) -> Response:
         self._check_shard(request.ledger_id)
         await self.storage.force(request.ledger_id)
         return ForceResponse(request.request_id, Status.OK, request.ledger_id)
 
-    async def _list_entries(self, request: ListEntriesRequest) -> Response:
+    async def _list_entries(self, request: ListEntriesRequest, _peer: Peer) -> Response:
         self._check_shard(request.ledger_id)
         # What a shard in limbo holds of the ledger says nothing about what it acknowledged.
         self._refuse_if_in_limbo(request.ledger_id, BKError("its entry list is incomplete"))
