@@ -230,8 +230,9 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
     """Append `written` to the stream in one CAS (creating the stream); the first new seq.
 
     NamespaceNotFoundError (NamespaceDeletingError) when the namespace is gone (being
-    deleted), also when found once the record landed: the stream is then removed whole, its
-    new ledgers with it (`undo_if_namespace_closed`, as for a stream writer's open)."""
+    deleted), also when found once the record landed and this publish created the stream:
+    the stream is then removed whole, its new ledgers with it (`undo_if_namespace_closed`, as
+    for a stream writer's open)."""
     store = StreamStore(metadata_of(bk))
     await store.get_live_namespace(options.namespace)  # NamespaceNotFoundError, clearly.
     where = options.full_name
@@ -239,14 +240,18 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
     if not written:
         return -1  # Nothing to add: leave the stream (and its writer) alone.
     ids = {w.ledger_id for w in written}
+    created = False  # Whether the last write sent would have created the stream.
     for _attempt in range(MAX_METADATA_ATTEMPTS):
         meta = await store.find_stream(options.namespace, options.stream)
         if meta is None:
             meta = StreamMeta(ctime_ms=now_ms())
         if ids <= {s.ledger_id for s in meta.segments}:
             # A retried commit whose first attempt landed.
-            await undo_if_namespace_closed(bk, store, options.namespace, options.stream)
+            await undo_if_namespace_closed(
+                bk, store, options.namespace, options.stream, created=created
+            )
             return -1
+        created = meta.version == 0
         meta = await seal_open_segment(bk, meta, where)
         target = appended(meta, written, now_ms())
         try:
@@ -255,7 +260,9 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
             continue
         except MetadataOutcomeUnknownError:
             continue  # The next round re-reads and sees whether it landed.
-        await undo_if_namespace_closed(bk, store, options.namespace, options.stream)
+        await undo_if_namespace_closed(
+            bk, store, options.namespace, options.stream, created=created
+        )
         first_seq = meta.end_seq_if_closed
         log.info(
             "spark_sink_published",

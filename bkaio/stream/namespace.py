@@ -153,9 +153,11 @@ class Namespace:
             except MetadataVersionError:
                 continue
             except MetadataOutcomeUnknownError:  # Raised, but it may have landed: check.
-                await undo_if_namespace_closed(self._bk, self._store, self.name, stream)
+                await undo_if_namespace_closed(
+                    self._bk, self._store, self.name, stream, created=True
+                )
                 raise
-            await undo_if_namespace_closed(self._bk, self._store, self.name, stream)
+            await undo_if_namespace_closed(self._bk, self._store, self.name, stream, created=True)
             return meta
         raise metadata_attempts_exhausted(f"stream {self.name}/{stream}", "creating it")
 

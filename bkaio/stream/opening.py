@@ -8,10 +8,12 @@ appended. A lost CAS means another writer got in first: its record is read again
 segment fenced in turn, so the last opener wins and exactly one writer owns the stream.
 
 No stream outlives its namespace. `delete_namespace` marks the namespace `deleting` before it
-lists its streams; a writer's open (and `create_stream`) reads the namespace again after its
-record landed. Either the listing comes after the record (and removes the stream) or the read
-comes after the mark (and the opener removes the stream itself and fails with
-NamespaceDeletingError): a record that lands after the listing is never left behind.
+lists its streams; a writer's open (and `create_stream`, the Spark sink's publish) reads the
+namespace again after its record landed. Either the listing comes after the record (and
+removes the stream) or the read comes after the mark (and the one that created the stream
+removes it itself and fails with NamespaceDeletingError): a stream whose creation lands after
+the listing is never left behind. A stream that existed before is the deletion's: its creator
+made the same check, so the listing found it or its creator removed it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import structlog
 from bkaio.errors import BKError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
-from bkaio.stream.errors import NamespaceNotFoundError
+from bkaio.stream.errors import NamespaceDeletingError, NamespaceNotFoundError
 from bkaio.stream.model import NamespaceSettings, Segment, SegmentState, StreamMeta
 from bkaio.stream.segments import (
     STREAM_PASSWORD,
@@ -44,14 +46,19 @@ log = structlog.get_logger(__name__)
 
 
 async def undo_if_namespace_closed(
-    bk: BookKeeper, store: StreamStore, namespace: str, stream: str
+    bk: BookKeeper, store: StreamStore, namespace: str, stream: str, *, created: bool
 ) -> None:
-    """Called once a record of `stream` landed (created, or taken over by a writer): when the
-    namespace is being deleted (NamespaceDeletingError) or gone (NamespaceNotFoundError), the
-    stream is removed whole (record, ledgers, cursors) and the error raised. See module doc."""
+    """Called once a record of `stream` landed. The namespace gone (NamespaceNotFoundError), or
+    being deleted (NamespaceDeletingError) and the stream `created` by that record: the stream
+    is removed whole (record, ledgers, cursors) and the error raised. A stream that existed
+    before (taken over by a writer, appended to) in a namespace being deleted is left to the
+    deletion, whose listing finds it: removing it here would delete its records even when that
+    deletion, without force, then finds the namespace empty. See module doc."""
     try:
         await store.get_live_namespace(namespace)
     except NamespaceNotFoundError as error:
+        if isinstance(error, NamespaceDeletingError) and not created:
+            return
         where = f"{namespace}/{stream}"
         log.info("stream_removed_namespace_closed", stream=where, error=str(error))
         await remove_stream(bk, store, namespace, stream)
@@ -71,8 +78,9 @@ async def open_writer(
     """Fence any previous writer, seal its segment, and start a new one (see module doc).
 
     `on_create(stream)`, awaited before a new stream is created, may refuse it. Once the
-    record landed, NamespaceDeletingError (or NamespaceNotFoundError) when the namespace is
-    being (or was) deleted, the stream removed whole (`undo_if_namespace_closed`).
+    record landed, NamespaceNotFoundError when the namespace was deleted, and
+    NamespaceDeletingError when it is being deleted and this open created the stream: the
+    stream removed whole (`undo_if_namespace_closed`).
     """
     where = f"{namespace}/{stream}"
     for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each lost CAS deletes its new ledger.
@@ -116,7 +124,8 @@ async def open_writer(
             with contextlib.suppress(BKError):
                 await bk.delete_ledger(handle.ledger_id)
             raise
-        await undo_if_namespace_closed(bk, store, namespace, stream)
+        created = target.version == 0
+        await undo_if_namespace_closed(bk, store, namespace, stream, created=created)
         sealed_bytes = await namespace_sealed_bytes(store, namespace)
         log.info(
             "stream_writer_opened",

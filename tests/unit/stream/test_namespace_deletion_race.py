@@ -31,11 +31,12 @@ from bkaio.stream import (
     open_namespace,
 )
 from bkaio.stream import namespace as namespace_module
-from bkaio.stream.model import StreamMeta
+from bkaio.stream.model import StreamMeta, StreamPosition
 from bkaio.stream.segments import remove_stream
 from bkaio.stream.store import StreamStore, metadata_of
 from bkaio.stream.writer import StreamWriter
 from tests.unit.stream.conftest import ClientFactory
+from tests.unit.stream.test_streams import take
 
 
 async def leftovers(bk: BookKeeper, name: str) -> dict[str, Any]:
@@ -262,3 +263,54 @@ async def test_a_mark_cleared_before_the_record_goes_sends_the_deletion_back_to_
     assert await leftovers(deleter, "tenant") == NOTHING
     with pytest.raises(LedgerFencedError):
         await opened[0].write(b"after the deletion")
+
+
+async def test_a_writer_taking_over_a_stream_does_not_delete_its_records_for_a_deletion(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without force: a stream created (and written) just before the namespace was marked,
+    then a second writer, which passed the namespace check before the mark, taking it over
+    after. That writer removed the whole stream, records and all, and the deletion then found
+    the namespace empty and deleted it. The stream is the deletion's to judge: it is kept,
+    and the deletion refused."""
+    deleter, first_client, second_client = [await make_client() for _ in range(3)]
+    await open_namespace(deleter, "tenant", create=True)
+    first = await open_namespace(first_client, "tenant")
+    second = await open_namespace(second_client, "tenant")
+    real_put_stream, real_put_namespace = StreamStore.put_stream, StreamStore.put_namespace
+    taking_over, marked = asyncio.Event(), asyncio.Event()
+    takeover: list[asyncio.Task[StreamWriter]] = []
+    written: list[StreamPosition] = []
+
+    async def takeover_waits_for_the_mark(
+        self: StreamStore, namespace: str, stream: str, meta: StreamMeta
+    ) -> StreamMeta:
+        if meta.epoch == 2 and not marked.is_set():
+            taking_over.set()
+            await marked.wait()
+        return await real_put_stream(self, namespace, stream, meta)
+
+    async def writers_around_the_mark(self: StreamStore, namespace: str, settings: Any) -> int:
+        if not takeover:
+            writer = await first.open_writer("s")  # After the deletion's first listing.
+            written.append(await writer.write(b"acknowledged"))
+            takeover.append(asyncio.create_task(second.open_writer("s")))
+            await taking_over.wait()
+        version = await real_put_namespace(self, namespace, settings)
+        if not marked.is_set():
+            marked.set()
+            await asyncio.wait(takeover)
+        return version
+
+    monkeypatch.setattr(StreamStore, "put_stream", takeover_waits_for_the_mark)
+    monkeypatch.setattr(StreamStore, "put_namespace", writers_around_the_mark)
+    with pytest.raises(NamespaceNotEmptyError, match=r"1 streams \(s\)"):
+        await delete_namespace(deleter, "tenant")
+    monkeypatch.undo()
+    successor = await takeover[0]
+    await successor.close()
+    ns = await open_namespace(deleter, "tenant")
+    assert not ns.settings.deleting
+    async with await ns.open_reader("s") as reader:
+        [record] = await take(reader, 1)
+    assert (record.position, record.payload) == (written[0], b"acknowledged")
