@@ -5,8 +5,9 @@ etcd://host:port[,host:port...]/prefix[?ca=..&cert=..&key=..&user=..&password=..
 sqlite:///absolute/path/meta.db[?synchronous=full|normal&prefix=/root]
 
 Whatever would fail later (at connect, after a timeout, or with a traceback) is a ConfigError
-here: an endpoint without a host, a port that is no port, credentials before the host, an empty
-file option, a timeout that is not a finite number > 0, a NUL byte in a path. Errors show the
+here: an endpoint without a host, a port that is no port, an unclosed '[', credentials before
+the host, an empty file option, a timeout that is not a finite number > 0, a NUL byte in a
+path, a '#' (an unencoded one in a password would cut it short). Errors show the
 URI with its password redacted.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from bkaio.errors import ConfigError
 from bkaio.security.tokens import redact_uri
@@ -103,6 +104,22 @@ def _endpoint(endpoint: str, uri: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def _split(uri: str, shown: str) -> SplitResult:
+    """`uri`'s parts; ConfigError for what urlsplit refuses (an unclosed '[') or a fragment,
+    which no metadata URI has: an unencoded '#' in a password or path would cut the rest off
+    unnoticed (a wrong password, options gone)."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError as error:
+        raise ConfigError(f"metadata URI {shown!r}: {error} (want [v6-address]:port)") from None
+    if "#" in uri:
+        raise ConfigError(
+            f"metadata URI {shown!r}: '#' has no meaning here; in a password or path, write it "
+            "as %23"
+        )
+    return parts
+
+
 def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
     options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
     unknown = sorted(set(options) - allowed)
@@ -114,8 +131,8 @@ def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
 
 
 def parse_etcd_uri(uri: str) -> EtcdUri:
-    parts = urlsplit(uri)
     shown = shown_uri(uri)
+    parts = _split(uri, shown)
     if parts.scheme != "etcd":
         raise ConfigError(f"metadata URI {shown!r}: scheme must be etcd://")
     if not parts.netloc:
@@ -168,8 +185,8 @@ def with_connect_timeout(uri: str, seconds: float) -> str:
 
 
 def parse_sqlite_uri(uri: str) -> SqliteUri:
-    parts = urlsplit(uri)
     shown = shown_uri(uri)
+    parts = _split(uri, shown)
     if parts.scheme != "sqlite":
         raise ConfigError(f"metadata URI {shown!r}: scheme must be sqlite://")
     if parts.netloc:
