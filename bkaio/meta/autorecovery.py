@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import secrets
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 
@@ -233,13 +234,30 @@ class UnderReplicationManager:
     async def lock(self, ledger_id: int, lease: Lease, *, owner: str = "") -> int | None:
         """Take the ledger's lock, bound to `lease`, marked or not: a worker's claim, or a
         bookie's garbage collection keeping replicators off a ledger while it deletes it. The
-        lock's version (what `release` checks), None if someone holds it."""
-        try:
-            return await self._store.compare_and_swap(
-                _lock_key(ledger_id), owner.encode(), expected_version=0, lease=lease
-            )
-        except MetadataVersionError:
-            return None
+        lock's version (what `release` checks), None if someone holds it.
+
+        A take whose answer the store lost is resolved by reading the lock back: a lock left
+        unknown under the caller's live lease would keep every worker, the caller too, off the
+        ledger for as long as that lease lives. Each take writes a value of its own (the owner
+        and a random tag), so that the lock read back is known to be this take's, not one
+        another task holding the same lease took meanwhile."""
+        key = _lock_key(ledger_id)
+        value = f"{owner} {secrets.token_hex(8)}".encode()
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
+            try:
+                return await self._store.compare_and_swap(
+                    key, value, expected_version=0, lease=lease
+                )
+            except MetadataVersionError:
+                return None
+            except MetadataOutcomeUnknownError as error:
+                log.warning(
+                    "underreplication_lock_unconfirmed", ledger_id=ledger_id, error=str(error)
+                )
+                kv = await self._store.get(key)
+            if kv is not None:
+                return kv.version if kv.value == value else None
+        raise metadata_attempts_exhausted(f"ledger {ledger_id}", "taking its lock")
 
     async def claim(
         self, ledger_id: int, lease: Lease, *, owner: str = ""
