@@ -82,7 +82,7 @@ async def _position_for_seq(namespace: Namespace, stream: str, seq: int) -> Stre
     position carries `seq` alone: the reader judges a start by its seq (the next seq is a good
     one, a later one is refused naming it), so the command and the API agree."""
     from bkaio.stream import StreamPosition
-    from bkaio.stream.reader import truncated_error
+    from bkaio.stream.ends import truncated_error
 
     meta = await namespace.stream_metadata(stream)
     if seq < meta.first_seq:

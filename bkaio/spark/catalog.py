@@ -27,9 +27,9 @@ from bkaio.spark.options import (
     split_stream_name,
 )
 from bkaio.spark.planner import ReadRange, plan_partitions, stream_ranges
+from bkaio.stream.ends import end_seq
 from bkaio.stream.errors import StreamNotFoundError
 from bkaio.stream.model import StreamMeta
-from bkaio.stream.reader import end_seq
 from bkaio.stream.segments import STREAM_PASSWORD
 from bkaio.stream.store import StreamStore, metadata_of
 

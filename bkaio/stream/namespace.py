@@ -19,6 +19,7 @@ from bkaio.errors import BKError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.records import name_problem
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
+from bkaio.stream.ends import end_seq, first_available
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     NamespaceExistsError,
@@ -37,7 +38,7 @@ from bkaio.stream.model import (
 )
 from bkaio.stream.opening import open_writer as _open_writer
 from bkaio.stream.opening import undo_if_namespace_closed
-from bkaio.stream.reader import ReaderOptions, Start, StreamReader, end_seq, first_available
+from bkaio.stream.reader import ReaderOptions, Start, StreamReader
 from bkaio.stream.reader import open_reader as _open_reader
 from bkaio.stream.segments import delete_unnamed_ledgers, namespace_sealed_bytes, remove_stream
 from bkaio.stream.store import StreamStore, metadata_of, now_ms

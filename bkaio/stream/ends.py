@@ -1,0 +1,92 @@
+"""Where a stream starts and ends, as readers, the namespace, the CLI and Spark ask it: the
+first available position, the exact end (`end_seq`), and the checks of a reader's start.
+
+"The end" of a stream is exact: the seq after the last record acknowledged to its writer, not
+after the bookies' LAC, which lags the writer by whatever it had in flight
+(ReadHandle.read_last_acknowledged). An empty last segment ends where it starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bkaio.stream.errors import InvalidStreamArgumentError, StreamTruncatedError
+from bkaio.stream.model import StreamMeta, StreamPosition
+from bkaio.stream.segments import STREAM_PASSWORD
+
+if TYPE_CHECKING:
+    from bkaio.ledger_client import BookKeeper
+
+
+def first_available(meta: StreamMeta) -> StreamPosition | None:
+    """The first readable position of the stream (None when nothing is readable yet)."""
+    for segment in meta.segments:
+        readable = segment.is_open or segment.last_seq >= segment.first_seq
+        if readable and segment.first_seq >= meta.first_seq:
+            return segment.position(segment.first_seq)
+    return None
+
+
+def truncated_error(where: str, seq: int, meta: StreamMeta) -> StreamTruncatedError:
+    first = first_available(meta)
+    shown = str(first) if first is not None else f"seq {meta.first_seq} (not written yet)"
+    return StreamTruncatedError(
+        f"stream {where}: seq {seq} was truncated; the first available position is {shown}",
+        first,
+    )
+
+
+def check_start(where: str, start: object) -> None:
+    """InvalidStreamArgumentError unless `start` is "earliest", "latest" or a StreamPosition
+    whose fields are whole numbers >= 0 (what the stream hands out)."""
+    if start in ("earliest", "latest"):
+        return
+    if not isinstance(start, StreamPosition):
+        raise InvalidStreamArgumentError(
+            f"stream {where}: start must be 'earliest', 'latest' or a StreamPosition, got {start!r}"
+        )
+    fields = (("seq", start.seq), ("ledger id", start.ledger_id), ("entry id", start.entry_id))
+    for field, value in fields:
+        if not isinstance(value, int) or value < 0:
+            raise InvalidStreamArgumentError(
+                f"stream {where}: start {start} has {field} {value!r}: a position's ledger id, "
+                "entry id and seq are whole numbers >= 0"
+            )
+
+
+async def check_written(
+    bk: BookKeeper, where: str, seq: int, meta: StreamMeta, *, cursor: str | None = None
+) -> None:
+    """InvalidStreamArgumentError when `seq` lies past the stream's next seq: no record was
+    ever written there, so there is nothing to resume from (a position of another stream, a
+    mistyped one), and a reader there would wait in silence for records that may never come.
+    The next seq itself is a good start: the next record written.
+
+    With `cursor`, `seq` is where that cursor resumes: past the end, it was written for an
+    earlier stream of this name (this stream's readers never ack past its end), and resuming
+    there would skip this stream's records before it."""
+    segment = meta.open_segment
+    if segment is not None and seq <= segment.first_seq:
+        return  # Written, or the open segment's first record: the bookies need not be asked.
+    end = meta.end_seq_if_closed if segment is None else await end_seq(bk, meta)
+    if seq > end and cursor is not None:
+        raise InvalidStreamArgumentError(
+            f"stream {where}: cursor {cursor!r} resumes at seq {seq}, past the end of the "
+            f"stream (next seq {end}): it was left by an earlier stream of this name; delete "
+            "the cursor to read this stream with it"
+        )
+    if seq > end:
+        raise InvalidStreamArgumentError(
+            f"stream {where}: start seq {seq} is past the end of the stream (next seq {end}): "
+            f"no record was written there; start at seq {end} or before, or at 'latest'"
+        )
+
+
+async def end_seq(bk: BookKeeper, meta: StreamMeta) -> int:
+    """The seq after the last record acknowledged by now (exact: see the module doc)."""
+    segment = meta.open_segment
+    if segment is None:
+        return meta.end_seq_if_closed
+    handle = await bk.open_ledger(segment.ledger_id, password=STREAM_PASSWORD, recovery=False)
+    last: int = await handle.read_last_acknowledged()
+    return segment.first_seq + last + 1
