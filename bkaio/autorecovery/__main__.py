@@ -1,5 +1,6 @@
 """`python -m bkaio.autorecovery --metadata URI [--admin-token T]`: a standalone auditor
-candidate and replication worker (what `bkaio autorecovery` runs), until SIGTERM/SIGINT."""
+candidate and replication worker (what `bkaio autorecovery` runs), until SIGTERM/SIGINT.
+TLS and the HELLO token come from $BKAIO_TLS_CA/CERT/KEY and $BKAIO_AUTH_TOKEN."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 
 import uvloop
 
+from bkaio.cli.common import client_options
 from bkaio.config import AutorecoveryConfig
 from bkaio.logs import configure_logging
 
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     config = AutorecoveryConfig(
         lost_bookie_delay_seconds=args.lost_bookie_delay, auditor_enabled=not args.no_auditor
     )
+    # As `bkaio autorecovery`: $BKAIO_TLS_CA (+ CERT/KEY; also for HTTPS admin APIs) and
+    # $BKAIO_AUTH_TOKEN, what the bookies require of clients.
+    options = client_options()
 
     async def run() -> int:
         stop = asyncio.Event()
@@ -36,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         return await run_autorecovery(
-            args.metadata, config=config, admin_token=args.admin_token, stop=stop
+            args.metadata, config=config, admin_token=args.admin_token, stop=stop, **options
         )
 
     return uvloop.run(run())

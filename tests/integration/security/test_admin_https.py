@@ -136,14 +136,35 @@ async def test_master_keys_and_shell_recover_use_https_with_the_cluster_ca(
     assert all(target not in ensemble for _, ensemble in after.ensembles), after
 
 
-async def test_bkaio_autorecovery_repairs_a_tls_cluster_with_the_cluster_ca(
-    bookie_cluster_factory: BookieClusterFactory, pki: Pki
+# Where autorecovery runs: in the bookies, in `bkaio autorecovery`, in `python -m
+# bkaio.autorecovery` (the latter two take TLS from $BKAIO_TLS_*).
+_FAST = {
+    "lost_bookie_delay_seconds": 0.0,
+    "auditor_lease_ttl_seconds": 2.0,
+    "worker_lease_ttl_seconds": 2.0,
+    "retry_backoff_seconds": 0.5,
+    "poll_interval_seconds": 0.5,
+}
+_COMMANDS = {
+    "bkaio": [BKAIO, "autorecovery"],
+    "module": [sys.executable, "-m", "bkaio.autorecovery"],
+}
+
+
+@pytest.mark.parametrize("runner", ["bookie", "bkaio", "module"])
+async def test_autorecovery_repairs_a_tls_cluster_over_https_admin_apis(
+    bookie_cluster_factory: BookieClusterFactory, pki: Pki, runner: str
 ) -> None:
+    autorecovery = {"enabled": True, **_FAST} if runner == "bookie" else {"enabled": False}
     cluster = await bookie_cluster_factory(
         count=3,
         config={
-            "tls": pki.tls_section(require_client_cert=True),
-            "autorecovery": {"enabled": False},  # Only the `bkaio autorecovery` process acts.
+            "tls": {
+                **pki.tls_section(require_client_cert=True),
+                "client_cert_file": str(pki.client_cert),
+                "client_key_file": str(pki.client_key),
+            },
+            "autorecovery": autorecovery,
         },
     )
     context = client_tls_context(pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
@@ -163,20 +184,27 @@ async def test_bkaio_autorecovery_repairs_a_tls_cluster_with_the_cluster_ca(
         "BKAIO_ADMIN_TOKEN": cluster.admin_token,
     }
     log_path = cluster.base_dir / "autorecovery.log"
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            BKAIO,
-            "autorecovery",
-            "--metadata",
-            cluster.metadata_uri,
-            "--lost-bookie-delay",
-            "0",
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    process = None
+    if runner in _COMMANDS:
+        with log_path.open("wb") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *_COMMANDS[runner],
+                "--metadata",
+                cluster.metadata_uri,
+                "--lost-bookie-delay",
+                "0",
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+    index = cluster.bookie_ids.index(target)
+
+    def logs() -> str:
+        if process is None:
+            return "\n".join(b.log_tail(30) for i, b in enumerate(cluster.bookies) if i != index)
+        return log_path.read_text()[-4000:]
+
     try:
-        index = cluster.bookie_ids.index(target)
         cluster.kill9(index)
         await cluster.wait_until_deregistered(index)
         deadline = asyncio.get_running_loop().time() + 90.0
@@ -184,11 +212,12 @@ async def test_bkaio_autorecovery_repairs_a_tls_cluster_with_the_cluster_ca(
             ensembles = (await meta.ledgers.get(handle.ledger_id)).ensembles
             if all(target not in ensemble for _, ensemble in ensembles):
                 break
-            assert process.returncode is None, log_path.read_text()
+            assert process is None or process.returncode is None, logs()
             if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"not re-replicated:\n{log_path.read_text()[-4000:]}")
+                raise AssertionError(f"not re-replicated:\n{logs()}")
             await asyncio.sleep(0.2)
     finally:
-        if process.returncode is None:
-            process.terminate()
-        await asyncio.wait_for(process.wait(), 30)
+        if process is not None:
+            if process.returncode is None:
+                process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
