@@ -35,6 +35,8 @@ import structlog
 
 from bkaio.errors import BKError, MetadataError, NoSuchEntryError, NoSuchLedgerError
 from bkaio.ledger_client.errors import copy_error
+from bkaio.meta.errors import WatchCompactedError
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 from bkaio.stream.ends import check_start, check_written, end_seq, truncated_error
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
@@ -339,18 +341,40 @@ class StreamReader:
         await changed.wait()
 
     async def _watch(self, start_revision: int) -> None:
+        revision, restarts = start_revision, 0
         try:
-            watch = self._store.watch_stream(self.namespace, self.stream, start_revision)
-            async for meta in watch:
-                if meta is None:
-                    raise StreamNotFoundError(f"stream {self._where} was deleted")
-                self._adopt(meta)
-                changed, self._meta_changed = self._meta_changed, asyncio.Event()
-                changed.set()
+            while True:
+                try:
+                    watch = self._store.watch_stream(self.namespace, self.stream, revision)
+                    async for meta in watch:
+                        restarts = 0
+                        self._seen(meta)
+                    return
+                except WatchCompactedError as error:
+                    # The changes after `revision` were compacted away (a watch cut off for
+                    # longer than the store keeps them): read the record as it is now and
+                    # watch from after that read, as the error asks; a bounded number of
+                    # times in a row without a change seen in between.
+                    restarts += 1
+                    if restarts > MAX_METADATA_ATTEMPTS:
+                        raise
+                    log.info("stream_reader_watch_restarted", stream=self._where, error=str(error))
+                    revision = await self._store.current_revision() + 1
+                    fresh = await self._store.find_stream(self.namespace, self.stream)
+                    same = fresh is not None and fresh.ctime_ms == self._meta.ctime_ms
+                    self._seen(fresh if same else None)  # Another stream of the name: deleted.
         except BKError as error:
             self._watch_error = error
             log.warning("stream_reader_watch_failed", stream=self._where, error=str(error))
             self._meta_changed.set()
+
+    def _seen(self, meta: StreamMeta | None) -> None:
+        """A version of the record (None: deleted) from the watch: adopt it, wake the reader."""
+        if meta is None:
+            raise StreamNotFoundError(f"stream {self._where} was deleted")
+        self._adopt(meta)
+        changed, self._meta_changed = self._meta_changed, asyncio.Event()
+        changed.set()
 
     async def refresh(self) -> StreamMeta:
         """Re-read the stream record now (the watch does this on its own)."""
