@@ -221,3 +221,62 @@ async def test_autorecovery_repairs_a_tls_cluster_over_https_admin_apis(
             if process.returncode is None:
                 process.terminate()
             await asyncio.wait_for(process.wait(), 30)
+
+
+def _admin_call(
+    url: str, context: ssl.SSLContext, token: str, method: str = "GET", body: Any = None
+) -> Any:
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        return json.loads(response.read())
+
+
+async def test_a_recover_job_started_over_https_reaches_the_tls_bookies(
+    bookie_cluster_factory: BookieClusterFactory, pki: Pki
+) -> None:
+    # PUT /api/v1/autorecovery/bookie runs the recovery in the bookie: it reaches the other
+    # bookies (client port and HTTPS admin API) with its own [tls] client side.
+    cluster = await bookie_cluster_factory(
+        count=3,
+        config={
+            "tls": {
+                **pki.tls_section(require_client_cert=True),
+                "client_cert_file": str(pki.client_cert),
+                "client_key_file": str(pki.client_key),
+            },
+            "autorecovery": {"enabled": False},
+        },
+    )
+    context = client_tls_context(pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
+    async with bkaio.BookKeeper.connect(cluster.metadata_uri, tls=context) as bk:
+        handle = await bk.create_ledger(
+            ensemble_size=2, write_quorum=2, ack_quorum=2, password=b"pw"
+        )
+        await asyncio.gather(*(handle.append(b"entry-%d" % i) for i in range(20)))
+        await handle.close()
+    meta = await cluster.metadata()
+    target = (await meta.ledgers.get(handle.ledger_id)).ensembles[0][1][0]
+    index = cluster.bookie_ids.index(target)
+    cluster.kill9(index)
+    await cluster.wait_until_deregistered(index)
+    asked = cluster[(index + 1) % 3]
+    admin = client_tls_context(pki.ca)
+    base = f"{asked.admin_url}/api/v1/autorecovery"
+    job = await asyncio.to_thread(
+        _admin_call, f"{base}/bookie", admin, cluster.admin_token, "PUT", {"bookie_src": target}
+    )
+    deadline = asyncio.get_running_loop().time() + 90.0
+    while job["state"] == "running":
+        assert asyncio.get_running_loop().time() < deadline, job
+        await asyncio.sleep(0.2)
+        job = await asyncio.to_thread(
+            _admin_call, f"{base}/jobs?id={job['id']}", admin, cluster.admin_token
+        )
+    assert job["state"] == "done", job
+    after = await meta.ledgers.get(handle.ledger_id)
+    assert all(target not in ensemble for _, ensemble in after.ensembles), after
