@@ -4,7 +4,9 @@ A watch re-opens after any connection error from the revision after the last eve
 delivered, so no event is lost or repeated; only an etcd compaction past that revision ends it
 (WatchCompactedError). When its member is lost (bkaio/meta/etcd_connection.py moves requests to
 the next one and cancels the watch calls open on the old one), it re-opens on the new member at
-once. A member that is partitioned or stopped keeps its connections open and answers nothing:
+once. A member that lost its leader (cut off from the others) ends the watches opened with
+etcd's require-leader flag, which they all are, and they re-open on the next member. A member
+that is partitioned or stopped keeps its connections open and answers nothing:
 a watch that hears nothing for WATCH_IDLE_SECONDS asks the member for a progress report, and
 moves on when none comes for WATCH_SILENT_PERIODS such periods (tests/integration/meta/
 test_etcd_cluster.py stops a member under a watch).
@@ -39,6 +41,11 @@ log = structlog.get_logger(__name__)
 # such periods without any answer its member counts as lost.
 WATCH_IDLE_SECONDS = 2.0
 WATCH_SILENT_PERIODS = 3
+# Asks the member to end the watch (UNAVAILABLE, "no leader") once it has had no leader for a
+# few election timeouts. Without it a member cut off from the others keeps the stream open and
+# answers progress requests itself, so the watch looks healthy while it misses every change
+# the rest of the cluster makes (etcd's own client sets it for the same reason).
+_REQUIRE_LEADER = ("hasleader", "true")
 
 
 async def watch_etcd_prefix(
@@ -65,7 +72,9 @@ async def watch_etcd_prefix(
         outgoing: asyncio.Queue[Any] = asyncio.Queue(maxsize=WATCH_SILENT_PERIODS + 1)
         outgoing.put_nowait(rpc.WatchRequest(create_request=create))
         used = connection.current
-        call = connection.watch.Watch(_requests(outgoing), metadata=connection.metadata)
+        call = connection.watch.Watch(
+            _requests(outgoing), metadata=(*(connection.metadata or ()), _REQUIRE_LEADER)
+        )
         connection.watch_calls[call] = used
         heard = _Heard(asyncio.get_running_loop().time())
         keeper = asyncio.get_running_loop().create_task(

@@ -239,3 +239,35 @@ async def test_a_slow_watch_consumer_is_not_taken_for_a_silent_member(
         await watch.aclose()
     finally:
         await store.close()
+
+
+async def test_a_watch_leaves_a_member_that_lost_its_leader(etcd_cluster: EtcdCluster) -> None:
+    """A member cut off from the others (here: the others down) keeps a watch's stream open
+    and answers its progress requests itself: the watch must not take that for health. The
+    member ends it for want of a leader; it re-opens elsewhere and, once the cluster is whole
+    again, delivers the next change."""
+    store = await open_store(etcd_cluster.uri("/bkaio-leaderless"))
+    try:
+        start = await store.current_revision() + 1
+        watch = store.watch_prefix("/k/", start_revision=start)
+        await store.put("/k/0", b"v")
+        assert (await anext(watch)).key == "/k/0"  # Open on the first member.
+        with structlog.testing.capture_logs() as logs:
+            following = asyncio.ensure_future(anext(watch))
+            await asyncio.to_thread(etcd_cluster.kill, 1)
+            await asyncio.to_thread(etcd_cluster.kill, 2)
+
+            async def left_the_member() -> bool:
+                return any(
+                    e["event"] == "etcd_watch_reconnecting" and e["code"] == "UNAVAILABLE"
+                    for e in logs
+                )
+
+            await wait_for(left_the_member, 30.0, "the watch leaving the leaderless member")
+            await asyncio.to_thread(etcd_cluster.start, 1)
+            await asyncio.to_thread(etcd_cluster.start, 2)
+            await store.put("/k/1", b"v")
+            assert (await asyncio.wait_for(following, 60)).key == "/k/1"
+        await watch.aclose()
+    finally:
+        await store.close()
