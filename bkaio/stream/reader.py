@@ -209,7 +209,7 @@ class StreamReader:
                 await self._fill_from(segment, seq)
             except (NoSuchLedgerError, NoSuchEntryError) as error:
                 # The segment may have been truncated away under us: the record decides.
-                fresh = await self._store.get_stream(self.namespace, self.stream)
+                fresh = await self._read_record()
                 self._adopt(fresh)
                 if seq < fresh.first_seq:
                     raise truncated_error(self._where, seq, fresh) from None
@@ -378,8 +378,19 @@ class StreamReader:
 
     async def refresh(self) -> StreamMeta:
         """Re-read the stream record now (the watch does this on its own)."""
-        self._adopt(await self._store.get_stream(self.namespace, self.stream))
+        self._adopt(await self._read_record())
         return self._meta
+
+    async def _read_record(self) -> StreamMeta:
+        """The record now. StreamNotFoundError when the stream is gone, also when another
+        stream of the name replaced it (another creation time): its segments, seqs and
+        versions have nothing to do with this reader's."""
+        meta = await self._store.get_stream(self.namespace, self.stream)
+        if meta.ctime_ms != self._meta.ctime_ms:
+            raise StreamNotFoundError(
+                f"stream {self._where} was deleted (a new stream of that name exists)"
+            )
+        return meta
 
     # ------------------------------------------------------------------ cursor
 

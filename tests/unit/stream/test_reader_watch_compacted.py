@@ -78,3 +78,33 @@ async def test_a_stream_deleted_while_the_watch_was_cut_off_fails_the_reader(
         await take(reader, 1)
     await reader.close()
     await recreated.close()
+
+
+async def test_a_refresh_does_not_adopt_another_stream_of_the_name(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream deleted and created again before the reader's watch told it: a refresh
+    (acknowledged_end) adopted the new stream's record when its version was as high, and the
+    reader went on delivering the new stream's records as if they followed the old ones."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s")
+    first = await writer.write(b"old stream")
+    await writer.close()
+    go = asyncio.Event()
+    compacted_first_watch(monkeypatch, go)  # Stalls until `go`: the deletion goes unseen.
+    reader = await ns.open_reader("s", long_poll_seconds=0.2)
+    assert [r.position for r in await take(reader, 1)] == [first]
+    old_version = (await reader.refresh()).version
+    await ns.delete_stream("s")
+    writer = await ns.open_writer("s", roll_bytes=10)
+    while (await ns.stream_metadata("s")).version < old_version:
+        await writer.write(b"0123456789")  # Each one rolls: the record's version grows.
+        await writer.wait_for_capacity()
+    await writer.write(b"new stream, its first record")
+    await writer.write(b"new stream, its second record")
+    with pytest.raises(StreamNotFoundError, match="a new stream of that name exists"):
+        await reader.acknowledged_end()
+    go.set()
+    await reader.close()
+    await writer.close()
