@@ -38,7 +38,9 @@ class AdminView(ParentState):
             "forced_read_only": self.forced_read_only,
             "decommissioned": self.decommissioned,
             "shutting_down": self.shutting_down,
-            "registered": self.registration is not None,
+            # Not just started: a lost lease leaves the bookie out of the registry until the
+            # registration is back (is_ready answers 503 meanwhile).
+            "registered": self.registration is not None and self.registration.registered,
             "shards_read_only": [w.read_only for w in self.workers],
             "journal_sync": self.journal_sync,
             "limbo": self.limbo.summary(),

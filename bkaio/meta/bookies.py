@@ -130,6 +130,12 @@ class BookieRegistration:
     def lease(self) -> Lease:
         return self._lease
 
+    @property
+    def registered(self) -> bool:
+        """True while a live lease carries the record; False from a lost lease (the store
+        dropped the key, or may have) until the record is back under a new one."""
+        return self._in_place and not self._lease.lost and not self._deregistered
+
     async def set_read_only(self, read_only: bool) -> None:
         """Move the registration to /bookies/readonly (or back) under the same lease."""
         if read_only == self._info.read_only and not self._move_pending:

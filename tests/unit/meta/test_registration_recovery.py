@@ -87,3 +87,21 @@ async def test_a_move_back_after_a_failed_move_leaves_one_key(store: FakeFlakyPu
     assert await store.get(WRITABLE) is not None
     assert await store.get(READ_ONLY) is None
     await registration.deregister()
+
+
+async def test_registered_says_false_while_the_record_is_gone_then_true_again(
+    store: FakeFlakyPutStore,
+) -> None:
+    """What the bookie's is_ready and admin state report: not 'registered' merely because the
+    bookie registered once."""
+    registration = await BookieRegistry(store).register(INFO, ttl_seconds=5.0)
+    assert registration.registered
+    store.failing_puts = 3  # Metadata unreachable for the first attempts to register again.
+    start = await store.current_revision() + 1
+    await registration.lease.revoke()
+    assert await store.get(WRITABLE) is None
+    assert not registration.registered
+    await asyncio.wait_for(_until_put(store, WRITABLE, start), 10.0)
+    assert registration.registered
+    await registration.deregister()
+    assert not registration.registered
