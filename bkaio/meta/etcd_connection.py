@@ -111,20 +111,21 @@ class EtcdConnection:
         if config.ca_file is not None or config.cert_file is not None:
             import grpc  # type: ignore[import-untyped]  # Only the TLS path needs it.
 
-            def read(path: str | None) -> bytes | None:
+            async def read(path: str | None) -> bytes | None:
                 if path is None:
                     return None
                 try:
-                    return Path(path).read_bytes()
+                    # On a thread: the loop never waits on the disk (a slow or network mount).
+                    return await asyncio.to_thread(Path(path).read_bytes)
                 except OSError as error:
                     raise ConfigError(
                         f"metadata URI: cannot read TLS file {path}: {error}"
                     ) from None
 
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=read(config.ca_file),
-                private_key=read(config.key_file),
-                certificate_chain=read(config.cert_file),
+                root_certificates=await read(config.ca_file),
+                private_key=await read(config.key_file),
+                certificate_chain=await read(config.cert_file),
             )
         for host, port in config.endpoints:
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
