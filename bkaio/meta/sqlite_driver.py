@@ -269,9 +269,11 @@ class SqliteMetadataStore(MetadataStore):
         await self._stop_keep_alives()
         if self._writer_task is not None:
             await self._writer_task  # Let queued writes finish before the connection goes.
+        # Closed before the connection goes: a call made meanwhile (a watch, another task)
+        # fails as on a closed store, rather than reaching the connection after it is gone.
+        self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._database.close_sync)
-        self._closed = True
         self._executor.shutdown(wait=False)
 
 
