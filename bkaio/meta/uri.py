@@ -16,7 +16,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    unquote,
+    unquote_plus,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 from bkaio.errors import ConfigError
 from bkaio.security.tokens import redact_uri
@@ -55,6 +63,8 @@ _SQLITE_OPTIONS = {"synchronous", "prefix"}
 # Options naming a file: an empty one would read as absent, and an absent `ca` is no TLS.
 _FILE_OPTIONS = ("ca", "cert", "key")
 # Credentials before the host, with or without the scheme (a URI missing it is an error to show).
+# One query option: `?name=` or `&name=` (group 1, the name alone group 2), then its value.
+_QUERY_VALUE = re.compile(r"([?&]([^=&#]*)=)([^&]*)")
 _USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#]*@")
 
 
@@ -124,10 +134,21 @@ def _options(query: str, allowed: set[str], uri: str) -> dict[str, str]:
     options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
     unknown = sorted(set(options) - allowed)
     if unknown:
+        # Their values hidden too: a mistyped `password` (passwd=, pwd=) still holds the secret.
         raise ConfigError(
-            f"metadata URI {uri!r}: unknown option(s) {unknown}; known: {sorted(allowed)}"
+            f"metadata URI {_hide_values(uri, unknown)!r}: unknown option(s) {unknown}; "
+            f"known: {sorted(allowed)}"
         )
     return options
+
+
+def _hide_values(uri: str, names: list[str]) -> str:
+    """`uri` with the values of the query options called `names` replaced by ***."""
+
+    def hide(option: re.Match[str]) -> str:
+        return option.group(1) + "***" if unquote_plus(option.group(2)) in names else option[0]
+
+    return _QUERY_VALUE.sub(hide, uri)
 
 
 def parse_etcd_uri(uri: str) -> EtcdUri:

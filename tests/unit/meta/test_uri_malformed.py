@@ -55,3 +55,15 @@ def test_the_cli_reports_a_mistyped_uri_as_a_usage_error() -> None:
     result = CliRunner().invoke(command, ["--metadata", "etcd://[::1:2379/bkaio"])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "metadata URI" in result.output
+
+
+@pytest.mark.parametrize("option", ["passwd", "pwd", "pass", "pass%77d", "Pass+word"])
+def test_a_mistyped_password_option_does_not_show_its_value(option: str) -> None:
+    uri = f"etcd://h:2379/bkaio?user=u&{option}=SECRET&timeout=5"
+    with pytest.raises(ConfigError, match="unknown option") as caught:
+        parse_etcd_uri(uri)
+    assert "SECRET" not in str(caught.value)
+    assert "timeout=5" in str(caught.value)  # Known options are still shown as given.
+    with pytest.raises(ConfigError, match="unknown option") as caught:
+        parse_sqlite_uri(f"sqlite:///var/lib/bkaio/meta.db?{option}=SECRET")
+    assert "SECRET" not in str(caught.value)
