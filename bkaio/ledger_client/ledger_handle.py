@@ -21,6 +21,9 @@ The add path (BookKeeper's PendingAddOp, docs/client.md):
   refused; entry ids are consecutive, none may be skipped). `append` refuses a payload above
   the client's limit (`ClientConfig.max_entry_bytes`) before it takes an entry id, so that one
   oversized append leaves the handle usable.
+- Backpressure: at most `max_outstanding_adds` adds and `max_outstanding_add_bytes` payload
+  bytes in flight (one larger entry alone); later appends are queued, up to `max_queued_adds`
+  (then refused with TooManyRequestsError), and sent as acknowledgements free room.
 
 `LedgerHandle` is assembled from one part per responsibility, each a mixin over `HandleState`
 (handle_state.py, with `PendingAdd`): here the public surface, the add path and the handle's
@@ -127,6 +130,9 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
         # Read on every append; the config is frozen.
         self._max_outstanding_adds = context.config.max_outstanding_adds
         self._max_queued_adds = context.config.max_queued_adds
+        # Bytes in flight are `_pushed_length - _acked_length` (of `_pending` when nothing
+        # waits): the bound costs append no counter of its own.
+        self._max_outstanding_add_bytes = context.config.max_outstanding_add_bytes
         self._max_entry_bytes = context.config.max_entry_bytes
         # The adaptive batching wait of a burst (`_send_unsent`, ClientConfig.add_batch_wait_us).
         self._batch_wait_seconds = context.config.add_batch_wait_us / 1e6
@@ -206,6 +212,12 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
             or self._waiting
             or self._blocked_on
             or len(self._pending) >= self._max_outstanding_adds
+            # Nothing waits: the bytes in flight with this one. One larger than the bound
+            # still goes alone.
+            or (
+                self._pushed_length - self._acked_length > self._max_outstanding_add_bytes
+                and self._pending
+            )
         ):
             self._waiting.append(add)
         else:
@@ -226,10 +238,17 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
             self._send(add, self._write_set_masks[add.entry_id % self._ensemble_size])
 
     async def wait_for_capacity(self) -> None:
-        """Return once an append would be sent at once rather than queued (backpressure)."""
+        """Return once an append would be sent at once rather than queued (backpressure):
+        fewer than `max_outstanding_adds` adds and `max_outstanding_add_bytes` payload bytes
+        in flight, none queued (a payload that would pass the bytes bound is still queued)."""
         limit = self._max_outstanding_adds
+        max_bytes = self._max_outstanding_add_bytes
         pause = Backoff(0.001, 0.05)  # An ensemble change may wait on metadata for a while.
-        while self._error is None and (self._waiting or len(self._pending) >= limit):
+        while self._error is None and (
+            self._waiting
+            or len(self._pending) >= limit
+            or (self._pending and self._pushed_length - self._acked_length >= max_bytes)
+        ):
             oldest = self._pending[0].future if self._pending else None
             if oldest is not None and not oldest.done():
                 # The oldest in-flight add completes first: wait for it.
@@ -441,12 +460,15 @@ class LedgerHandle(AddBatching, BookieReplacement, ExplicitLac, Sealing):
 
     def _send_waiting(self) -> None:
         limit = self._max_outstanding_adds
+        max_bytes = self._max_outstanding_add_bytes
         while (
             self._waiting
             and not self._changing
             and not self._blocked_on
             and self._error is None
             and len(self._pending) < limit
+            # The bytes in flight with the next one (its length counts every entry before it).
+            and (not self._pending or self._waiting[0].length - self._acked_length <= max_bytes)
         ):
             add = self._waiting.popleft()
             self._pending.append(add)

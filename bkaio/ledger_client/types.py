@@ -223,10 +223,17 @@ class ClientConfig:
     explicit_lac_on_ack: bool = False
     speculative_read_timeout: float | None = None  # Ask the next replica after this; None = off.
     max_outstanding_adds: int = 10_000  # Per ledger handle: adds sent and not yet acknowledged.
-    # Per ledger handle: adds held back (over max_outstanding_adds or during an ensemble change).
-    # Past it `append` raises TooManyRequestsError: memory stays bounded whatever the caller
+    # Per ledger handle: adds held back (over max_outstanding_adds or max_outstanding_add_bytes,
+    # or during an ensemble change).
+    # Past it `append` raises TooManyRequestsError: the queue stays bounded whatever the caller
     # does; `await handle.wait_for_capacity()` is the cooperative way to stay below it.
     max_queued_adds: int = 100_000
+    # Per ledger handle: payload bytes of the adds sent and not yet acknowledged. An append that
+    # would take them past it is queued (as past max_outstanding_adds) until acknowledgements
+    # free room; `wait_for_capacity()` waits for it too. One entry larger than the bound still
+    # goes alone when nothing else is in flight. With wait_for_capacity, a writer holds at most
+    # this plus one entry in memory per handle, whatever its entries' sizes.
+    max_outstanding_add_bytes: int = 64 * 1024 * 1024
     # A burst of appends (two or more in one loop iteration, to a ledger whose every add goes
     # to every bookie) that finds nothing else coming waits for the next append at most this
     # long, so that the next burst shares its frames, the bookies' journal groups and their
@@ -294,6 +301,7 @@ class ClientConfig:
         at_least_one = (
             "max_outstanding_adds",
             "max_queued_adds",  # 0 would refuse every append: nothing may ever wait.
+            "max_outstanding_add_bytes",
             "read_window",
             "read_batch_entries",
             "read_batch_bytes",
