@@ -103,7 +103,9 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
             "1 while the bookie holds its registration in metadata",
             registry=self.metrics_registry,
         )
-        self._registered_gauge.set_function(lambda: 1.0 if self.registration is not None else 0.0)
+        self._registered_gauge.set_function(
+            lambda: 1.0 if self.registration is not None and self.registration.registered else 0.0
+        )
         # Every shard's journal is built from the one [journal] section: one answer per bookie.
         self.journal_sync = all(storage.journal.sync for storage in config.storage)
         Gauge(

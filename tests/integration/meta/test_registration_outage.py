@@ -18,6 +18,17 @@ from tests.integration.autorecovery.helpers import wait_for
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installed")
 
 
+def _registered_gauge(admin_url: str) -> float:
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    (value,) = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("bkaio_bookie_registered ")
+    ]
+    return value
+
+
 def _is_ready(admin_url: str) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(f"{admin_url}/api/v1/bookie/is_ready", timeout=10) as answer:
@@ -35,6 +46,7 @@ async def test_a_bookie_is_not_ready_while_its_registration_is_gone(
     admin_url = cluster[0].admin_url
     status, body = await asyncio.to_thread(_is_ready, admin_url)
     assert status == 200 and body["registered"] is True
+    assert await asyncio.to_thread(_registered_gauge, admin_url) == 1.0
 
     async def answers(wanted: int) -> bool:
         return (await asyncio.to_thread(_is_ready, admin_url))[0] == wanted
@@ -45,7 +57,9 @@ async def test_a_bookie_is_not_ready_while_its_registration_is_gone(
         await wait_for(lambda: answers(503), 30.0, "is_ready answering 503 while etcd is away")
         status, body = await asyncio.to_thread(_is_ready, admin_url)
         assert body["registered"] is False
+        assert await asyncio.to_thread(_registered_gauge, admin_url) == 0.0
     finally:
         await asyncio.to_thread(etcd_server.start)
     await wait_for(lambda: answers(200), 60.0, "is_ready answering 200 once registered again")
     await cluster.wait_until_registered(0)
+    assert await asyncio.to_thread(_registered_gauge, admin_url) == 1.0
