@@ -297,12 +297,29 @@ class UnderReplicationManager:
 
         With `lock_version` (`lock`'s, a claimed record's) only that lock is deleted: a holder
         whose lease lapsed before it noticed must not delete the lock another worker (or a
-        bookie's garbage collection) took since; that one is left alone (False)."""
-        try:
-            return await self._store.delete(_lock_key(ledger_id), expected_version=lock_version)
-        except MetadataVersionError:
-            log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
-            return False
+        bookie's garbage collection) took since; that one is left alone (False).
+
+        A release whose answer the store lost is resolved by reading the lock back (gone:
+        released; still that lock: released again), as `lock` does: left in place under the
+        holder's live lease, it would keep every worker off the ledger."""
+        key = _lock_key(ledger_id)
+        for _attempt in range(MAX_METADATA_ATTEMPTS):
+            try:
+                return await self._store.delete(key, expected_version=lock_version)
+            except MetadataVersionError:
+                log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
+                return False
+            except MetadataOutcomeUnknownError as error:
+                log.warning(
+                    "underreplication_unlock_unconfirmed", ledger_id=ledger_id, error=str(error)
+                )
+                kv = await self._store.get(key)
+            if kv is None:
+                return True
+            if kv.version != lock_version:
+                log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
+                return False
+        raise metadata_attempts_exhausted(f"ledger {ledger_id}", "releasing its lock")
 
     async def complete(self, claimed: UnderreplicatedLedger) -> bool:
         """The ledger is fully replicated again: drop it from the queue and release the lock.

@@ -91,3 +91,37 @@ async def test_a_lock_taken_by_a_task_sharing_the_lease_is_not_taken_for_ours(
     store.armed, store.applied, store.interloper = True, False, lease
     assert await manager.lock(7, lease, owner="other-worker") is None
     await lease.revoke()
+
+
+class FakeLostDeleteAnswerStore(FakeLostAnswerStore):
+    """Loses the answer of the next versioned delete of the lock, after applying it or not."""
+
+    delete_armed = False
+    delete_applied = True
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        if not (self.delete_armed and key == LOCK and expected_version is not None):
+            return await super().delete(key, expected_version=expected_version)
+        self.delete_armed = False
+        if self.delete_applied:
+            await super().delete(key, expected_version=expected_version)
+        raise MetadataOutcomeUnknownError(f"lost the answer for deleting {key} (fake)")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_release_whose_answer_was_lost_leaves_no_lock(
+    tmp_path: Path, applied: bool
+) -> None:
+    store = await FakeLostDeleteAnswerStore.open(f"sqlite://{tmp_path}/meta.db")
+    try:
+        manager = UnderReplicationManager(store)
+        lease = await store.grant_lease(30.0)
+        version = await manager.lock(7, lease, owner="worker-1")
+        assert version is not None
+        store.delete_armed, store.delete_applied = True, applied
+        assert await manager.release(7, version)
+        assert await manager.locked() == set()  # Not left under the live lease.
+        assert await manager.lock(7, lease, owner="worker-2") is not None  # Free to take.
+        await lease.revoke()
+    finally:
+        await store.close()
