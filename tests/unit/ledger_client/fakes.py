@@ -1,7 +1,8 @@
 """In-memory stand-ins for bookies and the ledger metadata store (unit tests only).
 
 `FakeBookie` keeps the storage semantics a real shard has (master key on first sight, fencing,
-RECOVERY_ADD, LAC = max of piggybacked and explicit); `FakeBookieOps` implements the client's
+RECOVERY_ADD, LAC = max of piggybacked and explicit; long polls answered as the LAC moves, not
+on a clock); `FakeBookieOps` implements the client's
 `BookieOps` seam on top of a set of them, with knobs to take a bookie down, hang it, hold
 its adds until released, or give it a max_entry_bytes. Its batch and fan-out calls
 (`add_entries`, `add_entry_many`) apply each add through `add_entry`, so the storage
@@ -67,6 +68,21 @@ class FakeBookie:
         self.bookie_id = bookie_id
         self.ledgers: dict[int, _FakeLedger] = {}
         self.limbo: set[int] = set()  # Ledgers it may have lost entries of (a reformat).
+        # Resolved at the next change of what a long poll waits for (an entry, an explicit LAC,
+        # fencing): as a real bookie's long polls are woken, not polling on a clock.
+        self._change: asyncio.Future[None] | None = None
+
+    def changed(self) -> None:
+        """Wake the long polls: something they wait for may have changed."""
+        change, self._change = self._change, None
+        if change is not None and not change.done():
+            change.set_result(None)
+
+    def next_change(self) -> asyncio.Future[None]:
+        """Resolved at the next `changed()` (one future shared by every waiting poll)."""
+        if self._change is None:
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
 
     def reformat(self) -> None:
         """Its disks wiped: every ledger it held goes into limbo, its entries are gone."""
@@ -89,6 +105,7 @@ class FakeBookie:
         if existing is not None and existing.payload != copy.payload:
             raise EntryConflictError(f"{self.bookie_id}: entry {copy.entry_id} differs")
         ledger.entries[copy.entry_id] = copy
+        self.changed()
 
     def read(
         self, ledger_id: int, entry_id: int, fence: bool, master_key: bytes | None
@@ -96,6 +113,7 @@ class FakeBookie:
         if fence:
             assert master_key is not None
             self._ledger(ledger_id, master_key).fenced = True
+            self.changed()
         ledger = self.ledgers.get(ledger_id)
         copy = None if ledger is None else ledger.entries.get(entry_id)
         if copy is None and ledger_id in self.limbo:
@@ -110,6 +128,7 @@ class FakeBookie:
         if fence:
             assert master_key is not None
             self._ledger(ledger_id, master_key).fenced = True
+            self.changed()
         ledger = self.ledgers.get(ledger_id)
         if ledger is None:
             raise NoSuchLedgerError(f"{self.bookie_id}: no ledger {ledger_id}")
@@ -307,12 +326,12 @@ class FakeBookieOps:
             raise BKTimeoutError(f"{bookie_id}: read timed out")
         bookie = self.bookies[bookie_id]
         if previous_lac is not None:
-            deadline = asyncio.get_running_loop().time() + long_poll_seconds
-            while asyncio.get_running_loop().time() < deadline:
+
+            def answers() -> bool:
                 ledger = bookie.ledgers.get(ledger_id)
-                if ledger is not None and (ledger.lac > previous_lac or ledger.fenced):
-                    break
-                await asyncio.sleep(0.005)
+                return ledger is not None and (ledger.lac > previous_lac or ledger.fenced)
+
+            await _long_poll(bookie, answers, long_poll_seconds)
         ledger = bookie.ledgers.get(ledger_id)
         if ledger is None:
             if previous_lac is not None:
@@ -354,20 +373,34 @@ class FakeBookieOps:
         bookie = self.bookies[bookie_id]
         if previous_lac is None:
             return bookie.lac(ledger_id, fence, master_key)
-        deadline = asyncio.get_running_loop().time() + long_poll_seconds
-        while True:
+
+        def lac() -> LacAnswer:
             try:
-                answer = bookie.lac(ledger_id, False, None)
+                return bookie.lac(ledger_id, False, None)
             except NoSuchLedgerError:
-                answer = LacAnswer(-1, -1)
-            if answer.lac > previous_lac or asyncio.get_running_loop().time() >= deadline:
-                return answer
-            await asyncio.sleep(0.005)
+                return LacAnswer(-1, -1)
+
+        await _long_poll(bookie, lambda: lac().lac > previous_lac, long_poll_seconds)
+        return lac()
 
     async def write_lac(self, bookie_id: str, ledger_id: int, master_key: bytes, lac: int) -> None:
         await self._gate(bookie_id)
-        ledger = self.bookies[bookie_id]._ledger(ledger_id, master_key)
+        bookie = self.bookies[bookie_id]
+        ledger = bookie._ledger(ledger_id, master_key)
         ledger.explicit_lac = max(ledger.explicit_lac, lac)
+        bookie.changed()
+
+
+async def _long_poll(bookie: FakeBookie, answers: Callable[[], bool], seconds: float) -> None:
+    """Until `answers()` or `seconds` are over, woken by the bookie's changes (a real bookie
+    answers a long poll as the LAC moves: two bookies that learn it at once answer at once)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not answers():
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        await asyncio.wait((bookie.next_change(),), timeout=left)
 
 
 class FakeLedgerStore:
