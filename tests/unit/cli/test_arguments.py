@@ -16,7 +16,9 @@ import pytest
 from bkaio.cli.main import cli, main
 from bkaio.cli.params import FiniteFloat
 
-SQLITE = "sqlite:////nonexistent/dir/meta.db"  # Never opened: validation comes first.
+# Never opened: validation comes first. Under /proc, where nothing can create the directory
+# (tests run as root: a store path in a creatable place would exist once some run made it).
+SQLITE = "sqlite:////proc/nonexistent/meta.db"
 
 
 @pytest.fixture

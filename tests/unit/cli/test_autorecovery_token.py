@@ -8,7 +8,9 @@ import pytest
 
 from bkaio.cli.main import main
 
-SQLITE = "sqlite:////nonexistent/dir/meta.db"  # No cluster: the command stops after starting.
+# No cluster: the command stops after starting. Under /proc, where no run (even as root) can
+# create the directory and so a cluster.
+SQLITE = "sqlite:////proc/nonexistent/meta.db"
 
 
 @pytest.mark.parametrize(("token", "warned"), [((), True), (("--admin-token", "t"), False)])
