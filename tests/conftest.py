@@ -20,7 +20,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # Ports for the servers tests start: each worker hands out ports from its own slice, so two
     # workers never pick the same port before either binds it.
-    index = int(worker.removeprefix("gw"))
+    # A worker xdist starts in place of a crashed one (a test past its timeout ends its worker)
+    # is numbered on from the last: it takes the window of the one it replaces.
+    index = int(worker.removeprefix("gw")) % workers
     lowest, highest = localproc.port_limits()
     width = (highest - lowest) // workers
     low = lowest + index * width
