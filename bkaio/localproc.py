@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -67,18 +68,26 @@ def free_port_range(count: int = 1, host: str = LOOPBACK) -> int:
     """A first port such that `count` consecutive ports are free right now, outside the
     ephemeral range and never handed out before by this process (another process may still
     take them: callers that can, retry)."""
+    return free_base_port(range(count), host)
+
+
+def free_base_port(offsets: Sequence[int], host: str = LOOPBACK) -> int:
+    """A port BASE such that BASE + each of `offsets` (>= 0) is free right now, in this
+    process's window and never handed out before by it; those ports are handed out, the ones
+    between them are not (`bkaio standalone --base-port`'s plan spans 202 ports, uses a few)."""
     low, high = _window
-    highest_first = (_ephemeral_low() if high is None else high) - count
+    span = max(offsets) + 1
+    highest_first = (_ephemeral_low() if high is None else high) - span
     if highest_first <= low:
-        raise RuntimeError(f"no room for {count} ports in [{low}, {high or 'ephemeral'}) on {host}")
+        raise RuntimeError(f"no room for {span} ports in [{low}, {high or 'ephemeral'}) on {host}")
     for _ in range(200):
         first = random.randrange(low, highest_first)
-        ports = range(first, first + count)
+        ports = [first + offset for offset in offsets]
         if not _handed_out.isdisjoint(ports):
             continue
         sockets: list[socket.socket] = []
         try:
-            for port in range(first, first + count):
+            for port in ports:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sockets.append(sock)
                 sock.bind((host, port))
@@ -89,7 +98,7 @@ def free_port_range(count: int = 1, host: str = LOOPBACK) -> int:
         finally:
             for sock in sockets:
                 sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+    raise RuntimeError(f"no free ports at {sorted(set(offsets))} from any base on {host}")
 
 
 def free_port(host: str = LOOPBACK) -> int:

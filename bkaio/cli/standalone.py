@@ -2,8 +2,9 @@
 
 Brings up a metadata store (the embedded SQLite store by default, a given URI, or a local etcd
 process with `--etcd`) and N real bookie processes with one shard each, on loopback. The ports it
-picks the first time are remembered in the data directory, so a restart finds the same bookies
-(bookie ids are host:port and their cookies must match) and every ledger survives it.
+picks the first time (free ones, or from `--base-port`: standalone_layout.py) are remembered in
+the data directory, so a restart finds the same bookies (bookie ids are host:port and their
+cookies must match) and every ledger survives it.
 
 The data directory is locked (`standalone.lock`, flock) while a standalone runs on it: a second
 one exits at once naming the first one's pid instead of starting bookies on the same files.
@@ -20,12 +21,11 @@ import asyncio
 import fcntl
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,20 @@ import structlog
 from bkaio.backoff import Backoff
 from bkaio.cli.common import run
 from bkaio.cli.output import emit
-from bkaio.errors import BKError, ConfigError
+from bkaio.cli.standalone_layout import (
+    BASE_PORT,
+    LOOPBACK,
+    STATE_FILE,
+    StandaloneLayout,
+    load_layout,
+    write_private,
+)
+from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
 
 log = structlog.get_logger(__name__)
 
-LOOPBACK = "127.0.0.1"
-STATE_FILE = "standalone.json"  # Ports chosen on first start; reused on every restart.
 READY_FILE = "ready.json"  # Exists while the cluster is up: the metadata URI and the bookies.
 LOCK_FILE = "standalone.lock"  # flock-ed by the running standalone; holds its pid.
 READY_TIMEOUT_SECONDS = 60.0
@@ -97,86 +103,11 @@ class DataDirectoryLock:
             self._fd = None
 
 
-@dataclass(slots=True)
-class StandaloneLayout:
-    """What a data directory remembers between runs."""
-
-    metadata_uri: str
-    bookie_ports: list[int]
-    admin_ports: list[int]
-    etcd_client_port: int = 0
-    etcd_peer_port: int = 0
-    # Shared by every bookie: autorecovery fetches ledger keys over the admin API with it.
-    admin_token: str = ""
-    tls: bool = False  # Bookies serve mutual TLS with a local CA in <data-dir>/tls.
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Files holding the admin token are readable by their owner only."""
-    path.write_text(text)
-    path.chmod(0o600)
-
-
 def _write_atomically(path: Path, text: str) -> None:
     """Readers (scripts polling ready.json) see the old content or the new, never half."""
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(text)
     partial.replace(path)
-
-
-def _free_port() -> int:
-    from bkaio.localproc import free_port
-
-    return free_port(LOOPBACK)
-
-
-def _load_layout(
-    data_dir: Path,
-    bookies: int,
-    metadata_uri: str | None,
-    use_etcd: bool,
-    base_port: int,
-    tls: bool,
-) -> StandaloneLayout:
-    state_path = data_dir / STATE_FILE
-    if state_path.exists():
-        layout = StandaloneLayout(**json.loads(state_path.read_text()))
-        if not layout.admin_token or (tls and not layout.tls):  # Upgrades keep the data.
-            layout.admin_token = layout.admin_token or secrets.token_hex(16)
-            layout.tls = layout.tls or tls
-            _write_private(state_path, json.dumps(asdict(layout), indent=2))
-        if len(layout.bookie_ports) != bookies:
-            raise ConfigError(
-                f"{data_dir} holds a {len(layout.bookie_ports)}-bookie cluster; start it with "
-                f"--bookies {len(layout.bookie_ports)} or use another --data-dir"
-            )
-        if metadata_uri is not None and metadata_uri != layout.metadata_uri:
-            raise ConfigError(
-                f"{data_dir} was created with metadata {layout.metadata_uri}, not {metadata_uri}"
-            )
-        return layout
-    if base_port:
-        bookie_ports = [base_port + i for i in range(bookies)]
-        admin_ports = [base_port + 100 + i for i in range(bookies)]
-    else:
-        bookie_ports = [_free_port() for _ in range(bookies)]
-        admin_ports = [_free_port() for _ in range(bookies)]
-    layout = StandaloneLayout(
-        metadata_uri="",
-        bookie_ports=bookie_ports,
-        admin_ports=admin_ports,
-        admin_token=secrets.token_hex(16),
-        tls=tls,
-    )
-    if use_etcd:
-        layout.etcd_client_port, layout.etcd_peer_port = _free_port(), _free_port()
-        layout.metadata_uri = f"etcd://{LOOPBACK}:{layout.etcd_client_port}/bkaio"
-    else:
-        default = f"sqlite:///{(data_dir / 'meta.db').resolve()}"
-        layout.metadata_uri = metadata_uri or default
-    data_dir.mkdir(parents=True, exist_ok=True)
-    _write_private(state_path, json.dumps(asdict(layout), indent=2))
-    return layout
 
 
 def _local_tls(data_dir: Path) -> Any:
@@ -190,7 +121,7 @@ def _bookie_toml(data_dir: Path, index: int, layout: StandaloneLayout) -> Path:
     bookie_dir = (data_dir / f"bookie-{index}").resolve()
     bookie_dir.mkdir(parents=True, exist_ok=True)
     config_path = bookie_dir / "bookie.toml"
-    _write_private(
+    write_private(
         config_path,
         "\n".join(
             [
@@ -497,8 +428,10 @@ def _client_env(description: dict[str, Any]) -> str:
 @click.option(
     "--base-port",
     default=0,
-    type=click.IntRange(0, 65000),
-    help="Bookie i listens on BASE+i, its admin HTTP on BASE+100+i (default: free ports).",
+    type=BASE_PORT,
+    help="Listen on ports from BASE (1024..65334; 0, the default: free ports): bookie i on "
+    "BASE+i, its admin HTTP on BASE+100+i, with --etcd etcd on BASE+200 and BASE+201. Taken "
+    "on the data directory's first start; later starts keep its ports.",
 )
 @click.option(
     "--tls", is_flag=True, help="Mutual TLS between clients and bookies, with a local CA."
@@ -535,7 +468,7 @@ def standalone(
         # We hold the lock: a ready.json here was left by a standalone killed before it could
         # remove it, and must not tell anyone this cluster is up before it is.
         (data_dir / READY_FILE).unlink(missing_ok=True)
-        layout = _load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
+        layout = load_layout(data_dir, bookies, metadata_uri, use_etcd, base_port, tls)
         return _serve(data_dir, layout, as_json, metrics_port)
     finally:
         lock.release()

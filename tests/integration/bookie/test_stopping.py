@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, BookieProcess
 from tests.fixtures.etcd import EtcdServer
+from tests.fixtures.standalone import base_port_args
 
 STOP_BOUND_SECONDS = 10.0  # Liveness: far above the few seconds it takes.
 
@@ -170,6 +171,7 @@ async def test_sigterm_stops_a_standalone_cluster_whose_etcd_is_gone(tmp_path: P
     data = tmp_path / "data"
     log_path = tmp_path / "standalone.log"
     command = [sys.executable, "-m", "bkaio.cli", "standalone", "--bookies", "1", "--etcd"]
+    command += base_port_args(1, *command)  # etcd's ports too, from this worker's window.
     process = await asyncio.to_thread(_start_logged, [*command, "--data-dir", str(data)], log_path)
     try:
         deadline = time.monotonic() + 120

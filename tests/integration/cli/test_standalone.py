@@ -23,6 +23,7 @@ from bkaio.cli.standalone import (
     SupervisedBookie,
 )
 from bkaio.localproc import LOOPBACK, free_port
+from tests.fixtures.standalone import base_port_args
 
 BKAIO = str(Path(sys.executable).parent / "bkaio")
 READY_TIMEOUT_SECONDS = 90.0
@@ -42,6 +43,8 @@ class RunningStandalone:
         self.ready = data_dir / "ready.json"
         self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr"
         argv = [BKAIO, "standalone", "--bookies", str(bookies), "--data-dir", str(data_dir)]
+        extra = (*base_port_args(bookies, *extra), *extra)
+        self.base_port = int(extra[extra.index("--base-port") + 1])
         with self.stderr_path.open("wb") as stderr:
             self.process = subprocess.Popen(
                 [*argv, *extra],
@@ -109,6 +112,11 @@ def test_kill9_of_a_bookie_is_survived_and_the_bookie_restarted(
 ) -> None:
     uri = str(running.description["metadata"])
     victim, *others = _bookies(running.description)
+    # On the ports the test gave it, from this worker's own window (tests/conftest.py).
+    base = running.base_port
+    assert [(b["bookie_id"], b["admin_url"]) for b in [victim, *others]] == [
+        (f"{LOOPBACK}:{base + i}", f"http://{LOOPBACK}:{base + 100 + i}") for i in range(3)
+    ]
     victim_pid = victim["pid"]
     assert isinstance(victim_pid, int)
     os.killpg(victim_pid, signal.SIGKILL)  # The bookie and its shard worker.
@@ -173,7 +181,7 @@ def test_the_lock_goes_with_its_holder(tmp_path: Path) -> None:
         assert isinstance(pid, int)
         os.killpg(pid, signal.SIGKILL)
     assert first.ready.exists()  # Left behind by the kill.
-    second = RunningStandalone(tmp_path / "standalone", bookies=1)
+    second = RunningStandalone(tmp_path / "standalone", 1, "--base-port", str(first.base_port))
     try:
         assert second.description["metadata"] == first.description["metadata"]
         assert second.description["pid"] == second.process.pid

@@ -10,28 +10,24 @@ import sys
 from pathlib import Path
 
 from bkaio.cli.standalone import SupervisedBookie
-from bkaio.localproc import LOOPBACK
+from bkaio.cli.standalone_layout import port_offsets
+from bkaio.localproc import LOOPBACK, free_base_port
 
 BKAIO = str(Path(sys.executable).parent / "bkaio")
 
 
 def _occupied_base_port() -> tuple[socket.socket, int]:
-    """A socket listening on a port whose admin twin (port + 100, --base-port's rule) is free."""
-    for _ in range(50):
-        taken = socket.socket()
-        taken.bind((LOOPBACK, 0))
-        port = int(taken.getsockname()[1])
-        if port + 100 <= 65535:
-            with socket.socket() as probe:
-                try:
-                    probe.bind((LOOPBACK, port + 100))
-                except OSError:
-                    taken.close()
-                    continue
-            taken.listen()
-            return taken, port
+    """A base port of a one-bookie standalone, from this worker's window, with something
+    listening on the bookie's port (its admin port, BASE + 100, stays free)."""
+    port = free_base_port(port_offsets(1, etcd=False))
+    taken = socket.socket()
+    try:
+        taken.bind((LOOPBACK, port))
+        taken.listen()
+    except OSError:
         taken.close()
-    raise AssertionError("no port with a free port + 100")
+        raise
+    return taken, port
 
 
 def test_a_bookie_port_in_use_is_the_error(tmp_path: Path) -> None:

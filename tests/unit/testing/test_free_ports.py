@@ -31,3 +31,21 @@ def test_a_port_window_bounds_what_is_handed_out() -> None:
             localproc.use_port_window(lowest - 1, lowest + 10)
     finally:
         localproc._window = saved
+
+
+def test_a_base_port_hands_out_its_offsets_and_nothing_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`bkaio standalone --base-port`'s plan: a few ports over a span of 202, all in the window;
+    the ports between them stay free for others."""
+    from bkaio import localproc
+
+    offsets = [0, 1, 100, 101, 200, 201]
+    low = localproc._window[0] + 500  # Inside this process's window (its own, under xdist).
+    monkeypatch.setattr(localproc, "_handed_out", set())
+    monkeypatch.setattr(localproc, "_window", (low, low + 203))  # Room for one base: low.
+    assert localproc.free_base_port(offsets) == low
+    between = free_port()
+    assert low + 2 <= between < low + 200 and between not in (low + 100, low + 101)
+    with pytest.raises(RuntimeError, match="no free ports"):
+        localproc.free_base_port(offsets)  # Its one base is handed out already.
