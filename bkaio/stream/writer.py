@@ -107,7 +107,9 @@ class StreamWriter:
         self._held: deque[tuple[bytes, asyncio.Future[StreamPosition]]] = deque()
         self._held_bytes = 0
         # As many writes as a ledger handle takes at once: the held ones all fit the next one.
-        # No byte bound: the handle has none either (quota_bytes counts held bytes).
+        # Counted, not bounded in bytes while held (a roll is short; quota_bytes counts held
+        # bytes); once handed over, the handle bounds its bytes in flight
+        # (ClientConfig.max_outstanding_add_bytes) and queues the rest.
         self._max_held = bk.config.max_outstanding_adds + bk.config.max_queued_adds
         self._max_entry_bytes = bk.config.max_entry_bytes
         # Set while writes go straight to the handle: no roll, nothing held (wait_for_capacity).
