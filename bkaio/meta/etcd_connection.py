@@ -204,8 +204,10 @@ class EtcdConnection:
                 if loop.time() < deadline - 0.01:
                     self.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
                     continue
+                # Worded as the refused case below: which of the two ends the budget is chance.
                 raise MetadataError(
-                    f"etcd {what}: no answer from {self.endpoints_text()} within {budget} s"
+                    f"etcd {what}: {self.endpoints_text()} unreachable for {budget} s:"
+                    " no answer in time"
                 ) from None
             except rpc.AioRpcError as error:
                 code = error.code()

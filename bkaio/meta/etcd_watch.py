@@ -46,6 +46,8 @@ WATCH_SILENT_PERIODS = 3
 # answers progress requests itself, so the watch looks healthy while it misses every change
 # the rest of the cluster makes (etcd's own client sets it for the same reason).
 _REQUIRE_LEADER = ("hasleader", "true")
+# Codes of a watch stream that broke mid-way rather than one etcd refused: re-opened.
+_STREAM_BROKEN = (rpc.StatusCode.UNKNOWN, rpc.StatusCode.INTERNAL)
 
 
 async def watch_etcd_prefix(
@@ -106,7 +108,9 @@ async def watch_etcd_prefix(
                 continue
             if connection.closed or error.code() == rpc.StatusCode.CANCELLED:
                 return
-            if not connection_lost(error) and error.code() != rpc.StatusCode.UNKNOWN:
+            # UNKNOWN and INTERNAL: the stream broke mid-way (a member killed under it gives
+            # gRPC core's "Internal error from Core"); as etcd's own client does, re-open.
+            if not connection_lost(error) and error.code() not in _STREAM_BROKEN:
                 raise MetadataError(
                     f"watch on {prefix} failed: {error.code().name}: {error.details()}"
                 ) from None

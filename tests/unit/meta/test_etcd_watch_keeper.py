@@ -1,5 +1,7 @@
-"""An etcd watch whose keeper (its silence detection) hits a bug reports it and re-opens with a
-fresh keeper, rather than going on without one (it would stall on a member that stopped sending)."""
+"""An etcd watch re-opens rather than fail for good: when its keeper (its silence detection) hits
+a bug, the bug is reported and the watch re-opens with a fresh keeper (without one it would stall
+on a member that stopped sending); when its stream breaks mid-way, it re-opens after the last
+revision it delivered."""
 
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from bkaio.supervision import Supervisor
 
 class FakeCall:
     """A watch call: its responses, then silence until cancelled (a member that stopped
-    sending keeps its connection open)."""
+    sending keeps its connection open), or then `error` when one is given."""
 
-    def __init__(self, responses: list[Any]) -> None:
+    def __init__(self, responses: list[Any], error: BaseException | None = None) -> None:
         self._responses = responses
+        self._error = error
         self._cancelled = asyncio.Event()
 
     def cancel(self) -> bool:
@@ -37,6 +40,8 @@ class FakeCall:
     async def _stream(self) -> AsyncIterator[Any]:
         for response in self._responses:
             yield response
+        if self._error is not None:
+            raise self._error
         await self._cancelled.wait()
         raise asyncio.CancelledError
 
@@ -101,3 +106,29 @@ async def test_a_keeper_that_raises_is_reported_and_the_watch_reopens(
     assert failed["task"] == "etcd_watch_keeper" and failed["log_level"] == "error"
     failures = registry.get_sample_value("bkaio_task_failures_total", {"task": "etcd_watch_keeper"})
     assert failures == 1
+
+
+class OneMemberConnection(BuggyConnection):
+    """One member whose fail_over has nothing to move to, as EtcdConnection's with one member."""
+
+    def fail_over(self, used: int, code: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("code", [rpc.StatusCode.INTERNAL, rpc.StatusCode.UNKNOWN])
+async def test_a_stream_broken_mid_way_reopens_after_the_last_revision(code: Any) -> None:
+    broken = rpc.AioRpcError(code, details="Internal error from Core")
+    watch = FakeWatchStub([FakeCall([_put("/r/a", 5)], broken), FakeCall([_put("/r/b", 6)])])
+    connection = cast(EtcdConnection, OneMemberConnection(watch))
+    events = etcd_watch.watch_etcd_prefix(
+        connection, "/r", "/", start_revision=5, current_revision=_no_revision
+    )
+    try:
+        with capture_logs() as logs:
+            first = await asyncio.wait_for(anext(events), 5)
+            second = await asyncio.wait_for(anext(events), 5)
+    finally:
+        await events.aclose()
+    assert (first.revision, second.revision) == (5, 6)
+    (reconnecting,) = [e for e in logs if e["event"] == "etcd_watch_reconnecting"]
+    assert reconnecting["code"] == code.name and reconnecting["from_revision"] == 6
