@@ -11,7 +11,11 @@ writer's next add there would be refused (UNAUTHORIZED). A bookie that holds the
 the key; `MasterKeys` asks the admin HTTP of the ledger's live bookies
 (`GET /api/v1/autorecovery/ledger_key`, Bearer admin token; HTTPS with the process's TLS
 context when the bookie registered an https:// admin URL) and checks the answer against the
-hash in the metadata before using it.
+hash in the metadata before using it. Each request names the bookie it is for: a registered
+admin URL that reaches another bookie (a loopback admin.host followed from another host) is
+refused there (409) and counts as that bookie failing to answer, with an error naming
+admin.host; never is the other bookie's "no key here" taken for this one's. A loopback admin URL
+of a bookie advertised on another address is warned about once per bookie.
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ from bkaio.protocol.digest import password_check
 from bkaio.security.admin_client import (
     ADMIN_CLIENT_TLS_SETTINGS,
     AdminTlsMismatchError,
+    AdminWrongBookieError,
+    admin_headers,
     admin_request_ssl,
+    loopback_admin_url_of_remote,
+    raise_if_wrong_bookie,
 )
 from bkaio.supervision import Restart, loop_supervisor
 
@@ -166,6 +174,7 @@ class MasterKeys:
         self._token = admin_token
         self._tls = tls
         self._cache: dict[int, bytes] = {}
+        self._warned_loopback: set[str] = set()  # Bookies whose loopback admin URL was warned of.
         self._session: aiohttp.ClientSession | None = None
 
     async def master_key(self, metadata: LedgerMetadata) -> bytes | None:
@@ -185,7 +194,7 @@ class MasterKeys:
         for bookie_id in candidates:
             try:
                 key = await self._ask(bookie_id, metadata.ledger_id)
-            except AdminTlsMismatchError as error:
+            except (AdminTlsMismatchError, AdminWrongBookieError) as error:
                 errors.append(f"{bookie_id}: {error}")
                 continue
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
@@ -215,20 +224,42 @@ class MasterKeys:
         ssl_arg = admin_request_ssl(
             info.admin_url, self._tls, tls_setting=ADMIN_CLIENT_TLS_SETTINGS
         )
+        self._warn_if_loopback(info)
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=_KEY_HTTP_TIMEOUT_SECONDS)
             )
         url = f"{info.admin_url}/api/v1/autorecovery/ledger_key"
-        headers = {"Authorization": f"Bearer {self._token}"}
         async with self._session.get(
-            url, params={"ledger_id": str(ledger_id)}, headers=headers, ssl=ssl_arg
+            url,
+            params={"ledger_id": str(ledger_id)},
+            headers=admin_headers(bookie_id, self._token),
+            ssl=ssl_arg,
         ) as response:
             body: Any = await response.json(content_type=None)
+            raise_if_wrong_bookie(bookie_id, info.admin_url, response.status, body)
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}: {body}")
         hex_key = body["master_key"]
         return None if hex_key is None else bytes.fromhex(hex_key)
+
+    def _warn_if_loopback(self, info: BookieInfo) -> None:
+        """Once per bookie: its admin URL is on loopback though it is advertised elsewhere, so
+        only a process on its host reaches it (the request's bookie id keeps any other safe)."""
+        if info.bookie_id in self._warned_loopback:
+            return
+        if not loopback_admin_url_of_remote(info.admin_url, info.host):
+            return
+        self._warned_loopback.add(info.bookie_id)
+        log.warning(
+            "bookie_admin_url_on_loopback",
+            bookie_id=info.bookie_id,
+            admin_url=info.admin_url,
+            advertised_host=info.host,
+            hint="only a process on the bookie's own host reaches it: set the bookie's "
+            "admin.host to its advertised_host (or 0.0.0.0) for autorecovery on other hosts "
+            "(docs/deployment.md)",
+        )
 
     async def close(self) -> None:
         if self._session is not None:

@@ -5,6 +5,11 @@ admin modules never import the parent). Errors are JSON `{"error": ..., "kind": 
 status that says whose fault it is: 400 a bad parameter, 401 no admin token, 403 a wrong one (or
 none configured), 404 no such thing, 503 not ready, 500 only for a failure of ours. Parameters
 are parsed by `query_int` / `query_bool` / `query_choice`, which raise `BadRequest` (a 400).
+
+A request naming the bookie it is meant for (header `X-Bkaio-Bookie-Id`, as every bkaio caller
+sends it) that names another bookie is refused on every route, 409 `WrongBookie` naming both ids
+(`bookie_id_check`): a registered admin URL that reaches the wrong bookie never acts on it or
+answers for it. Requests without the header (an operator's curl) are served as before.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler as StreamHandler
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
 from bkaio.config import BookieConfig
@@ -27,6 +34,11 @@ from bkaio.errors import (
     UnauthorizedError,
 )
 from bkaio.meta import Metadata
+from bkaio.security.admin_client import (
+    ADMIN_BOOKIE_HEADER,
+    WRONG_BOOKIE_KIND,
+    WRONG_BOOKIE_STATUS,
+)
 
 from .admin_jobs import AdminJobs
 
@@ -95,6 +107,28 @@ def check_token(request: web.Request, token: str) -> web.Response | None:
     ):
         return json_error(403, "wrong admin token")
     return None
+
+
+def bookie_id_check(bookie_id: str) -> Middleware:
+    """aiohttp middleware: 409 for a request whose ADMIN_BOOKIE_HEADER names another bookie than
+    `bookie_id` (this one); a request without the header goes through."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: StreamHandler) -> web.StreamResponse:
+        wanted = request.headers.get(ADMIN_BOOKIE_HEADER)
+        if wanted is None or wanted == bookie_id:
+            return await handler(request)
+        body = {
+            "error": f"this admin API is bookie {bookie_id}'s; the request is for bookie "
+            f"{wanted} (its registered admin URL reaches another bookie: see its admin.host)",
+            "kind": WRONG_BOOKIE_KIND,
+            "bookie_id": bookie_id,
+            "requested_bookie_id": wanted,
+        }
+        log.warning("admin_request_for_another_bookie", path=request.path, requested=wanted)
+        return web.json_response(body, status=WRONG_BOOKIE_STATUS)
+
+    return check
 
 
 def _status_of(error: BKError) -> int:
