@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -204,14 +205,30 @@ def _limbo_of(config: Any) -> dict[str, Any]:
 
 
 def _running_status(config: Any) -> dict[str, Any] | None:
-    """The running bookie's admin `/status`, over HTTPS (its [tls] client CA) when it serves it."""
+    """The running bookie's admin `/status`, over HTTPS (its [tls] client CA) when it serves it.
+
+    The request names this configuration's bookie id: another bookie answering on the port
+    (409) is reported as an error in the status, not shown as this bookie's."""
+    from bkaio.security.admin_client import WRONG_BOOKIE_STATUS, admin_headers
     from bkaio.security.tls import bookie_client_tls_context
 
     url = f"{config.admin_url(config.admin.port)}/status"
     context = bookie_client_tls_context(config.tls) if config.admin_https else None
+    request = urllib.request.Request(url, headers=admin_headers(config.bookie_id))
     try:
-        with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
+        with urllib.request.urlopen(request, timeout=2.0, context=context) as response:
             body = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        if error.code != WRONG_BOOKIE_STATUS:
+            return None
+        try:
+            reached = json.loads(error.read()).get("bookie_id", "another bookie")
+        except (OSError, ValueError, AttributeError):
+            reached = "another bookie"
+        return {
+            "error": f"the admin API at {url} is bookie {reached}'s, not {config.bookie_id}'s: "
+            "check admin.port and admin.host"
+        }
     except (OSError, ValueError):
         return None
     return body if isinstance(body, dict) else None
