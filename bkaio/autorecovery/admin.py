@@ -7,7 +7,7 @@ the bookies' /api/v1/autorecovery/... endpoints call.
     await get_lost_bookie_delay(uri, default) -> LostBookieDelay
     await set_lost_bookie_delay(uri, 600.0)           # None: back to each auditor's config
     await trigger_audit(uri)                          # the elected auditor audits now
-    await list_under_replicated(uri) -> list[UnderreplicatedLedger]
+    await list_under_replicated(uri, bad=[]) -> list[UnderreplicatedLedger]  # bad: undecodable
     await who_is_auditor(uri) -> str | None
     await list_decommissioned(uri); await recommission_bookie(uri, "10.0.0.7:3181")
 
@@ -25,7 +25,13 @@ from typing import Any
 import structlog
 
 from bkaio.errors import BKError
-from bkaio.meta import Decommissioned, Metadata, UnderreplicatedLedger, open_metadata
+from bkaio.meta import (
+    BadUnderreplicationRecord,
+    Decommissioned,
+    Metadata,
+    UnderreplicatedLedger,
+    open_metadata,
+)
 from bkaio.meta.ledger_metadata import now_ms
 
 log = structlog.get_logger(__name__)
@@ -81,10 +87,13 @@ async def who_is_auditor(metadata: str | Metadata) -> str | None:
         return await meta.auditor.who_is_auditor()
 
 
-async def list_under_replicated(metadata: str | Metadata) -> list[UnderreplicatedLedger]:
-    """Every ledger marked under-replicated, with the bookies it misses, by ledger id."""
+async def list_under_replicated(
+    metadata: str | Metadata, *, bad: list[BadUnderreplicationRecord] | None = None
+) -> list[UnderreplicatedLedger]:
+    """Every ledger marked under-replicated, with the bookies it misses, by ledger id. Records
+    that do not decode are left out (logged; appended to `bad` when given)."""
     async with metadata_of(metadata) as meta:
-        return [record async for record in meta.underreplication.list()]
+        return [record async for record in meta.underreplication.list(bad=bad)]
 
 
 def mark_age_seconds(record: UnderreplicatedLedger, at_ms: int | None = None) -> float:

@@ -409,10 +409,19 @@ def who_is_auditor(metadata_uri: str, as_json: bool) -> None:
 @json_option
 def list_under_replicated(metadata_uri: str, as_json: bool) -> None:
     """Ledgers marked under-replicated: the bookies they miss (or that miss entries), and
-    how long ago they were marked."""
+    how long ago they were marked. A record that does not decode is named on stderr (autorecovery
+    skips it until it is deleted)."""
     from bkaio import autorecovery
+    from bkaio.meta import BadUnderreplicationRecord
 
-    records = run(autorecovery.list_under_replicated(metadata_uri))
+    bad: list[BadUnderreplicationRecord] = []
+    records = run(autorecovery.list_under_replicated(metadata_uri, bad=bad))
+    for item in bad:
+        click.echo(
+            f"bad record {item.key} (version {item.version}), skipped by autorecovery until "
+            f"deleted: {item.error}",
+            err=True,
+        )
     rows: list[dict[str, Any]] = []
     for record in records:
         age = autorecovery.mark_age_seconds(record)

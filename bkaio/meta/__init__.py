@@ -16,6 +16,7 @@ from bkaio.errors import ConfigError
 from bkaio.meta.autorecovery import (
     AuditorElection,
     AuditorLeadership,
+    BadUnderreplicationRecord,
     Decommissioned,
     DecommissionRegistry,
     MarkResult,
@@ -46,6 +47,7 @@ from bkaio.meta.uri import shown_uri
 __all__ = [
     "AuditorElection",
     "AuditorLeadership",
+    "BadUnderreplicationRecord",
     "BookieInfo",
     "BookieRegistration",
     "BookieRegistry",

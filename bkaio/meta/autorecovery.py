@@ -20,11 +20,13 @@ import contextlib
 import dataclasses
 import math
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 
 import msgpack
 import structlog
+from prometheus_client import Counter
 
 from bkaio.errors import InvalidArgumentError, MetadataVersionError
 from bkaio.meta.errors import InvalidMetadataError, MetadataOutcomeUnknownError
@@ -50,6 +52,15 @@ AUDIT_REQUEST_KEY = CONTROL_PREFIX + "audit_request"
 DECOMMISSIONED_PREFIX = "/decommissioned/"
 AUDITOR_KEY = "/auditor"
 MAX_LOST_BOOKIE_DELAY_SECONDS = 7 * 24 * 3600.0  # A week: longer is a typo, not a policy.
+# Bad records a manager remembers having reported (key -> version), so that each is logged once,
+# not at every scan; past this many the oldest is forgotten (and reported again if still there).
+MAX_REPORTED_BAD_RECORDS = 1024
+
+BAD_RECORDS = Counter(
+    "bkaio_underreplication_bad_records",
+    "Under-replication records (/underreplicated/<ledger>) that do not decode, skipped by the "
+    "listing until an operator deletes them; each key and version counted once per process",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,16 @@ class UnderreplicatedLedger:
             "incomplete_bookies": list(self.incomplete_bookies),
             "ctime_ms": self.ctime_ms,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class BadUnderreplicationRecord:
+    """A key under /underreplicated/ whose record does not decode: left alone (the listing
+    skips it) until an operator deletes it."""
+
+    key: str
+    version: int
+    error: str  # What is wrong with it.
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,19 +130,39 @@ def _encode_mark(
     return packed
 
 
+def _bookie_ids(record: dict[object, object], field: str) -> tuple[str, ...]:
+    value = record.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(b, str) for b in value):
+        raise TypeError(f"{field} must be a list of bookie ids, not {value!r}")
+    return tuple(value)
+
+
 def _decode(kv: KeyValue) -> UnderreplicatedLedger:
-    ledger_id = int(kv.key[len(UNDERREPLICATED_PREFIX) :])
+    """The record under `kv`; InvalidMetadataError naming the key when it is not one (a key
+    that is not `_ur_key` of a ledger id, bytes that are not msgpack, fields of wrong types)."""
+    suffix = kv.key[len(UNDERREPLICATED_PREFIX) :]
+    if not (suffix.isascii() and suffix.isdigit()) or kv.key != _ur_key(int(suffix)):
+        raise InvalidMetadataError(
+            f"under-replication record {kv.key}: the key does not end in a 20-digit ledger id"
+        )
     try:
         record = msgpack.unpackb(kv.value, raw=False)
+        if not isinstance(record, dict):
+            raise TypeError(f"a map was expected, not {type(record).__name__}")
+        ctime_ms = record["ctime_ms"]
+        if type(ctime_ms) is not int:
+            raise TypeError(f"ctime_ms must be an integer, not {ctime_ms!r}")
+        if "missing_bookies" not in record:
+            raise KeyError("missing_bookies")
         return UnderreplicatedLedger(
-            ledger_id,
-            tuple(record["missing_bookies"]),
-            int(record["ctime_ms"]),
+            int(suffix),
+            _bookie_ids(record, "missing_bookies"),
+            ctime_ms,
             kv.version,
-            tuple(record.get("forced_bookies", ())),
-            tuple(record.get("incomplete_bookies", ())),
+            _bookie_ids(record, "forced_bookies"),
+            _bookie_ids(record, "incomplete_bookies"),
         )
-    except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData) as error:
+    except (ValueError, KeyError, TypeError, msgpack.ExtraData) as error:
         raise InvalidMetadataError(f"under-replication record {kv.key}: {error!r}") from None
 
 
@@ -138,6 +179,7 @@ def check_lost_bookie_delay(seconds: float) -> float:
 class UnderReplicationManager:
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
+        self._reported_bad: OrderedDict[str, int] = OrderedDict()  # key -> version logged
 
     async def mark(
         self,
@@ -220,9 +262,38 @@ class UnderReplicationManager:
         kv = await self._store.get(_ur_key(ledger_id))
         return None if kv is None else _decode(kv)
 
-    async def list(self) -> AsyncIterator[UnderreplicatedLedger]:
+    async def list(
+        self, *, bad: list[BadUnderreplicationRecord] | None = None
+    ) -> AsyncIterator[UnderreplicatedLedger]:
+        """Every marked ledger, by id. A record that does not decode is skipped (appended to
+        `bad` when given), not fatal: one corrupt key must not stop every worker and audit, as
+        BookKeeper's manager logs and skips a node it cannot parse. It is logged at ERROR and
+        counted once per key and version; nothing here deletes it (an operator does)."""
         async for kv in self._store.iterate_prefix(UNDERREPLICATED_PREFIX):
-            yield _decode(kv)
+            try:
+                record = _decode(kv)
+            except InvalidMetadataError as error:
+                self._report_bad(kv, str(error))
+                if bad is not None:
+                    bad.append(BadUnderreplicationRecord(kv.key, kv.version, str(error)))
+                continue
+            yield record
+
+    def _report_bad(self, kv: KeyValue, error: str) -> None:
+        if self._reported_bad.get(kv.key) == kv.version:
+            self._reported_bad.move_to_end(kv.key)
+            return
+        self._reported_bad[kv.key] = kv.version
+        if len(self._reported_bad) > MAX_REPORTED_BAD_RECORDS:
+            self._reported_bad.popitem(last=False)
+        BAD_RECORDS.inc()
+        log.error(
+            "underreplication_bad_record_skipped",
+            key=kv.key,
+            version=kv.version,
+            error=error,
+            action="skipped by autorecovery until deleted; inspect and delete the key",
+        )
 
     async def locked(self) -> set[int]:
         """Ids of the ledgers a worker (or an admin command) holds the lock of now."""
