@@ -19,7 +19,10 @@ copies anything, so none can start copying the ledger here between the last look
 metadata and the delete; checked without the lock, a copy that started in that window (a
 ledger marked and claimed just then, with this bookie as the replacement) was deleted under
 it, and the metadata then named this bookie for entries it had lost. A ledger whose lock a
-replicator holds is left for a later run.
+replicator holds is left for a later run. The locks live as long as the run's lease: once it is
+lost (expired, or no refresh confirmed for a TTL) a replicator may hold them, so the run checks
+it before confirming each over-replicated ledger and again just before the delete, and leaves
+every over-replicated ledger for a later run once it is lost.
 
 Only a *closed* ledger is ever over-replicated (BookKeeper's GC skips the others too): an open
 ledger's writer may pick this bookie in an ensemble change at any moment, and its new entries
@@ -64,6 +67,21 @@ class Placement(NamedTuple):
     closed: bool  # Sealed: no writer can add this bookie to it any more.
 
 
+class LeaseState(Protocol):
+    @property
+    def lost(self) -> bool:
+        """True once the lease may be gone from the store (and the locks bound to it)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLocks:
+    """The under-replication locks a run took, and the lease they are bound to."""
+
+    ids: frozenset[int]
+    lease: LeaseState
+
+
 class GcMetadata(Protocol):
     async def ledger_ids(self) -> set[int]:
         """Every ledger id in metadata."""
@@ -77,10 +95,10 @@ class GcMetadata(Protocol):
         """Marked under-replicated (a replicator may be copying it, perhaps here)."""
         ...
 
-    def hold(self, ledger_ids: Collection[int]) -> AbstractAsyncContextManager[set[int]]:
+    def hold(self, ledger_ids: Collection[int]) -> AbstractAsyncContextManager[HeldLocks]:
         """Take the under-replication lock of each of `ledger_ids` that nobody holds; the
-        context's value is the ids taken, their locks given back on exit. While one is held no
-        replicator can claim that ledger."""
+        context's value names the ids taken and their lease, the locks given back on exit.
+        While one is held (its lease not lost) no replicator can claim that ledger."""
         ...
 
 
@@ -145,9 +163,9 @@ class GarbageCollector:
             over_due = self._due(unnamed, self._unnamed_since, now, self._over_grace)
         if over_due:
             async with self._metadata.hold(over_due) as held:  # Deleted while held.
-                removed = await self._delete(deleted_due, [i for i in over_due if i in held])
+                removed = await self._delete(deleted_due, held, over_due)
         else:
-            removed = await self._delete(deleted_due, [])
+            removed = await self._delete(deleted_due, None, [])
         compaction = None
         if (removed and self._compact_after_delete) or (
             now - self._last_compaction >= self._compaction_interval
@@ -171,9 +189,22 @@ class GarbageCollector:
             )
         return report
 
-    async def _delete(self, deleted_due: list[int], over_held: list[int]) -> list[int]:
-        """Delete what `_confirm` confirms (the over-replicated ledgers' locks held)."""
-        doomed = await self._confirm(deleted_due, over_held)
+    async def _delete(
+        self, deleted_due: list[int], held: HeldLocks | None, over_due: list[int]
+    ) -> list[int]:
+        """Delete what `_confirm` confirms: the over-replicated ledgers only while `held`'s
+        lease is not lost (checked before each is confirmed and once more just before the
+        delete); once it is, they are left for a later run."""
+        over_held = [] if held is None else [i for i in over_due if i in held.ids]
+        doomed = await self._confirm(deleted_due, over_held, held)
+        if held is not None and over_held and held.lease.lost:
+            log.warning(
+                "gc_lock_lease_lost",
+                bookie_id=self._bookie_id,
+                left_for_next_run=over_held,
+                reason="the locks may be a replicator's now",
+            )
+            doomed = [i for i in doomed if i not in over_held]
         if not doomed:
             return []
         removed = await self._storage.delete_ledgers(doomed)
@@ -182,14 +213,19 @@ class GarbageCollector:
             self._unnamed_since.pop(ledger_id, None)
         return removed
 
-    async def _confirm(self, deleted_due: list[int], over_held: list[int]) -> list[int]:
+    async def _confirm(
+        self, deleted_due: list[int], over_held: list[int], held: HeldLocks | None
+    ) -> list[int]:
         """Re-check just before deleting: the metadata may have changed during the scan. The
-        over-replicated ones are re-read with their locks held (`hold`)."""
+        over-replicated ones are re-read with their locks held (`hold`), and not at all once
+        the locks' lease is lost."""
         doomed: list[int] = []
         for ledger_id in deleted_due:
             if await self._metadata.placement(ledger_id) is None:
                 doomed.append(ledger_id)
         for ledger_id in over_held:
+            if held is None or held.lease.lost:
+                break  # `_delete` drops those confirmed already.
             if not self._overreplicated(await self._metadata.placement(ledger_id)):
                 continue
             if await self._metadata.marked(ledger_id):
@@ -226,7 +262,7 @@ class MetadataGcSource:
         return await self._metadata.underreplication.get(ledger_id) is not None
 
     @contextlib.asynccontextmanager
-    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[set[int]]:
+    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[HeldLocks]:
         underreplication = self._metadata.underreplication
         lease = await self._metadata.store.grant_lease(LOCK_LEASE_TTL_SECONDS)
         lease.start_keep_alive()
@@ -235,7 +271,7 @@ class MetadataGcSource:
             for ledger_id in ledger_ids:
                 if await underreplication.lock(ledger_id, lease, owner=self._owner) is not None:
                     held.add(ledger_id)
-            yield held
+            yield HeldLocks(frozenset(held), lease)
         finally:
             try:
                 await lease.revoke()  # Its locks go with it.

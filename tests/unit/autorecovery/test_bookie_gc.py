@@ -1,13 +1,14 @@
 """The bookie's garbage collection against fake storage and metadata (its rules: two scans a
 grace period apart, marks and locks respected, deletes under the ledger's lock), and the real
-metadata source's locks on the embedded (SQLite) driver."""
+metadata source's locks on the embedded (SQLite) driver. Over-replicated ledgers are deleted only
+while the lease of the collector's locks is not lost."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 
-from bkaio.bookie.gc import GarbageCollector, MetadataGcSource, Placement
+from bkaio.bookie.gc import GarbageCollector, HeldLocks, MetadataGcSource, Placement
 from bkaio.entrylog.types import CompactionReport
 from bkaio.meta import Metadata
 
@@ -36,37 +37,56 @@ class FakeGcStorage:
         return CompactionReport(1, 1, 0, 0, 0, 100)
 
 
+class FakeLease:
+    def __init__(self) -> None:
+        self.lost = False
+
+
 class FakeGcMetadata:
     """Ledgers' bookies, marks, and under-replication locks (ledger id -> holder); every ledger
-    closed unless in `open_ids`."""
+    closed unless in `open_ids`. `hold` binds its locks to a new `lease`; `on_read`, when set,
+    is called with ("placement" | "marked", ledger id) at each read while they are held."""
 
     def __init__(self, ledgers: dict[int, set[str]]) -> None:
         self.ledgers = ledgers
         self.open_ids: set[int] = set()
         self.marked_ids: set[int] = set()
         self.locks: dict[int, str] = {}
+        self.lease = FakeLease()
+        self.holding = False
+        self.on_read: Callable[[str, int], None] | None = None
+
+    def _read(self, what: str, ledger_id: int) -> None:
+        if self.holding and self.on_read is not None:
+            self.on_read(what, ledger_id)
 
     async def ledger_ids(self) -> set[int]:
         return set(self.ledgers)
 
     async def placement(self, ledger_id: int) -> Placement | None:
+        self._read("placement", ledger_id)
         bookies = self.ledgers.get(ledger_id)
         if bookies is None:
             return None
         return Placement(frozenset(bookies), ledger_id not in self.open_ids)
 
     async def marked(self, ledger_id: int) -> bool:
+        self._read("marked", ledger_id)
         return ledger_id in self.marked_ids
 
     @contextlib.asynccontextmanager
-    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[set[int]]:
+    async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[HeldLocks]:
         held = {i for i in ledger_ids if i not in self.locks}
         self.locks.update(dict.fromkeys(held, "gc"))
+        self.lease = FakeLease()
+        self.holding = True
         try:
-            yield held
+            yield HeldLocks(frozenset(held), self.lease)
         finally:
+            self.holding = False
             for ledger_id in held:
-                del self.locks[ledger_id]
+                if self.locks.get(ledger_id) == "gc":
+                    del self.locks[ledger_id]
 
 
 class FakeReplicatorCopyingHere:
@@ -205,13 +225,56 @@ async def test_while_the_collector_holds_a_ledger_no_worker_can_claim_it(meta: M
     assert await meta.underreplication.claim(8, worker, owner="worker") is not None
     source = MetadataGcSource(meta, owner="gc:me")
     async with source.hold([7, 8, 9]) as held:
-        assert held == {7, 9}  # 8's lock is the worker's.
+        assert held.ids == {7, 9} and not held.lease.lost  # 8's lock is the worker's.
         assert await meta.underreplication.claim(7, worker, owner="worker") is None
         assert await meta.underreplication.locked() == {7, 8, 9}
         assert await source.marked(7) and not await source.marked(9)
     assert await meta.underreplication.locked() == {8}
+    assert held.lease.lost  # Revoked with its locks.
     assert await meta.underreplication.claim(7, worker, owner="worker") is not None
     await worker.revoke()
+
+
+async def test_no_overreplicated_ledger_is_deleted_once_the_locks_lease_is_lost() -> None:
+    """The lease of the collector's locks is lost while it confirms ledger 3: a replicator may
+    hold the locks now (and copy 3 or 4 here), so neither is deleted, nor 4 even read; the
+    ledger without metadata (2) needs no lock and goes. A later run takes the locks again."""
+    storage = FakeGcStorage([2, 3, 4])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}})
+    gc = _collector(
+        storage, metadata, FakeClock(), grace_seconds=0.0, overreplicated_grace_seconds=0.0
+    )
+    await gc.run_once()  # First scan: candidates.
+    reads: list[tuple[str, int]] = []
+
+    def lose_the_lease_at_ledger_3(what: str, ledger_id: int) -> None:
+        reads.append((what, ledger_id))
+        if ledger_id == 3:
+            metadata.lease.lost = True
+
+    metadata.on_read = lose_the_lease_at_ledger_3
+    report = await gc.run_once()
+    assert report.deleted == (2,) and report.overreplicated == ()
+    assert storage.ledgers == {3, 4}
+    assert ("placement", 4) not in reads  # Not confirmed once the lease is lost.
+    metadata.on_read = None
+    report = await gc.run_once()
+    assert report.overreplicated == (3, 4) and storage.ledgers == set()
+
+
+async def test_a_lease_lost_after_the_last_confirmation_still_stops_the_delete() -> None:
+    storage = FakeGcStorage([3, 4])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}})
+    gc = _collector(storage, metadata, FakeClock(), overreplicated_grace_seconds=0.0)
+    await gc.run_once()
+
+    def lose_the_lease_at_the_last_read(what: str, ledger_id: int) -> None:
+        if (what, ledger_id) == ("marked", 4):
+            metadata.lease.lost = True
+
+    metadata.on_read = lose_the_lease_at_the_last_read
+    assert (await gc.run_once()).overreplicated == ()
+    assert storage.ledgers == {3, 4}
 
 
 async def test_nothing_to_collect_means_no_compaction() -> None:
