@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -108,13 +109,44 @@ def _merge(kvs: dict[str, KeyValue]) -> builtins.list[BookieInfo]:
     return [by_id[bookie_id] for bookie_id in sorted(by_id)]
 
 
+# Leases of one registration that may still carry its record: the current one and those of
+# re-registration attempts that failed after their grant (a write whose outcome is unknown).
+# Older ones than this many attempts back have expired long since (nothing keeps them alive).
+_OWN_LEASES_KEPT = 16
+
+
+async def _registration_records(store: MetadataStore, bookie_id: str) -> builtins.list[KeyValue]:
+    """The bookie's registration records as the store has them now (writable, read-only)."""
+    keys = [registration_key(bookie_id, read_only=flag) for flag in (False, True)]
+    return [kv for kv in [await store.get(key) for key in keys] if kv is not None]
+
+
+def _still_held(bookie_id: str, record: KeyValue, seconds: float) -> str:
+    return (
+        f"bookie {bookie_id} is still registered at {record.key} (lease {record.lease}) after"
+        f" {seconds} s: is another bookie running with this id?"
+    )
+
+
 class BookieRegistration:
-    """A live registration: kept alive in the background, re-created if its lease lapses."""
+    """A live registration: kept alive in the background, re-created if its lease lapses.
+
+    Re-creating it, like a mode move, writes only over records of this registration's own
+    leases: a record another process registered meanwhile (a bookie started with the same id) is
+    waited out for up to 2 x TTL, then this registration is lost for good: reported as a fatal
+    task failure on the loop's supervisor (a bookie then stops, exit 3), never overwritten.
+    """
 
     def __init__(self, store: MetadataStore, info: BookieInfo, lease: Lease) -> None:
         self._store = store
         self._info = info
         self._lease = lease
+        self._own_leases: collections.deque[int] = collections.deque(
+            [lease.id], maxlen=_OWN_LEASES_KEPT
+        )
+        # One write of the record at a time: a re-registration and a mode move each read the
+        # keys, then write by version.
+        self._writing = asyncio.Lock()
         self._deregistered = False
         self._in_place = True  # False from a lost lease until a new one carries the record.
         self._move_pending = False  # A mode move started and not yet finished.
@@ -137,28 +169,54 @@ class BookieRegistration:
         return self._in_place and not self._lease.lost and not self._deregistered
 
     async def set_read_only(self, read_only: bool) -> None:
-        """Move the registration to /bookies/readonly (or back) under the same lease."""
-        if read_only == self._info.read_only and not self._move_pending:
-            return
-        old_key = registration_key(self._info.bookie_id, read_only=not read_only)
-        self._info = BookieInfo(**{**_fields(self._info), "read_only": read_only})
-        # Until both steps are done, a call for the same mode does them again (a failed move
-        # would otherwise count as made, and a read-only bookie stay listed as writable).
-        self._move_pending = True
-        # The new key first: the bookie is never missing from the list during the move.
-        await self._publish()
-        await self._store.delete(old_key)
-        self._move_pending = False
+        """Move the registration to /bookies/readonly (or back) under the same lease.
+
+        While the registration is lost, only the mode changes here: the record comes back
+        under the new mode's key when it is registered again."""
+        async with self._writing:
+            if read_only == self._info.read_only and not self._move_pending:
+                return
+            self._info = BookieInfo(**{**_fields(self._info), "read_only": read_only})
+            if self.registered:
+                # Until both steps are done, a call for the same mode does them again (a failed
+                # move would otherwise count as made, and a read-only bookie stay listed as
+                # writable).
+                self._move_pending = True
+                await self._move()
+            self._move_pending = False
         log.info("bookie_mode_changed", bookie_id=self._info.bookie_id, read_only=read_only)
 
-    async def _publish(self) -> None:
-        key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
-        await self._store.put(key, encode_bookie_info(self._info), lease=self._lease)
+    async def _move(self) -> None:
+        """The record under the current mode's key, then the other mode's key deleted: each
+        only if absent or this registration's own."""
+        bookie_id, read_only = self._info.bookie_id, self._info.read_only
+        new_key = registration_key(bookie_id, read_only=read_only)
+        old_key = registration_key(bookie_id, read_only=not read_only)
+        # The new key first: the bookie is never missing from the list during the move.
+        current = await self._store.get(new_key)
+        if current is not None and current.lease not in self._own_leases:
+            raise MetadataError(
+                f"bookie {bookie_id}: {new_key} is held by lease {current.lease}, not this"
+                " bookie's: is another bookie running with this id?"
+            )
+        await self._store.compare_and_swap(
+            new_key,
+            encode_bookie_info(self._info),
+            expected_version=0 if current is None else current.version,
+            lease=self._lease,
+        )
+        old = await self._store.get(old_key)
+        if old is not None and old.lease in self._own_leases:
+            await self._store.delete(old_key, expected_version=old.version)
 
     async def _keep(self) -> None:
         """Re-register under a new lease whenever the lease is lost (metadata was unreachable
-        for longer than its TTL, say), retrying with backoff until it is done."""
-        backoff = Backoff(0.2, max(0.2, min(5.0, self._lease.ttl_seconds / 2)))
+        for longer than its TTL, say), retrying with backoff until it is done; a record of
+        another process is waited out for up to 2 x TTL, then the registration is lost."""
+        ttl = self._lease.ttl_seconds
+        backoff = Backoff(0.2, max(0.2, min(5.0, ttl / 2)))
+        loop = asyncio.get_running_loop()
+        held_deadline: float | None = None  # While another process holds the id.
         while not self._deregistered:
             if self._in_place:
                 await self._lease.wait_lost()
@@ -166,17 +224,11 @@ class BookieRegistration:
                     return
                 log.warning("bookie_registration_lost", bookie_id=self._info.bookie_id)
                 self._in_place = False
+                held_deadline = None
             try:
-                # A lease granted for an attempt that fails is left to expire: nothing keeps
-                # it alive, and the next attempt takes a new one.
-                lease = await self._store.grant_lease(self._lease.ttl_seconds)
-                self._lease = lease
-                await self._publish()
-                lease.start_keep_alive()
-                self._in_place = True
-                log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
-                backoff.reset()
-            except MetadataError as error:
+                async with self._writing:
+                    holder = await self._register_again()
+            except (MetadataError, MetadataVersionError) as error:
                 delay = backoff.next_delay()
                 log.warning(
                     "bookie_reregister_failed",
@@ -185,6 +237,61 @@ class BookieRegistration:
                     retry_in=round(delay, 2),
                 )
                 await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            if holder is None:
+                held_deadline = None
+                continue
+            if held_deadline is None:
+                held_deadline = loop.time() + 2 * ttl
+                log.warning(
+                    "bookie_registration_held_by_another",
+                    bookie_id=self._info.bookie_id,
+                    key=holder.key,
+                    lease=holder.lease,
+                    wait_seconds=2 * ttl,
+                )
+            elif loop.time() >= held_deadline:
+                # Logged at ERROR and counted (bkaio_task_failures_total{task=
+                # "bookie_registration"}); a bookie then turns unhealthy and stops.
+                held = _still_held(self._info.bookie_id, holder, 2 * ttl)
+                loop_supervisor().report_fatal(
+                    "bookie_registration", MetadataError(f"registration lost for good: {held}")
+                )
+                return
+            await asyncio.sleep(min(0.2, ttl / 10))
+
+    async def _register_again(self) -> KeyValue | None:
+        """Put the record back under a new lease if no other process holds either key of the
+        bookie; else the record that holds it (nothing written)."""
+        records = await _registration_records(self._store, self._info.bookie_id)
+        for record in records:
+            if record.lease not in self._own_leases:
+                return record
+        own = {record.key: record for record in records}
+        key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
+        other_key = registration_key(self._info.bookie_id, read_only=not self._info.read_only)
+        # A lease granted for an attempt that fails is left to expire: nothing keeps it alive,
+        # and the next attempt takes a new one (and counts a record under it as its own).
+        lease = await self._store.grant_lease(self._lease.ttl_seconds)
+        self._lease = lease
+        self._own_leases.append(lease.id)
+        current = own.get(key)
+        await self._store.compare_and_swap(
+            key,
+            encode_bookie_info(self._info),
+            expected_version=0 if current is None else current.version,
+            lease=lease,
+        )
+        stale = own.get(other_key)  # The other mode's record of an old lease of ours.
+        if stale is not None:
+            await self._store.delete(other_key, expected_version=stale.version)
+        lease.start_keep_alive()
+        self._own_leases.clear()
+        self._own_leases.append(lease.id)
+        self._in_place = True
+        log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
+        return None
 
     async def deregister(self) -> None:
         """Remove the registration now (revoking the lease deletes its key)."""
@@ -234,20 +341,15 @@ class BookieRegistry:
         return BookieRegistration(self._store, info, lease)
 
     async def _wait_for_previous_incarnation(self, bookie_id: str, ttl_seconds: float) -> None:
-        keys = [registration_key(bookie_id, read_only=flag) for flag in (False, True)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2 * ttl_seconds
         waited = False
         while True:
-            present = [kv for kv in [await self._store.get(key) for key in keys] if kv is not None]
+            present = await _registration_records(self._store, bookie_id)
             if not present:
                 return
             if loop.time() >= deadline:
-                raise MetadataError(
-                    f"bookie {bookie_id} is still registered at {present[0].key} (lease"
-                    f" {present[0].lease}) after {2 * ttl_seconds} s: is another bookie running"
-                    " with this id?"
-                )
+                raise MetadataError(_still_held(bookie_id, present[0], 2 * ttl_seconds))
             if not waited:
                 log.info("bookie_waiting_for_old_registration", bookie_id=bookie_id)
                 waited = True

@@ -19,15 +19,27 @@ READ_ONLY = registration_key(INFO.bookie_id, read_only=True)
 
 
 class FakeFlakyPutStore(SqliteMetadataStore):
-    """Fails the next `failing_puts` unconditional puts as an unreachable store would."""
+    """Fails the next `failing_puts` writes of a key (unconditional or by version) as an
+    unreachable store would, before applying them."""
 
     failing_puts = 0
 
-    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
+    def _fail_put(self, key: str) -> None:
         if self.failing_puts > 0:
             self.failing_puts -= 1
             raise MetadataError(f"put {key}: store unreachable (fake)")
+
+    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
+        self._fail_put(key)
         return await super().put(key, value, lease=lease)
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_version: int, lease: Lease | None = None
+    ) -> int:
+        self._fail_put(key)
+        return await super().compare_and_swap(
+            key, value, expected_version=expected_version, lease=lease
+        )
 
 
 @pytest.fixture
