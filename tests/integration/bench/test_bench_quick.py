@@ -1,12 +1,16 @@
 """Smoke test of the benchmark harness: `bkaio bench --suite quick` completes, numbers are sane.
 
-Runs the real thing (3 bookies with fsync, and NATS JetStream when `nats-server` is installed)
-on two of the quick suite's workloads. Asserts only completion and internal consistency, never
-a speed.
+Runs the real thing (3 bookies with fsync) on two of the quick suite's workloads, with
+`--peer none`: each NATS config costs a 3-server JetStream cluster start (some 10 s here), which
+`make bench` pays, not `make test`. The peer's plumbing is checked apart, against a real
+3-server JetStream cluster when `nats-server` is installed: it starts, acknowledges publishes
+to its R3 stream, purges between runs and stops every server. Asserts only completion and
+internal consistency, never a speed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -19,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from bkaio.bench.nats_system import nats_server_binary
+from bkaio.bench.nats_system import NatsSystem, _server_conf, nats_server_binary
+from bkaio.bench.spec import default_spec_path, read_suite
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_TIMEOUT_SECONDS = 240
+HAS_NATS = nats_server_binary() is not None and importlib.util.find_spec("nats") is not None
 
 
 def _kill_leftovers(marker: str) -> None:
@@ -47,8 +53,6 @@ def bench_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
-    has_nats = nats_server_binary() is not None and importlib.util.find_spec("nats") is not None
-    peer = "nats" if has_nats else "none"
     plot = importlib.util.find_spec("matplotlib") is not None  # The `bench` extra may be absent.
     results = bench_dir / "results"
     command = [
@@ -63,7 +67,7 @@ def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
         "--only",
         "open1000",
         "--peer",
-        peer,
+        "none",  # The peer: test_the_nats_peer_acknowledges_publishes_and_stops.
         "--results-dir",
         str(results),
         "--work-dir",
@@ -77,9 +81,9 @@ def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     runs = [json.loads(line) for line in Path(summary["results"]).read_text().splitlines()]
-    expected_systems = {"bkaio", "nats-always", "nats-default"} if peer == "nats" else {"bkaio"}
     assert {(run["workload"], run["system"]) for run in runs} == {
-        (workload, system) for workload in ("serial", "open1000") for system in expected_systems
+        ("serial", "bkaio"),
+        ("open1000", "bkaio"),
     }
     for run in runs:
         latency = run["latency"]
@@ -89,10 +93,44 @@ def test_quick_bench_completes_with_sane_numbers(bench_dir: Path) -> None:
         assert run["client_cpu_seconds"] >= 0
         assert len(run["server_cpu_seconds"]) == 3
         assert all(seconds >= 0 for seconds in run["server_cpu_seconds"].values())
-    assert {row["system"] for row in summary["aggregates"]} == expected_systems
+    assert {row["system"] for row in summary["aggregates"]} == {"bkaio"}
     if plot:
         assert summary["png"] and Path(summary["png"]).read_bytes()[:4] == b"\x89PNG"
     assert any(t["target"].startswith("serial p50") for t in summary["targets"])
+
+
+def test_the_nats_configs_differ_only_in_the_sync_interval(tmp_path: Path) -> None:
+    always = _server_conf("n0", 4222, 6222, [6222, 6223, 6224], tmp_path, "always")
+    default = _server_conf("n0", 4222, 6222, [6222, 6223, 6224], tmp_path, "default")
+    assert "  sync_interval: always\n" in always and "sync_interval" not in default
+    assert always.replace("  sync_interval: always\n", "") == default
+    assert default.count("nats-route://") == 3 and f'store_dir: "{tmp_path}"' in default
+
+
+@pytest.mark.skipif(not HAS_NATS, reason="nats-server or nats-py not installed")
+async def test_the_nats_peer_acknowledges_publishes_and_stops(bench_dir: Path) -> None:
+    """What a bench run asks of the peer, on a real 3-server JetStream cluster (sync=always)."""
+    (serial,) = [
+        w for w in read_suite(default_spec_path(), "quick").workloads if w.label == "serial"
+    ]
+    system = NatsSystem(bench_dir / "nats-always", sync="always")
+    try:
+        await system.start()
+        pids = system.server_pids()
+        assert len(pids) == 3 and system.leader in pids
+        described = system.describe()
+        assert (described["system"], described["replicas"]) == ("nats-always", 3)
+        assert described["sync_interval"] == "always" and described["leader"] == system.leader
+        for _ in range(2):  # Each run opens its appender on a purged stream.
+            appender = await system.open_appender(serial)
+            acks = await asyncio.gather(*(appender.send(b"p" * 1024) for _ in range(200)))
+            assert all(ack.stream == "BKAIOBENCH" and not ack.duplicate for ack in acks)
+            assert len({ack.seq for ack in acks}) == 200
+            await appender.close()
+        system.check_alive()
+    finally:
+        await system.stop()
+    assert system.server_pids() == {}  # Every server stopped and reaped.
 
 
 def test_a_bad_suite_name_is_a_one_line_error(bench_dir: Path) -> None:
