@@ -44,6 +44,7 @@ from bkaio.backoff import Backoff
 from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.meta import EventKind, LedgerMetadata, Metadata, UnderreplicatedLedger, WatchEvent
 from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICATED_PREFIX
+from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
 
@@ -180,7 +181,10 @@ class Auditor:
                 missing_by_ledger.setdefault(ledger_id, []).append(bookie_id)
         created = 0
         for ledger_id in sorted(missing_by_ledger):
-            result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
+            try:
+                result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
+            except InvalidMetadataError:
+                continue  # Its record does not decode (reported by `mark`): an operator's.
             created += int(result.created)
         narrowed, dropped = await self._reevaluate(marks, locked, index, lost)
         under_replicated = len(marks) + created - dropped
@@ -334,9 +338,12 @@ class Auditor:
         if not result.incomplete:
             return 0
         incomplete = result.incomplete
-        marked = await self._metadata.underreplication.mark(
-            md.ledger_id, incomplete, incomplete=True
-        )
+        try:
+            marked = await self._metadata.underreplication.mark(
+                md.ledger_id, incomplete, incomplete=True
+            )
+        except InvalidMetadataError:
+            return 0  # Its record does not decode (reported by `mark`): an operator's.
         log.warning(
             "ledger_check_incomplete",
             ledger_id=md.ledger_id,

@@ -44,6 +44,7 @@ import structlog
 from bkaio.entrylog.types import CompactionReport
 from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.meta import Metadata
+from bkaio.meta.errors import InvalidMetadataError
 
 log = structlog.get_logger(__name__)
 
@@ -259,7 +260,10 @@ class MetadataGcSource:
         return Placement(bookies, record.is_closed)
 
     async def marked(self, ledger_id: int) -> bool:
-        return await self._metadata.underreplication.get(ledger_id) is not None
+        try:
+            return await self._metadata.underreplication.get(ledger_id) is not None
+        except InvalidMetadataError:
+            return True  # A mark is there, unreadable: the ledger is left alone.
 
     @contextlib.asynccontextmanager
     async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[HeldLocks]:

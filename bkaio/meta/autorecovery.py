@@ -193,12 +193,19 @@ class UnderReplicationManager:
         `forced`: an operator asked to move off them even if they are alive. `incomplete`:
         they are alive but lack entries of their fragments; fill them in place. At most
         MAX_METADATA_ATTEMPTS compare-and-swaps (each lost one reads and merges again), then
-        MetadataError, the mark as it was: the auditor or operator marks it again later."""
+        MetadataError, the mark as it was: the auditor or operator marks it again later.
+        InvalidMetadataError (reported as `list` does) when the ledger's record does not
+        decode: nothing is merged into it or written over it; an operator deletes it."""
         added = set(bookies)
         key = _ur_key(ledger_id)
         for _attempt in range(MAX_METADATA_ATTEMPTS):
             kv = await self._store.get(key)
-            old = None if kv is None else _decode(kv)
+            try:
+                old = None if kv is None else _decode(kv)
+            except InvalidMetadataError as error:
+                assert kv is not None
+                self._report_bad(kv, str(error))
+                raise
             missing = set(old.missing_bookies if old else ())
             forced_set = set(old.forced_bookies if old else ())
             incomplete_set = set(old.incomplete_bookies if old else ())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -15,8 +15,17 @@ from click.testing import CliRunner
 from structlog.testing import capture_logs
 
 from bkaio import autorecovery
+from bkaio.autorecovery import Auditor, AutorecoveryMetrics, LedgerChecker
+from bkaio.autorecovery.checker import LedgerCheck
+from bkaio.bookie.gc import MetadataGcSource
 from bkaio.cli.shell import shell
-from bkaio.meta import BadUnderreplicationRecord, Metadata, open_metadata
+from bkaio.meta import (
+    BadUnderreplicationRecord,
+    BookieInfo,
+    LedgerMetadata,
+    Metadata,
+    open_metadata,
+)
 from bkaio.meta.autorecovery import BAD_RECORDS, UNDERREPLICATED_PREFIX
 
 NOT_MSGPACK = UNDERREPLICATED_PREFIX + f"{1:020d}"
@@ -95,3 +104,86 @@ def test_listunderreplicated_names_a_bad_record_on_stderr(sqlite_metadata_uri: s
     assert [row["ledger_id"] for row in json.loads(result.stdout)] == [5]
     assert NOT_MSGPACK in result.stderr and NOT_A_LEDGER_ID in result.stderr
     assert "bad record" in result.stderr
+
+
+async def test_an_audit_marks_past_a_ledger_whose_record_is_bad(meta: Metadata) -> None:
+    """The auditor must mark a lost bookie's other ledgers (and re-evaluate the marks) although
+    one of them holds a bad record, which it cannot merge into: that one is left as it is."""
+    registrations = [
+        await meta.bookies.register(BookieInfo.for_address("127.0.0.1", port), 30.0)
+        for port in (3181, 3182, 3183)
+    ]
+    ensemble = tuple(r.info.bookie_id for r in registrations)
+    ledgers = [
+        (
+            await meta.ledgers.create(
+                LedgerMetadata(
+                    ensemble_size=3, write_quorum=3, ack_quorum=2, ensembles=((0, ensemble),)
+                )
+            )
+        ).ledger_id
+        for _ in range(2)
+    ]
+    bad_key = UNDERREPLICATED_PREFIX + f"{ledgers[0]:020d}"
+    await meta.store.put(bad_key, b"\xc1")
+    await registrations[2].deregister()
+    auditor = Auditor(
+        meta, AutorecoveryMetrics(), lost_bookie_delay_seconds=0.0, audit_interval_seconds=60.0
+    )
+    with capture_logs() as logs:
+        report = await auditor.audit_once(skip_delay=True)
+    assert report.ledgers_marked == 1
+    assert [r.ledger_id async for r in meta.underreplication.list()] == [ledgers[1]]
+    kept = await meta.store.get(bad_key)
+    assert kept is not None and kept.value == b"\xc1"
+    assert _skipped(logs) == [bad_key]  # Once, though listed and then met by the mark.
+    for registration in registrations[:2]:
+        await registration.deregister()
+
+
+class FakeLedgerCheckerFindingGaps(LedgerChecker):
+    """Every closed ledger's bookie "b:1" lacks entry 0."""
+
+    def __init__(self) -> None:
+        pass
+
+    async def check(self, metadata: LedgerMetadata, registered: Collection[str]) -> LedgerCheck:
+        return LedgerCheck(metadata.ledger_id, incomplete={"b:1": [0]})
+
+
+async def test_the_ledger_check_marks_past_a_ledger_whose_record_is_bad(meta: Metadata) -> None:
+    ledgers = []
+    for _ in range(2):
+        md = await meta.ledgers.create(
+            LedgerMetadata(
+                ensemble_size=1, write_quorum=1, ack_quorum=1, ensembles=((0, ("b:1",)),)
+            )
+        )
+        await meta.ledgers.update(md.closed(0, 1))
+        ledgers.append(md.ledger_id)
+    bad_key = UNDERREPLICATED_PREFIX + f"{ledgers[0]:020d}"
+    await meta.store.put(bad_key, b"\xc1")
+    auditor = Auditor(
+        meta,
+        AutorecoveryMetrics(),
+        lost_bookie_delay_seconds=0.0,
+        audit_interval_seconds=60.0,
+        checker=FakeLedgerCheckerFindingGaps(),
+        ledger_check_interval_seconds=86400.0,
+    )
+    with capture_logs() as logs:
+        assert await auditor.check_ledgers() == 1
+    assert _skipped(logs) == [bad_key]  # Reported by the mark that met it.
+    marked = await meta.underreplication.get(ledgers[1])
+    assert marked is not None and marked.incomplete_bookies == ("b:1",)
+    kept = await meta.store.get(bad_key)
+    assert kept is not None and kept.value == b"\xc1"
+
+
+async def test_gc_counts_a_bad_record_as_a_mark(meta: Metadata) -> None:
+    """A bookie's GC must not delete a ledger marked under-replicated, nor fail its whole run on
+    a record it cannot read: a bad record is a mark it leaves alone."""
+    await meta.store.put(UNDERREPLICATED_PREFIX + f"{7:020d}", b"\xc1")
+    source = MetadataGcSource(meta, owner="gc:me")
+    assert await source.marked(7)
+    assert not await source.marked(8)
