@@ -73,6 +73,11 @@ def bookie_config(tmp_path: Path) -> str:
         ("shell", "decommission", "h:1", "--grace", "nan"),
         ("shell", "decommission", "h:1", "--decommission-timeout", "inf"),
         ("shell", "lostbookierecoverydelay", "--set", "nan"),
+        ("shell", "lostbookierecoverydelay", "--set", "-5"),
+        ("shell", "lostbookierecoverydelay", "--set", "1e9"),
+        ("shell", "lostbookierecoverydelay", "--set", "x"),
+        ("shell", "lostbookierecoverydelay", "--get", "--set", "5"),
+        ("shell", "autorecovery", "--enable", "--disable"),
     ],
 )
 def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,6 +86,20 @@ def test_shell_arguments(args: tuple[str, ...], capsys: pytest.CaptureFixture[st
     assert code == 2, captured
     assert captured.out == "" and captured.err.count("\n") == 1, captured
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("autorecovery", "--enable", "--disable"),
+        ("lostbookierecoverydelay", "--get", "--set", "5"),
+    ],
+)
+def test_conflicting_switches_name_the_choices(
+    args: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["shell", *args, "--metadata", SQLITE]) == 2
+    assert "one of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["recover", "decommission"])
