@@ -17,12 +17,20 @@ Several members (`etcd://a:2379,b:2379,c:2379/prefix`): one gRPC channel per mem
 request goes to the current one. A request that finds it unreachable or silent (UNAVAILABLE,
 DEADLINE_EXCEEDED) moves the connection to the next member before it is retried, and the
 watches open on the old member re-open on the new one.
+
+A member that failed a request is remembered for a cool-down (the URI's `retry_seconds`) by every
+connection of the process (`MemberHealth`): a request whose current member failed within it goes
+to a member that has not, and a failover passes over such members while one is left. Otherwise a
+connection that was idle while a member went silent (the bookie's first-sight key lookups) would
+learn it anew, one operation timeout per request, long after another connection had moved on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,6 +74,40 @@ def connection_lost(error: Any) -> bool:
     return error.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+class MemberHealth:
+    """When each etcd member (by address) last failed a request, shared by connections.
+
+    A member that answers is forgotten; at most `max_members` failures are remembered (the
+    oldest go first). `clock` is a monotonic clock in seconds (the same in every event loop).
+    """
+
+    def __init__(
+        self, *, max_members: int = 1024, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        assert max_members > 0, max_members
+        self._failed_at: OrderedDict[str, float] = OrderedDict()
+        self._max_members = max_members
+        self._clock = clock
+
+    def failed(self, address: str) -> None:
+        self._failed_at[address] = self._clock()
+        self._failed_at.move_to_end(address)
+        while len(self._failed_at) > self._max_members:
+            self._failed_at.popitem(last=False)
+
+    def answered(self, address: str) -> None:
+        if self._failed_at:
+            self._failed_at.pop(address, None)
+
+    def failed_within(self, address: str, seconds: float) -> bool:
+        failed_at = self._failed_at.get(address)
+        return failed_at is not None and self._clock() - failed_at < seconds
+
+
+# The connections of this process share what they learn about members.
+PROCESS_MEMBER_HEALTH = MemberHealth()
+
+
 class _Member:
     """The channel to one etcd member and its stubs."""
 
@@ -81,9 +123,10 @@ class _Member:
 class EtcdConnection:
     """The channels to the members of one etcd cluster, and the one way requests use them."""
 
-    def __init__(self, uri: str, config: EtcdUri) -> None:
+    def __init__(self, uri: str, config: EtcdUri, health: MemberHealth | None = None) -> None:
         self.uri = uri
         self.config = config
+        self.health = PROCESS_MEMBER_HEALTH if health is None else health
         self.members: list[_Member] = []
         self.current = 0  # Index into members of the member requests go to.
         # Open watch calls -> the member index they were opened on, to re-open them elsewhere.
@@ -139,14 +182,38 @@ class EtcdConnection:
             await self.authenticate()
 
     def fail_over(self, used: int, code: Any) -> None:
-        """Member `used` did not answer: send what follows to the next one, and move the watches
-        open on it there too. No-op with one member, or when another request already moved on."""
-        if len(self.members) == 1 or self.current != used:
+        """Member `used` did not answer: send what follows to the next one (passing over members
+        that failed within the cool-down while one has not), and move the watches open on it
+        there too. No-op with one member, or when another request already moved on."""
+        if len(self.members) == 1:
             return
-        self.current = (used + 1) % len(self.members)
+        self.health.failed(self.members[used].address)  # Also when another request moved on.
+        if self.current != used:
+            return
+        following = [(used + step) % len(self.members) for step in range(1, len(self.members))]
+        healthy = [index for index in following if not self._cooling(index)]
+        self._move(used, (healthy or following)[0], code.name)
+
+    def choose_member(self) -> int:
+        """The member the next attempt goes to: the current one, unless it failed within the
+        cool-down and another has not (then the connection moves there first)."""
+        used = self.current
+        if len(self.members) > 1 and self._cooling(used):
+            for step in range(1, len(self.members)):
+                index = (used + step) % len(self.members)
+                if not self._cooling(index):
+                    self._move(used, index, "FAILED_RECENTLY")
+                    break
+        return self.current
+
+    def _cooling(self, index: int) -> bool:
+        return self.health.failed_within(self.members[index].address, self.config.retry_seconds)
+
+    def _move(self, used: int, to: int, reason: str) -> None:
+        self.current = to
         log.warning(
             "etcd_member_failover", lost=self.members[used].address,
-            now=self.members[self.current].address, code=code.name,
+            now=self.members[to].address, code=reason,
         )  # fmt: skip
         for call, member in list(self.watch_calls.items()):
             if member == used:
@@ -192,14 +259,15 @@ class EtcdConnection:
         while True:
             if self.closed:
                 raise MetadataError(f"metadata store {shown_uri(self.uri)} is closed")
-            used = self.current
+            used = self.choose_member()
             try:
                 if retry_seconds is None:
-                    return await call()
-                assert idempotent, what  # A cut-off write would leave its outcome unknown.
-                share = budget / len(self.members)
-                async with asyncio.timeout_at(min(deadline, loop.time() + share)):
-                    return await call()
+                    result = await call()
+                else:
+                    assert idempotent, what  # A cut-off write would leave its outcome unknown.
+                    share = budget / len(self.members)
+                    async with asyncio.timeout_at(min(deadline, loop.time() + share)):
+                        result = await call()
             except TimeoutError:
                 if loop.time() < deadline - 0.01:
                     self.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
@@ -235,6 +303,10 @@ class EtcdConnection:
                     "etcd_retrying", operation=what, delay_seconds=round(delay, 3), code=code.name
                 )
                 await asyncio.sleep(delay)
+            else:
+                if len(self.members) > 1:
+                    self.health.answered(self.members[used].address)
+                return result
 
     def endpoints_text(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self.config.endpoints)
