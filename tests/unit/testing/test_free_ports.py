@@ -3,6 +3,8 @@ their ports before any of them binds)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from bkaio.testing.procs import free_port, free_port_range
@@ -41,7 +43,11 @@ def test_a_base_port_hands_out_its_offsets_and_nothing_between(
     from bkaio import localproc
 
     offsets = [0, 1, 100, 101, 200, 201]
-    low = localproc._window[0] + 500  # Inside this process's window (its own, under xdist).
+    # A base inside this process's window (its own, under xdist) whose ports are free now: a
+    # fixed one may be held by a server another test of this worker left running, or by a
+    # connection in TIME_WAIT, and the plan would then rightly refuse it.
+    start = localproc._window[0] + 500
+    low = next(b for b in range(start, start + 203 * 50, 203) if _bindable(b, b + 202))
     monkeypatch.setattr(localproc, "_handed_out", set())
     monkeypatch.setattr(localproc, "_window", (low, low + 203))  # Room for one base: low.
     assert localproc.free_base_port(offsets) == low
@@ -49,3 +55,19 @@ def test_a_base_port_hands_out_its_offsets_and_nothing_between(
     assert low + 2 <= between < low + 200 and between not in (low + 100, low + 101)
     with pytest.raises(RuntimeError, match="no free ports"):
         localproc.free_base_port(offsets)  # Its one base is handed out already.
+
+
+def _bindable(first: int, last: int) -> bool:
+    """Whether every port in [first, last] can be bound on loopback right now."""
+    sockets: list[socket.socket] = []
+    try:
+        for port in range(first, last + 1):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
