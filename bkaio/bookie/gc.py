@@ -20,9 +20,10 @@ metadata and the delete; checked without the lock, a copy that started in that w
 ledger marked and claimed just then, with this bookie as the replacement) was deleted under
 it, and the metadata then named this bookie for entries it had lost. A ledger whose lock a
 replicator holds is left for a later run. The locks live as long as the run's lease: once it is
-lost (expired, or no refresh confirmed for a TTL) a replicator may hold them, so the run checks
-it before confirming each over-replicated ledger and again just before the delete, and leaves
-every over-replicated ledger for a later run once it is lost.
+in doubt (lost, or no refresh confirmed within its TTL by this process's clock, even if a late
+refresh may still find it alive) a replicator may hold them, so the run checks it before
+confirming each over-replicated ledger and again just before the delete, and leaves every
+over-replicated ledger for a later run once it is in doubt.
 
 Only a *closed* ledger is ever over-replicated (BookKeeper's GC skips the others too): an open
 ledger's writer may pick this bookie in an ensemble change at any moment, and its new entries
@@ -70,8 +71,8 @@ class Placement(NamedTuple):
 
 class LeaseState(Protocol):
     @property
-    def lost(self) -> bool:
-        """True once the lease may be gone from the store (and the locks bound to it)."""
+    def in_doubt(self) -> bool:
+        """True while the lease may be gone from the store (and the locks bound to it)."""
         ...
 
 
@@ -194,11 +195,11 @@ class GarbageCollector:
         self, deleted_due: list[int], held: HeldLocks | None, over_due: list[int]
     ) -> list[int]:
         """Delete what `_confirm` confirms: the over-replicated ledgers only while `held`'s
-        lease is not lost (checked before each is confirmed and once more just before the
+        lease is not in doubt (checked before each is confirmed and once more just before the
         delete); once it is, they are left for a later run."""
         over_held = [] if held is None else [i for i in over_due if i in held.ids]
         doomed = await self._confirm(deleted_due, over_held, held)
-        if held is not None and over_held and held.lease.lost:
+        if held is not None and over_held and held.lease.in_doubt:
             log.warning(
                 "gc_lock_lease_lost",
                 bookie_id=self._bookie_id,
@@ -219,13 +220,13 @@ class GarbageCollector:
     ) -> list[int]:
         """Re-check just before deleting: the metadata may have changed during the scan. The
         over-replicated ones are re-read with their locks held (`hold`), and not at all once
-        the locks' lease is lost."""
+        the locks' lease is in doubt."""
         doomed: list[int] = []
         for ledger_id in deleted_due:
             if await self._metadata.placement(ledger_id) is None:
                 doomed.append(ledger_id)
         for ledger_id in over_held:
-            if held is None or held.lease.lost:
+            if held is None or held.lease.in_doubt:
                 break  # `_delete` drops those confirmed already.
             if not self._overreplicated(await self._metadata.placement(ledger_id)):
                 continue

@@ -103,8 +103,9 @@ class Lease(abc.ABC):
         self.ttl_seconds = ttl_seconds
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
-        # Loop time by which the store drops the lease unless a refresh reaches it: a TTL after
-        # the last confirmed refresh was sent (at first: when the granted lease was built).
+        # Loop time until which the store certainly holds the lease: a TTL after the last
+        # confirmed refresh was sent (the store counts from receiving it, later). At first:
+        # when the granted lease was built.
         self._expires_at = asyncio.get_running_loop().time() + ttl_seconds
 
     @abc.abstractmethod
@@ -125,8 +126,17 @@ class Lease(abc.ABC):
     def lost(self) -> bool:
         """True once the background keep-alive found the lease expired, or confirmed no refresh
         for a TTL (the store may have dropped it: its holder must stop acting on it), or after
-        revoke."""
+        revoke. See `in_doubt` for the time before the keep-alive notices."""
         return self._lost.is_set()
+
+    @property
+    def in_doubt(self) -> bool:
+        """True when the store may no longer hold the lease: `lost`, or no refresh confirmed
+        within a TTL by this process's clock (a stalled event loop, a silent store) while the
+        keep-alive has not yet noticed. A holder about to act outside the store on what the
+        lease guards (GC deleting ledgers under its locks) checks this, not `lost`: from the
+        local deadline to the keep-alive's next turn the store may have dropped it."""
+        return self._lost.is_set() or asyncio.get_running_loop().time() >= self._expires_at
 
     async def wait_lost(self) -> None:
         await self._lost.wait()

@@ -1,16 +1,18 @@
 """The bookie's garbage collection against fake storage and metadata (its rules: two scans a
 grace period apart, marks and locks respected, deletes under the ledger's lock), and the real
 metadata source's locks on the embedded (SQLite) driver. Over-replicated ledgers are deleted only
-while the lease of the collector's locks is not lost."""
+while the lease of the collector's locks is not in doubt."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 
-from bkaio.bookie.gc import GarbageCollector, HeldLocks, MetadataGcSource, Placement
+from bkaio.bookie.gc import GarbageCollector, HeldLocks, LeaseState, MetadataGcSource, Placement
 from bkaio.entrylog.types import CompactionReport
 from bkaio.meta import Metadata
+from bkaio.meta.store import Lease
 
 
 class FakeGcStorage:
@@ -39,7 +41,18 @@ class FakeGcStorage:
 
 class FakeLease:
     def __init__(self) -> None:
-        self.lost = False
+        self.in_doubt = False
+
+
+class FakeUnrefreshedLease(Lease):
+    """A real lease nobody refreshes: once its TTL has passed on the loop's clock it is in
+    doubt, yet not lost (no keep-alive has asked the store)."""
+
+    async def keep_alive(self) -> None:
+        pass
+
+    async def _revoke(self) -> None:
+        pass
 
 
 class FakeGcMetadata:
@@ -52,7 +65,8 @@ class FakeGcMetadata:
         self.open_ids: set[int] = set()
         self.marked_ids: set[int] = set()
         self.locks: dict[int, str] = {}
-        self.lease = FakeLease()
+        self.lease: LeaseState = FakeLease()
+        self.new_lease: Callable[[], LeaseState] = FakeLease
         self.holding = False
         self.on_read: Callable[[str, int], None] | None = None
 
@@ -78,7 +92,7 @@ class FakeGcMetadata:
     async def hold(self, ledger_ids: Collection[int]) -> AsyncIterator[HeldLocks]:
         held = {i for i in ledger_ids if i not in self.locks}
         self.locks.update(dict.fromkeys(held, "gc"))
-        self.lease = FakeLease()
+        self.lease = self.new_lease()
         self.holding = True
         try:
             yield HeldLocks(frozenset(held), self.lease)
@@ -225,12 +239,12 @@ async def test_while_the_collector_holds_a_ledger_no_worker_can_claim_it(meta: M
     assert await meta.underreplication.claim(8, worker, owner="worker") is not None
     source = MetadataGcSource(meta, owner="gc:me")
     async with source.hold([7, 8, 9]) as held:
-        assert held.ids == {7, 9} and not held.lease.lost  # 8's lock is the worker's.
+        assert held.ids == {7, 9} and not held.lease.in_doubt  # 8's lock is the worker's.
         assert await meta.underreplication.claim(7, worker, owner="worker") is None
         assert await meta.underreplication.locked() == {7, 8, 9}
         assert await source.marked(7) and not await source.marked(9)
     assert await meta.underreplication.locked() == {8}
-    assert held.lease.lost  # Revoked with its locks.
+    assert held.lease.in_doubt  # Revoked with its locks.
     assert await meta.underreplication.claim(7, worker, owner="worker") is not None
     await worker.revoke()
 
@@ -250,7 +264,7 @@ async def test_no_overreplicated_ledger_is_deleted_once_the_locks_lease_is_lost(
     def lose_the_lease_at_ledger_3(what: str, ledger_id: int) -> None:
         reads.append((what, ledger_id))
         if ledger_id == 3:
-            metadata.lease.lost = True
+            metadata.lease.in_doubt = True  # type: ignore[misc]
 
     metadata.on_read = lose_the_lease_at_ledger_3
     report = await gc.run_once()
@@ -270,11 +284,38 @@ async def test_a_lease_lost_after_the_last_confirmation_still_stops_the_delete()
 
     def lose_the_lease_at_the_last_read(what: str, ledger_id: int) -> None:
         if (what, ledger_id) == ("marked", 4):
-            metadata.lease.lost = True
+            metadata.lease.in_doubt = True  # type: ignore[misc]
 
     metadata.on_read = lose_the_lease_at_the_last_read
     assert (await gc.run_once()).overreplicated == ()
     assert storage.ledgers == {3, 4}
+
+
+async def test_a_stall_past_the_locks_lease_ttl_stops_the_delete_before_the_lease_is_lost() -> None:
+    """The event loop stalls for longer than the locks' TTL while ledger 3 is confirmed: the
+    store may have dropped the lease (and a replicator taken the locks) although no keep-alive
+    has asked it yet (`lost` is still false), so neither 3 nor 4 is deleted."""
+    storage = FakeGcStorage([3, 4])
+    metadata = FakeGcMetadata({3: {"a", "b", "c"}, 4: {"a", "b", "c"}})
+    leases: list[Lease] = []
+
+    def new_lease() -> Lease:
+        leases.append(FakeUnrefreshedLease(lease_id=5, ttl_seconds=0.01))
+        return leases[-1]
+
+    gc = _collector(storage, metadata, FakeClock(), overreplicated_grace_seconds=0.0)
+    await gc.run_once()  # First scan: candidates.
+    metadata.new_lease = new_lease
+    seen: list[tuple[bool, bool]] = []
+
+    def stall_at_ledger_3(what: str, ledger_id: int) -> None:
+        if (what, ledger_id) == ("placement", 3):
+            time.sleep(0.02)  # The loop stalls (a GC pause, a starved CPU) past the TTL.
+            seen.append((leases[-1].lost, leases[-1].in_doubt))
+
+    metadata.on_read = stall_at_ledger_3
+    assert (await gc.run_once()).overreplicated == ()
+    assert seen == [(False, True)] and storage.ledgers == {3, 4}
 
 
 async def test_nothing_to_collect_means_no_compaction() -> None:
