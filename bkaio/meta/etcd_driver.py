@@ -40,9 +40,6 @@ from bkaio.meta.store import (
 )
 from bkaio.meta.uri import EtcdUri, parse_etcd_uri
 
-# A lease keep-alive attempt is cut off after a quarter of the TTL, but never sooner than this.
-KEEP_ALIVE_MIN_ATTEMPT_SECONDS = 1.0
-
 
 class EtcdLease(Lease):
     def __init__(self, store: EtcdMetadataStore, lease_id: int, ttl_seconds: float) -> None:
@@ -50,10 +47,9 @@ class EtcdLease(Lease):
         self._store = store
 
     async def keep_alive(self) -> None:
-        # Each attempt must end well inside the TTL, so that a silent member is left for another
-        # while the lease still lives; but not so soon that a busy member counts as silent.
-        attempt_timeout = max(KEEP_ALIVE_MIN_ATTEMPT_SECONDS, self.ttl_seconds / 4)
-        await self._store._keep_alive(self.id, attempt_timeout=attempt_timeout)
+        # Each RPC ends well inside the TTL, so that a silent member is left for another while
+        # the lease still lives (Lease.attempt_timeout_seconds).
+        await self._store._keep_alive(self.id, attempt_timeout=self.attempt_timeout_seconds)
 
     async def _revoke(self) -> None:
         await self._store._revoke(self.id)

@@ -29,12 +29,24 @@ from functools import partial
 from types import TracebackType
 
 import structlog
+from prometheus_client import Counter
 
 from bkaio.errors import MetadataError
 from bkaio.meta.errors import LeaseExpiredError
 from bkaio.supervision import Restart, loop_supervisor
 
 log = structlog.get_logger(__name__)
+
+# A lease refresh attempt is cut off after a quarter of the TTL, but never sooner than this: well
+# inside the TTL, so that a silent etcd member is left for another while the lease still lives,
+# yet not so soon that a busy store counts as silent.
+KEEP_ALIVE_MIN_ATTEMPT_SECONDS = 1.0
+
+LATE_REFRESHES = Counter(
+    "bkaio_lease_late_refreshes",
+    "Leases kept although no refresh was confirmed within their TTL by this process's clock "
+    "(its event loop stalled, or the store was slow): the late refresh found them alive",
+)
 
 # Compare-and-swaps one metadata step may try, in every layer (a ledger writer's ensemble
 # change or close, a recovery's marking or seal, autorecovery's swap and marks, a stream
@@ -124,19 +136,26 @@ class Lease(abc.ABC):
 
     @property
     def lost(self) -> bool:
-        """True once the background keep-alive found the lease expired, or confirmed no refresh
-        for a TTL (the store may have dropped it: its holder must stop acting on it), or after
-        revoke. See `in_doubt` for the time before the keep-alive notices."""
+        """True once the store said the lease is gone, or no refresh was confirmed for a TTL and
+        the one late refresh after that failed too (its holder must stop acting on it), or after
+        revoke. See `in_doubt` for the time before that late refresh answers."""
         return self._lost.is_set()
 
     @property
     def in_doubt(self) -> bool:
         """True when the store may no longer hold the lease: `lost`, or no refresh confirmed
         within a TTL by this process's clock (a stalled event loop, a silent store) while the
-        keep-alive has not yet noticed. A holder about to act outside the store on what the
-        lease guards (GC deleting ledgers under its locks) checks this, not `lost`: from the
-        local deadline to the keep-alive's next turn the store may have dropped it."""
+        keep-alive's late refresh has not answered (or not started) yet. A holder about to act
+        outside the store on what the lease guards (GC deleting ledgers under its locks) checks
+        this, not `lost`: between the local deadline and the late refresh's answer the store
+        may have dropped it."""
         return self._lost.is_set() or asyncio.get_running_loop().time() >= self._expires_at
+
+    @property
+    def attempt_timeout_seconds(self) -> float:
+        """How long one refresh attempt may take: a quarter of the TTL, at least
+        KEEP_ALIVE_MIN_ATTEMPT_SECONDS."""
+        return max(KEEP_ALIVE_MIN_ATTEMPT_SECONDS, self.ttl_seconds / 4)
 
     async def wait_lost(self) -> None:
         await self._lost.wait()
@@ -165,30 +184,87 @@ class Lease(abc.ABC):
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_seconds)
-            sent = loop.time()
             try:
-                # A refresh that lands after the lease lapsed on the store renews nothing.
-                async with asyncio.timeout_at(self._expires_at):
-                    await self.keep_alive()
+                if loop.time() < self._expires_at and await self._refresh_in_time(loop):
+                    continue
+                # Past the local deadline with no refresh confirmed: the store decides.
+                kept = await self._refresh_late(loop)
             except LeaseExpiredError:
                 log.warning("lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds)
+                kept = False
+            if not kept:
                 self._lost.set()
                 return
-            except (MetadataError, TimeoutError) as error:
-                if loop.time() >= self._expires_at:
-                    # Unconfirmed for a whole TTL: the store may have dropped the lease and
-                    # someone else taken what it held (an election, a lock). Lost, as far as
-                    # this holder can tell; it must not go on acting as if it still held it.
-                    log.warning(
-                        "lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds,
-                        reason="no refresh confirmed within the TTL", error=str(error),
-                    )  # fmt: skip
-                    self._lost.set()
-                    return
-                # The store is unreachable; keep trying while the lease may still live there.
-                log.warning("lease_keep_alive_failed", lease_id=self.id, error=str(error))
-            else:
-                self._expires_at = sent + self.ttl_seconds
+
+    async def _refresh_in_time(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """One refresh cut off at the local deadline. True when it was confirmed, or failed
+        while the deadline is still ahead (the next one comes after the interval); False when
+        the deadline passed without one. LeaseExpiredError when the store says it is gone."""
+        sent = loop.time()
+        try:
+            # Cut off at the deadline: past it, the late refresh's own bound applies.
+            async with asyncio.timeout_at(self._expires_at):
+                await self.keep_alive()
+        except LeaseExpiredError:
+            raise
+        except (MetadataError, TimeoutError) as error:
+            if loop.time() >= self._expires_at:
+                return False
+            # The store is unreachable; keep trying while the lease may still live there.
+            log.warning("lease_keep_alive_failed", lease_id=self.id, error=str(error))
+            return True
+        self._expires_at = sent + self.ttl_seconds
+        return True
+
+    async def _refresh_late(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The one refresh after the local deadline passed unconfirmed: True when the store
+        confirmed the lease (it is kept), False when it did not answer (lost);
+        LeaseExpiredError when it says the lease is gone.
+
+        The deadline passes unconfirmed when the store stays silent or unreachable, but also
+        when this process's event loop stalls past it (GC pause, a CPU-starved box, SIGSTOP):
+        no refresh could be sent, yet the store counts the TTL from the last refresh it received
+        and etcd extends leases across a leader change, so the lease may well live. The store's
+        answer decides, as a ZooKeeper session expires when the server says so: this attempt is
+        bounded by the normal attempt timeout (the deadline is already past), and a lease the
+        store confirms (TTL > 0) was never dropped, so nobody else can hold what it guards. A
+        store that says it is gone, or that does not answer this attempt either, loses it as
+        before: the holder must stop acting on it.
+
+        Safety: until the local deadline the store certainly holds the lease (it counts the TTL
+        from receiving the refresh, after this process sent it). While the loop was stalled past
+        it the holder did nothing (it was stalled too). From the resume until this attempt
+        answers (one attempt timeout at most) a holder that checks only `lost` may act on a
+        lease the store has dropped; before, it could too, from the deadline to the keep-alive's
+        next turn (up to an interval after a refresh that failed at once). Writes bound to the
+        lease (a lock, a registration, the auditor key) are refused by the store then, and the
+        auditor's and workers' record changes are compare-and-swaps; a holder that acts outside
+        the store on what the lease guards (GC deleting ledgers under its locks) checks
+        `in_doubt`, true from the local deadline until a refresh is confirmed.
+        """
+        deadline = self._expires_at
+        sent = loop.time()
+        try:
+            async with asyncio.timeout(self.attempt_timeout_seconds):
+                await self.keep_alive()
+        except LeaseExpiredError:
+            raise
+        except (MetadataError, TimeoutError) as error:
+            # Unconfirmed for a whole TTL and once more: the store may have dropped the lease
+            # and someone else taken what it held (an election, a lock). Lost, as far as this
+            # holder can tell; it must not go on acting as if it still held it.
+            log.warning(
+                "lease_lost", lease_id=self.id, ttl_seconds=self.ttl_seconds,
+                reason="no refresh confirmed within the TTL", error=str(error),
+            )  # fmt: skip
+            return False
+        self._expires_at = sent + self.ttl_seconds
+        LATE_REFRESHES.inc()
+        log.warning(
+            "lease_refresh_late", lease_id=self.id, ttl_seconds=self.ttl_seconds,
+            late_seconds=round(sent - deadline, 3),
+        )  # fmt: skip
+        return True
 
     async def __aenter__(self) -> Lease:
         return self
