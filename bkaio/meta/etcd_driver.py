@@ -18,6 +18,7 @@ test_etcd_cluster.py kills the leader and stops a member mid-write).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 from collections.abc import AsyncGenerator
@@ -42,8 +43,10 @@ from bkaio.meta.uri import EtcdUri, parse_etcd_uri
 
 
 class EtcdLease(Lease):
-    def __init__(self, store: EtcdMetadataStore, lease_id: int, ttl_seconds: float) -> None:
-        super().__init__(lease_id, ttl_seconds)
+    def __init__(
+        self, store: EtcdMetadataStore, lease_id: int, ttl_seconds: float, requested_at: float
+    ) -> None:
+        super().__init__(lease_id, ttl_seconds, requested_at=requested_at)
         self._store = store
 
     async def keep_alive(self) -> None:
@@ -251,10 +254,12 @@ class EtcdMetadataStore(MetadataStore):
             )
 
         # An unconfirmed grant leaves at most an orphan lease, which expires by itself.
+        requested_at = asyncio.get_running_loop().time()
         response = await self._connection.retrying("grant lease", call, idempotent=True)
         if response.error:
             raise MetadataError(f"etcd grant lease failed: {response.error}")
-        return self._track_lease(EtcdLease(self, int(response.ID), float(response.TTL)))
+        lease = EtcdLease(self, int(response.ID), float(response.TTL), requested_at)
+        return self._track_lease(lease)
 
     async def _keep_alive(self, lease_id: int, *, attempt_timeout: float) -> None:
         timeout = min(self._config.operation_timeout_seconds, attempt_timeout)

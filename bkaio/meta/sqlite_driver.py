@@ -47,8 +47,10 @@ WATCH_IDLE_REQUERY_SECONDS = 1.0
 
 
 class SqliteLease(Lease):
-    def __init__(self, store: SqliteMetadataStore, lease_id: int, ttl_seconds: float) -> None:
-        super().__init__(lease_id, ttl_seconds)
+    def __init__(
+        self, store: SqliteMetadataStore, lease_id: int, ttl_seconds: float, requested_at: float
+    ) -> None:
+        super().__init__(lease_id, ttl_seconds, requested_at=requested_at)
         self._store = store
 
     async def keep_alive(self) -> None:
@@ -217,8 +219,9 @@ class SqliteMetadataStore(MetadataStore):
     async def grant_lease(self, ttl_seconds: float) -> Lease:
         if not ttl_seconds > 0:
             raise MetadataError(f"lease TTL must be > 0 seconds, not {ttl_seconds}")
+        requested_at = asyncio.get_running_loop().time()
         lease_id = await self._write(lambda: self._database.grant_sync(ttl_seconds))
-        return self._track_lease(SqliteLease(self, lease_id, ttl_seconds))
+        return self._track_lease(SqliteLease(self, lease_id, ttl_seconds, requested_at))
 
     async def _keep_alive(self, lease_id: int) -> None:
         # Expired leases were reaped before the update.

@@ -108,17 +108,22 @@ class PrefixSnapshot:
 class Lease(abc.ABC):
     """A TTL the owner keeps alive; keys bound to it vanish when it lapses."""
 
-    def __init__(self, lease_id: int, ttl_seconds: float) -> None:
+    def __init__(
+        self, lease_id: int, ttl_seconds: float, *, requested_at: float | None = None
+    ) -> None:
+        """`requested_at`: the loop time the grant was requested (default: now); a driver
+        passes it, as the store counts the TTL from granting, which may be long before the
+        grant's answer arrives (a slow reply, a stalled loop)."""
         assert lease_id > 0, lease_id
         assert ttl_seconds > 0, ttl_seconds
+        loop = asyncio.get_running_loop()
         self.id = lease_id
         self.ttl_seconds = ttl_seconds
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         # Loop time until which the store certainly holds the lease: a TTL after the last
-        # confirmed refresh was sent (the store counts from receiving it, later). At first:
-        # when the granted lease was built.
-        self._expires_at = asyncio.get_running_loop().time() + ttl_seconds
+        # confirmed refresh (at first: the grant) was sent; the store counts from receiving it.
+        self._expires_at = (loop.time() if requested_at is None else requested_at) + ttl_seconds
 
     @abc.abstractmethod
     async def keep_alive(self) -> None:

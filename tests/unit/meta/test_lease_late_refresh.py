@@ -208,3 +208,25 @@ async def test_sqlite_a_stall_past_the_rows_expiry_loses_the_lease(
         await asyncio.wait_for(lease.wait_lost(), LIVENESS)
     assert _events(logs, "lease_refresh_late") == []
     assert await store.get("/auditor") is None  # Reaped by the late refresh.
+
+
+async def test_sqlite_a_grant_answered_late_counts_its_ttl_from_the_request(
+    sqlite_store: tuple[SqliteMetadataStore, FakeStoreClock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store grants the lease, then its answer comes later than a TTL (a slow reply, a
+    stalled loop): the store counts the TTL from the grant, so the lease is in doubt the moment
+    the holder gets it, not a TTL after, and the store indeed says it is gone."""
+    store, clock = sqlite_store
+    grant = store._database.grant_sync
+
+    def grant_answered_late(ttl_seconds: float) -> int:
+        lease_id = grant(ttl_seconds)
+        clock.now += 3 * TTL  # The store's time goes on before the answer arrives...
+        time.sleep(3 * TTL)  # ...and this process's (on the store's worker thread).
+        return lease_id
+
+    monkeypatch.setattr(store._database, "grant_sync", grant_answered_late)
+    lease = await store.grant_lease(TTL)
+    assert lease.in_doubt and not lease.lost
+    with pytest.raises(LeaseExpiredError):
+        await lease.keep_alive()
