@@ -19,8 +19,9 @@ DEADLINE_EXCEEDED) moves the connection to the next member before it is retried,
 watches open on the old member re-open on the new one.
 
 A member that failed a request is remembered for a cool-down (the URI's `retry_seconds`) by every
-connection of the process (`MemberHealth`): a request whose current member failed within it goes
-to a member that has not, and a failover passes over such members while one is left. Otherwise a
+connection of the process (`MemberHealth`): a request or a watch opening (or re-opening) whose
+current member failed within it goes to a member that has not (`choose_member`, for both), and a
+failover passes over such members while one is left. Otherwise a
 connection that was idle while a member went silent (the bookie's first-sight key lookups) would
 learn it anew, one operation timeout per request, long after another connection had moved on.
 """

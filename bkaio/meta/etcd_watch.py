@@ -73,7 +73,8 @@ async def watch_etcd_prefix(
         )
         outgoing: asyncio.Queue[Any] = asyncio.Queue(maxsize=WATCH_SILENT_PERIODS + 1)
         outgoing.put_nowait(rpc.WatchRequest(create_request=create))
-        used = connection.current
+        # The member requests would go to now: not one that failed within the cool-down.
+        used = connection.choose_member()
         call = connection.watch.Watch(
             _requests(outgoing), metadata=(*(connection.metadata or ()), _REQUIRE_LEADER)
         )

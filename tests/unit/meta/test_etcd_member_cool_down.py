@@ -1,15 +1,20 @@
 """A member that failed a request is passed over by every connection of the process for a
 cool-down (the URI's retry_seconds) while another member has not failed: a connection that was
 idle when a member went silent (a bookie's first-sight key lookups) does not learn it anew by
-waiting out an operation timeout. Fake members record which member each attempt went to."""
+waiting out an operation timeout, and neither does a watch it opens. Fake members record which
+member each attempt went to."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 from aetcd import rpc
 
 from bkaio.meta.etcd_connection import EtcdConnection, MemberHealth
+from bkaio.meta.etcd_watch import watch_etcd_prefix
 from bkaio.meta.uri import parse_etcd_uri
 
 ADDRESSES = ("10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379")
@@ -40,10 +45,44 @@ class FakeKv:
         return f"answer from {self.address}"
 
 
+class FakeWatchCall:
+    """A watch stream from one member: one put naming the member, then quiet until cancelled."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.cancelled = asyncio.Event()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[Any]:
+        kv = SimpleNamespace(key=b"/bkaio/from", value=self.address.encode(), mod_revision=7)
+        event = SimpleNamespace(type=rpc.Event.PUT, kv=kv)
+        yield SimpleNamespace(compact_revision=0, canceled=False, events=[event])
+        await self.cancelled.wait()
+        raise asyncio.CancelledError
+
+
+class FakeWatch:
+    def __init__(self, address: str, tried: list[str]) -> None:
+        self.address = address
+        self.tried = tried
+
+    def Watch(self, requests: AsyncIterator[Any], metadata: Any) -> FakeWatchCall:
+        del requests, metadata
+        self.tried.append(self.address)
+        return FakeWatchCall(self.address)
+
+
 class FakeMember:
     def __init__(self, address: str, tried: list[str], failing: dict[str, Any]) -> None:
         self.address = address
         self.kv = FakeKv(address, tried, failing)
+        self.watch = FakeWatch(address, tried)
 
 
 def _connection(health: MemberHealth, tried: list[str], failing: dict[str, Any]) -> EtcdConnection:
@@ -124,3 +163,24 @@ def test_the_remembered_failures_are_bounded() -> None:
     for address in ADDRESSES:
         health.failed(address)
     assert [health.failed_within(address, 60) for address in ADDRESSES] == [False, True, True]
+
+
+async def test_a_watch_opened_after_a_member_failed_opens_on_another() -> None:
+    health = MemberHealth(clock=FakeClock())
+    tried: list[str] = []
+    connection = _connection(health, tried, {})
+    health.failed(ADDRESSES[0])  # Another connection of the process found member 0 silent.
+
+    async def no_revision() -> int:
+        raise AssertionError("start_revision is given")
+
+    events = watch_etcd_prefix(
+        connection, "/bkaio", "/", start_revision=7, current_revision=no_revision
+    )
+    try:
+        event = await asyncio.wait_for(anext(events), 5)
+    finally:
+        await events.aclose()
+    assert event.value == ADDRESSES[1].encode()
+    assert tried == [ADDRESSES[1]]
+    assert connection.current == 1

@@ -66,6 +66,9 @@ class BuggyConnection:
         self.watch_calls: dict[Any, int] = {}
         self.moved_calls: set[Any] = set()
 
+    def choose_member(self) -> int:
+        return self.current
+
     def fail_over(self, used: int, code: Any) -> None:
         raise RuntimeError("bug in fail_over")
 
