@@ -43,7 +43,12 @@ import structlog
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.meta import EventKind, LedgerMetadata, Metadata, UnderreplicatedLedger, WatchEvent
-from bkaio.meta.autorecovery import AUDIT_REQUEST_KEY, DISABLE_KEY, UNDERREPLICATED_PREFIX
+from bkaio.meta.autorecovery import (
+    AUDIT_REQUEST_KEY,
+    DISABLE_KEY,
+    UNDERREPLICATED_PREFIX,
+    decodes_as_mark,
+)
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
@@ -438,19 +443,20 @@ class Auditor:
 
     async def _mark_count(self) -> AsyncIterator[str]:
         """Keeps bkaio_autorecovery_under_replicated_ledgers current as workers complete
-        marks (between audits); yields nothing: no audit is needed for that."""
+        marks (between audits); yields nothing: no audit is needed for that. Only records that
+        decode count, as in an audit's figure (a bad record is counted apart, by the listing)."""
         store = self._metadata.store
         snapshot = await store.snapshot_prefix(UNDERREPLICATED_PREFIX)
-        marked = {kv.key for kv in snapshot.kvs}
+        marked = {kv.key for kv in snapshot.kvs if decodes_as_mark(kv.key, kv.value)}
         gauge = self._metrics.under_replicated_ledgers
         gauge.set(len(marked))
         events = store.watch_prefix(UNDERREPLICATED_PREFIX, start_revision=snapshot.revision + 1)
         async with contextlib.aclosing(events):
             async for event in events:
-                if event.kind is EventKind.DELETE:
-                    marked.discard(event.key)
-                else:
+                if event.kind is EventKind.PUT and decodes_as_mark(event.key, event.value):
                     marked.add(event.key)
+                else:
+                    marked.discard(event.key)  # Deleted, or overwritten by a bad record.
                 gauge.set(len(marked))
         for _ in ():  # An async generator that never yields.
             yield ""

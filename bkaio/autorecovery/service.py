@@ -187,11 +187,13 @@ async def run_autorecovery(
     Stops within a few seconds of `stop` whatever the metadata store is doing.
     """
     stop = stop if stop is not None else asyncio.Event()
-    supervisor = Supervisor("autorecovery", registry=metrics_registry or REGISTRY)
+    registry = metrics_registry or REGISTRY
+    supervisor = Supervisor("autorecovery", registry=registry)
     supervisor.adopt_loop()
     supervisor.install_loop_exception_handler()
     try:
-        opening = asyncio.ensure_future(open_metadata(metadata_uri))
+        # Bad under-replication records are counted there too, beside the service's metrics.
+        opening = asyncio.ensure_future(open_metadata(metadata_uri, metrics_registry=registry))
         if not await unless_stopped(opening, stop):
             return 0
         metadata = opening.result()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import TracebackType
 
 import structlog
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from bkaio.errors import ConfigError
 from bkaio.meta.autorecovery import (
@@ -116,14 +117,21 @@ async def open_store(
 class Metadata:
     """Everything bkaio keeps in the metadata store, behind one connection."""
 
-    def __init__(self, store: MetadataStore, instance_id: str, *, id_block_size: int) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        instance_id: str,
+        *,
+        id_block_size: int,
+        metrics_registry: CollectorRegistry = REGISTRY,
+    ) -> None:
         self.store = store
         self.instance_id = instance_id
         self.idgen = LedgerIdGenerator(store, block_size=id_block_size)
         self.ledgers = LedgerManager(store, self.idgen)
         self.bookies = BookieRegistry(store)
         self.cookies = CookieStore(store)
-        self.underreplication = UnderReplicationManager(store)
+        self.underreplication = UnderReplicationManager(store, metrics_registry)
         self.auditor = AuditorElection(store)
         self.decommissioned = DecommissionRegistry(store)
         self.namespaces = NamespaceStore(store)
@@ -144,12 +152,17 @@ class Metadata:
 
 
 async def open_metadata(
-    uri: str, *, id_block_size: int = 1000, connect_timeout_seconds: float | None = None
+    uri: str,
+    *,
+    id_block_size: int = 1000,
+    connect_timeout_seconds: float | None = None,
+    metrics_registry: CollectorRegistry = REGISTRY,
 ) -> Metadata:
     """Connect to the cluster whose metadata lives at `uri`.
 
     Refuses (ClusterNotInitialisedError, saying how to create one) a store that holds no
-    initialised cluster: only `initialise_cluster` creates one.
+    initialised cluster: only `initialise_cluster` creates one. `metrics_registry`: where the
+    metadata layer's counters go (the process's metrics page; bad under-replication records).
     """
     store = await open_store(uri, create=False, connect_timeout_seconds=connect_timeout_seconds)
     try:
@@ -158,7 +171,9 @@ async def open_metadata(
         await store.close()
         raise
     log.debug("metadata_opened", uri=uri.partition("?")[0], instance_id=instance_id)
-    return Metadata(store, instance_id, id_block_size=id_block_size)
+    return Metadata(
+        store, instance_id, id_block_size=id_block_size, metrics_registry=metrics_registry
+    )
 
 
 async def initialise_cluster_at(

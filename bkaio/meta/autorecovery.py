@@ -20,13 +20,14 @@ import contextlib
 import dataclasses
 import math
 import secrets
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 
 import msgpack
 import structlog
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from bkaio.errors import InvalidArgumentError, MetadataVersionError
 from bkaio.meta.errors import InvalidMetadataError, MetadataOutcomeUnknownError
@@ -56,11 +57,24 @@ MAX_LOST_BOOKIE_DELAY_SECONDS = 7 * 24 * 3600.0  # A week: longer is a typo, not
 # not at every scan; past this many the oldest is forgotten (and reported again if still there).
 MAX_REPORTED_BAD_RECORDS = 1024
 
-BAD_RECORDS = Counter(
-    "bkaio_underreplication_bad_records",
-    "Under-replication records (/underreplicated/<ledger>) that do not decode, skipped by the "
-    "listing until an operator deletes them; each key and version counted once per process",
+_bad_records_counters: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = (
+    weakref.WeakKeyDictionary()
 )
+
+
+def bad_records_counter(registry: CollectorRegistry = REGISTRY) -> Counter:
+    """`bkaio_underreplication_bad_records_total` in `registry` (created on first use: the
+    managers of several stores of a process count in one)."""
+    counter = _bad_records_counters.get(registry)
+    if counter is None:
+        counter = Counter(
+            "bkaio_underreplication_bad_records",
+            "Under-replication records (/underreplicated/<ledger>) that do not decode, skipped "
+            "by the listing until an operator deletes them; each key and version counted once",
+            registry=registry,
+        )
+        _bad_records_counters[registry] = counter
+    return counter
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +151,15 @@ def _bookie_ids(record: dict[object, object], field: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def decodes_as_mark(key: str, value: bytes) -> bool:
+    """Whether `value` under `key` is a mark `list` yields (a bad record is not)."""
+    try:
+        _decode(KeyValue(key, value, version=0, create_revision=0, lease=0))
+    except InvalidMetadataError:
+        return False
+    return True
+
+
 def _decode(kv: KeyValue) -> UnderreplicatedLedger:
     """The record under `kv`; InvalidMetadataError naming the key when it is not one (a key
     that is not `_ur_key` of a ledger id, bytes that are not msgpack, fields of wrong types)."""
@@ -177,9 +200,11 @@ def check_lost_bookie_delay(seconds: float) -> float:
 
 
 class UnderReplicationManager:
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, registry: CollectorRegistry = REGISTRY) -> None:
+        """`registry`: where bad records are counted (the metrics page of the process)."""
         self._store = store
         self._reported_bad: OrderedDict[str, int] = OrderedDict()  # key -> version logged
+        self._bad_records = bad_records_counter(registry)
 
     async def mark(
         self,
@@ -293,7 +318,7 @@ class UnderReplicationManager:
         self._reported_bad[kv.key] = kv.version
         if len(self._reported_bad) > MAX_REPORTED_BAD_RECORDS:
             self._reported_bad.popitem(last=False)
-        BAD_RECORDS.inc()
+        self._bad_records.inc()
         log.error(
             "underreplication_bad_record_skipped",
             key=kv.key,

@@ -1,7 +1,9 @@
 """A /underreplicated/<ledger> record that does not decode (bytes that are not msgpack, fields of
 the wrong type, a key that is not a ledger id) is skipped by the listing, the workers' scan and
-`shell listunderreplicated`: logged at ERROR and counted once per key and version, left in place
-for an operator to delete, while the other marks are listed and claimed as before."""
+`shell listunderreplicated`: logged at ERROR and counted once per key and version (on the metrics
+page of the process, `bkaio autorecovery`'s included), left in place for an operator to delete,
+while the other marks are listed and claimed as before; the under-replicated gauge counts only
+the marks that decode."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from typing import Any
 
 import msgpack
 from click.testing import CliRunner
+from prometheus_client import REGISTRY, CollectorRegistry
 from structlog.testing import capture_logs
 
 from bkaio import autorecovery
-from bkaio.autorecovery import Auditor, AutorecoveryMetrics, LedgerChecker
+from bkaio.autorecovery import Auditor, AutorecoveryMetrics, LedgerChecker, run_autorecovery
 from bkaio.autorecovery.checker import LedgerCheck
 from bkaio.bookie.gc import MetadataGcSource
 from bkaio.cli.shell import shell
+from bkaio.config import AutorecoveryConfig
 from bkaio.meta import (
     BadUnderreplicationRecord,
     BookieInfo,
@@ -26,7 +30,10 @@ from bkaio.meta import (
     Metadata,
     open_metadata,
 )
-from bkaio.meta.autorecovery import BAD_RECORDS, UNDERREPLICATED_PREFIX
+from bkaio.meta.autorecovery import UNDERREPLICATED_PREFIX
+
+COUNTER = "bkaio_underreplication_bad_records_total"
+GAUGE = "bkaio_autorecovery_under_replicated_ledgers"
 
 NOT_MSGPACK = UNDERREPLICATED_PREFIX + f"{1:020d}"
 WRONG_TYPES = UNDERREPLICATED_PREFIX + f"{2:020d}"
@@ -42,6 +49,10 @@ async def _put_bad_records(meta: Metadata) -> None:
     await meta.store.put(SHORT_ID, good_value)
 
 
+def _counted(registry: CollectorRegistry = REGISTRY) -> float | None:
+    return registry.get_sample_value(COUNTER)
+
+
 def _skipped(logs: Sequence[Mapping[str, Any]]) -> list[object]:
     return [e["key"] for e in logs if e["event"] == "underreplication_bad_record_skipped"]
 
@@ -49,7 +60,7 @@ def _skipped(logs: Sequence[Mapping[str, Any]]) -> list[object]:
 async def test_the_listing_skips_bad_records_and_reports_each_once(meta: Metadata) -> None:
     await _put_bad_records(meta)
     await meta.underreplication.mark(5, ["b:1"])
-    counted = BAD_RECORDS._value.get()
+    counted = _counted() or 0.0  # The fixture's store counts in the default registry.
     bad: list[BadUnderreplicationRecord] = []
     with capture_logs() as logs:
         records = await autorecovery.list_under_replicated(meta, bad=bad)
@@ -62,7 +73,7 @@ async def test_the_listing_skips_bad_records_and_reports_each_once(meta: Metadat
     assert all(item.key in item.error for item in bad)
     assert sorted(map(str, _skipped(logs))) == sorted(item.key for item in bad)
     assert all(e["log_level"] == "error" for e in logs if e["key"] in _skipped(logs))
-    assert BAD_RECORDS._value.get() == counted + 4
+    assert _counted() == counted + 4
     status = await autorecovery.autorecovery_status(meta)
     assert status.under_replicated_ledgers == 1
     # The same key written again (a new version) is reported again, once.
@@ -71,7 +82,7 @@ async def test_the_listing_skips_bad_records_and_reports_each_once(meta: Metadat
         for _ in range(2):
             assert [r.ledger_id async for r in meta.underreplication.list()] == [5]
     assert _skipped(logs) == [NOT_MSGPACK]
-    assert BAD_RECORDS._value.get() == counted + 5
+    assert _counted() == counted + 5
 
 
 async def test_a_worker_claims_past_a_bad_record_and_leaves_it(meta: Metadata) -> None:
@@ -187,3 +198,73 @@ async def test_gc_counts_a_bad_record_as_a_mark(meta: Metadata) -> None:
     source = MetadataGcSource(meta, owner="gc:me")
     assert await source.marked(7)
     assert not await source.marked(8)
+
+
+async def test_stores_count_bad_records_in_the_registry_they_are_opened_with(
+    sqlite_metadata_uri: str,
+) -> None:
+    registry = CollectorRegistry()
+    stores = [
+        await open_metadata(sqlite_metadata_uri, metrics_registry=registry) for _ in range(2)
+    ]  # Two stores of one process: one counter, no duplicate registration.
+    try:
+        assert _counted(registry) == 0  # Exported before the first bad record.
+        await _put_bad_records(stores[0])
+        for metadata in stores:
+            assert [r async for r in metadata.underreplication.list()] == []
+    finally:
+        for metadata in stores:
+            await metadata.close()
+    assert _counted(registry) == 8  # Each store's manager reports what it meets once.
+
+
+async def test_bkaio_autorecovery_counts_bad_records_on_its_metrics_page(
+    sqlite_metadata_uri: str,
+) -> None:
+    """`bkaio autorecovery` serves `metrics_registry` alone (not the default registry)."""
+    meta = await open_metadata(sqlite_metadata_uri)
+    try:
+        await _put_bad_records(meta)
+    finally:
+        await meta.close()
+    registry = CollectorRegistry()
+    stop = asyncio.Event()
+    config = AutorecoveryConfig(poll_interval_seconds=60.0, audit_interval_seconds=3600.0)
+    service = asyncio.ensure_future(
+        run_autorecovery(sqlite_metadata_uri, config=config, stop=stop, metrics_registry=registry)
+    )
+    try:
+        async with asyncio.timeout(30):  # The worker's scan (and the audit) list the marks.
+            while _counted(registry) != 4:
+                assert not service.done(), service
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        assert await service == 0
+
+
+async def test_the_under_replicated_gauge_counts_only_marks_that_decode(meta: Metadata) -> None:
+    await _put_bad_records(meta)
+    await meta.underreplication.mark(5, ["b:1"])
+    metrics = AutorecoveryMetrics(CollectorRegistry())
+    auditor = Auditor(meta, metrics, lost_bookie_delay_seconds=0.0, audit_interval_seconds=60.0)
+    metrics.under_replicated_ledgers.set(-1)
+    counting = asyncio.ensure_future(anext(auditor._mark_count()))  # Never yields.
+
+    async def gauge_reads(value: float) -> None:
+        async with asyncio.timeout(10):
+            while metrics.registry.get_sample_value(GAUGE) != value:
+                assert not counting.done(), counting
+                await asyncio.sleep(0.02)
+
+    try:
+        await gauge_reads(1)  # From the snapshot: mark 5, none of the four bad records.
+        # Then from the watch: a new bad record, mark 5 overwritten by one, marks 6 and 7.
+        await meta.store.put(UNDERREPLICATED_PREFIX + f"{9:020d}", b"\xc1")
+        await meta.store.put(UNDERREPLICATED_PREFIX + f"{5:020d}", b"\xc1")
+        await meta.underreplication.mark(6, ["b:1"])
+        await meta.underreplication.mark(7, ["b:1"])
+        await gauge_reads(2)
+    finally:
+        counting.cancel()
+        await asyncio.gather(counting, return_exceptions=True)
