@@ -18,8 +18,6 @@ from bkaio.meta.autorecovery import (
     AuditorElection,
     AuditorLeadership,
     BadUnderreplicationRecord,
-    Decommissioned,
-    DecommissionRegistry,
     MarkResult,
     UnderreplicatedLedger,
     UnderReplicationManager,
@@ -32,6 +30,7 @@ from bkaio.meta.cluster import (
     read_instance_id,
     require_initialised,
 )
+from bkaio.meta.decommission import Decommissioned, DecommissionRegistry
 from bkaio.meta.errors import (
     InvalidMetadataError,
     LeaseExpiredError,

@@ -1,5 +1,5 @@
-"""Metadata for autorecovery: the under-replicated ledger queue, its controls, decommissioned
-bookies and auditor election.
+"""Metadata for autorecovery: the under-replicated ledger queue, its controls and auditor
+election (decommissioned bookies: bkaio/meta/decommission.py).
 
 Layout (reference/bookkeeper.md section 4.3, mapped to flat keys):
     /underreplicated/<20-digit ledger id>     msgpack {missing_bookies, ctime_ms, forced_bookies,
@@ -8,7 +8,6 @@ Layout (reference/bookkeeper.md section 4.3, mapped to flat keys):
     /underreplication/disable                 present: autorecovery is disabled
     /underreplication/control/lost_bookie_delay   text seconds: overrides the configured delay
     /underreplication/control/audit_request   any write asks the auditor to audit now
-    /decommissioned/<bookie id>               msgpack {ctime_ms}: stays read-only until removed
     /auditor                                  leased; value = the auditor's bookie id
 Driver-independent.
 """
@@ -50,7 +49,6 @@ DISABLE_KEY = "/underreplication/disable"
 CONTROL_PREFIX = "/underreplication/control/"
 LOST_BOOKIE_DELAY_KEY = CONTROL_PREFIX + "lost_bookie_delay"
 AUDIT_REQUEST_KEY = CONTROL_PREFIX + "audit_request"
-DECOMMISSIONED_PREFIX = "/decommissioned/"
 AUDITOR_KEY = "/auditor"
 MAX_LOST_BOOKIE_DELAY_SECONDS = 7 * 24 * 3600.0  # A week: longer is a typo, not a policy.
 # Bad records a manager remembers having reported (key -> version), so that each is logged once,
@@ -471,83 +469,6 @@ class UnderReplicationManager:
     def watch_controls(self, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
         """Changes to the delay and audit requests (for the auditor)."""
         return self._store.watch_prefix(CONTROL_PREFIX, start_revision=start_revision)
-
-
-@dataclass(frozen=True, slots=True)
-class Decommissioned:
-    bookie_id: str
-    ctime_ms: int
-
-
-class DecommissionRegistry:
-    """Bookies an operator decommissioned: they register read-only, whatever their disks say,
-    until `recommission` removes them; the auditor counts them as lost."""
-
-    def __init__(self, store: MetadataStore) -> None:
-        self._store = store
-
-    @staticmethod
-    def key(bookie_id: str) -> str:
-        if not bookie_id or "/" in bookie_id:
-            raise InvalidArgumentError(f"bookie id {bookie_id!r} must be non-empty, no '/'")
-        return DECOMMISSIONED_PREFIX + bookie_id
-
-    async def add(self, bookie_id: str) -> Decommissioned:
-        """Idempotent: a bookie decommissioned twice keeps its first time. At most
-        MAX_METADATA_ATTEMPTS creations, then MetadataError (not decommissioned)."""
-        key = self.key(bookie_id)
-        for _attempt in range(MAX_METADATA_ATTEMPTS):
-            kv = await self._store.get(key)
-            if kv is not None:
-                return self._decode(kv)
-            ctime = now_ms()
-            try:
-                await self._store.compare_and_swap(
-                    key, msgpack.packb({"ctime_ms": ctime}), expected_version=0
-                )
-            except (MetadataVersionError, MetadataOutcomeUnknownError):
-                continue  # Created meanwhile (maybe by us): the next read returns it.
-            return Decommissioned(bookie_id, ctime)
-        raise metadata_attempts_exhausted(f"bookie {bookie_id}", "decommissioning it")
-
-    async def remove(self, bookie_id: str) -> bool:
-        """False when the bookie was not decommissioned."""
-        return await self._store.delete(self.key(bookie_id))
-
-    async def get(self, bookie_id: str) -> Decommissioned | None:
-        kv = await self._store.get(self.key(bookie_id))
-        return None if kv is None else self._decode(kv)
-
-    async def list(self) -> list[Decommissioned]:
-        return [self._decode(kv) async for kv in self._store.iterate_prefix(DECOMMISSIONED_PREFIX)]
-
-    async def ids(self) -> set[str]:
-        return {item.bookie_id for item in await self.list()}
-
-    async def watch(self, bookie_id: str) -> AsyncIterator[bool]:
-        """Whether `bookie_id` is decommissioned now, then again after every change."""
-        key = self.key(bookie_id)
-        revision = await self._store.current_revision()
-        current = await self._store.get(key) is not None
-        yield current
-        events = self._store.watch_prefix(key, start_revision=revision + 1)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if event.key != key:
-                    continue
-                now = event.kind is EventKind.PUT
-                if now != current:
-                    current = now
-                    yield current
-
-    @staticmethod
-    def _decode(kv: KeyValue) -> Decommissioned:
-        bookie_id = kv.key[len(DECOMMISSIONED_PREFIX) :]
-        try:
-            record = msgpack.unpackb(kv.value, raw=False)
-            return Decommissioned(bookie_id, int(record["ctime_ms"]))
-        except (ValueError, KeyError, TypeError, msgpack.ExtraData) as error:
-            raise InvalidMetadataError(f"decommission record {kv.key}: {error!r}") from None
 
 
 class AuditorLeadership:

@@ -15,8 +15,9 @@ import pytest
 
 from bkaio.errors import MetadataError, MetadataVersionError
 from bkaio.meta import Lease, LedgerIdGenerator, LedgerManager, LedgerMetadata
-from bkaio.meta.autorecovery import DecommissionRegistry, UnderReplicationManager, _ur_key
+from bkaio.meta.autorecovery import UnderReplicationManager, _ur_key
 from bkaio.meta.cluster import INSTANCE_ID_KEY, initialise_cluster, read_instance_id
+from bkaio.meta.decommission import DecommissionRegistry
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.sqlite_driver import SqliteMetadataStore
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS
