@@ -128,6 +128,31 @@ def _still_held(bookie_id: str, record: KeyValue, seconds: float) -> str:
     )
 
 
+class _HeldWait:
+    """A record of another lease met while writing ours, waited out for 2 x TTL: logged when
+    first met, then `over` once that time has passed."""
+
+    def __init__(self, bookie_id: str, ttl_seconds: float) -> None:
+        self._bookie_id = bookie_id
+        self.seconds = 2 * ttl_seconds
+        self.poll_seconds = min(0.2, ttl_seconds / 10)
+        self._deadline: float | None = None
+
+    def over(self, holder: KeyValue) -> bool:
+        now = asyncio.get_running_loop().time()
+        if self._deadline is None:
+            self._deadline = now + self.seconds
+            log.warning(
+                "bookie_registration_held_by_another",
+                bookie_id=self._bookie_id,
+                key=holder.key,
+                lease=holder.lease,
+                wait_seconds=self.seconds,
+            )
+            return False
+        return now >= self._deadline
+
+
 class BookieRegistration:
     """A live registration: kept alive in the background, re-created if its lease lapses.
 
@@ -149,6 +174,7 @@ class BookieRegistration:
         self._writing = asyncio.Lock()
         self._deregistered = False
         self._in_place = True  # False from a lost lease until a new one carries the record.
+        self._lost_for_good = False  # Another process kept the id for 2 x TTL: reported fatal.
         self._move_pending = False  # A mode move started and not yet finished.
         self._keeper = loop_supervisor().spawn(
             "bookie_registration", self._keep, Restart(), instance=f"{info.bookie_id}/{lease.id}"
@@ -165,14 +191,21 @@ class BookieRegistration:
     @property
     def registered(self) -> bool:
         """True while a live lease carries the record; False from a lost lease (the store
-        dropped the key, or may have) until the record is back under a new one."""
-        return self._in_place and not self._lease.lost and not self._deregistered
+        dropped the key, or may have) until the record is back under a new one, and for good
+        once another process kept the id."""
+        return (
+            self._in_place
+            and not self._lease.lost
+            and not self._deregistered
+            and not self._lost_for_good
+        )
 
     async def set_read_only(self, read_only: bool) -> None:
         """Move the registration to /bookies/readonly (or back) under the same lease.
 
         While the registration is lost, only the mode changes here: the record comes back
-        under the new mode's key when it is registered again."""
+        under the new mode's key when it is registered again. A key of the new mode held by
+        another process is waited out as re-registration does (2 x TTL, then lost for good)."""
         async with self._writing:
             if read_only == self._info.read_only and not self._move_pending:
                 return
@@ -187,27 +220,17 @@ class BookieRegistration:
         log.info("bookie_mode_changed", bookie_id=self._info.bookie_id, read_only=read_only)
 
     async def _move(self) -> None:
-        """The record under the current mode's key, then the other mode's key deleted: each
-        only if absent or this registration's own."""
-        bookie_id, read_only = self._info.bookie_id, self._info.read_only
-        new_key = registration_key(bookie_id, read_only=read_only)
-        old_key = registration_key(bookie_id, read_only=not read_only)
-        # The new key first: the bookie is never missing from the list during the move.
-        current = await self._store.get(new_key)
-        if current is not None and current.lease not in self._own_leases:
-            raise MetadataError(
-                f"bookie {bookie_id}: {new_key} is held by lease {current.lease}, not this"
-                " bookie's: is another bookie running with this id?"
-            )
-        await self._store.compare_and_swap(
-            new_key,
-            encode_bookie_info(self._info),
-            expected_version=0 if current is None else current.version,
-            lease=self._lease,
-        )
-        old = await self._store.get(old_key)
-        if old is not None and old.lease in self._own_leases:
-            await self._store.delete(old_key, expected_version=old.version)
+        """The record under the current mode's key, the other mode's deleted, under the same
+        lease; a record of another process is waited out (ended early by a lost lease: the
+        re-registration writes the new mode then)."""
+        held = _HeldWait(self._info.bookie_id, self._lease.ttl_seconds)
+        while (holder := await self._write_if_absent_or_own(new_lease=False)) is not None:
+            if held.over(holder):
+                self._give_up(holder)
+                return
+            await asyncio.sleep(held.poll_seconds)
+            if not self.registered:
+                return
 
     async def _keep(self) -> None:
         """Re-register under a new lease whenever the lease is lost (metadata was unreachable
@@ -215,18 +238,19 @@ class BookieRegistration:
         another process is waited out for up to 2 x TTL, then the registration is lost."""
         ttl = self._lease.ttl_seconds
         backoff = Backoff(0.2, max(0.2, min(5.0, ttl / 2)))
-        loop = asyncio.get_running_loop()
-        held_deadline: float | None = None  # While another process holds the id.
+        held = _HeldWait(self._info.bookie_id, ttl)
         while not self._deregistered:
             if self._in_place:
                 await self._lease.wait_lost()
-                if self._deregistered:
+                if self._deregistered or self._lost_for_good:
                     return
                 log.warning("bookie_registration_lost", bookie_id=self._info.bookie_id)
                 self._in_place = False
-                held_deadline = None
+                held = _HeldWait(self._info.bookie_id, ttl)
             try:
                 async with self._writing:
+                    if self._lost_for_good:  # A mode move gave up meanwhile.
+                        return
                     holder = await self._register_again()
             except (MetadataError, MetadataVersionError) as error:
                 delay = backoff.next_delay()
@@ -240,57 +264,63 @@ class BookieRegistration:
                 continue
             backoff.reset()
             if holder is None:
-                held_deadline = None
                 continue
-            if held_deadline is None:
-                held_deadline = loop.time() + 2 * ttl
-                log.warning(
-                    "bookie_registration_held_by_another",
-                    bookie_id=self._info.bookie_id,
-                    key=holder.key,
-                    lease=holder.lease,
-                    wait_seconds=2 * ttl,
-                )
-            elif loop.time() >= held_deadline:
-                # Logged at ERROR and counted (bkaio_task_failures_total{task=
-                # "bookie_registration"}); a bookie then turns unhealthy and stops.
-                held = _still_held(self._info.bookie_id, holder, 2 * ttl)
-                loop_supervisor().report_fatal(
-                    "bookie_registration", MetadataError(f"registration lost for good: {held}")
-                )
+            if held.over(holder):
+                self._give_up(holder)
                 return
-            await asyncio.sleep(min(0.2, ttl / 10))
+            await asyncio.sleep(held.poll_seconds)
+
+    def _give_up(self, holder: KeyValue) -> None:
+        """Another process kept the id for 2 x TTL: the registration is lost for good. Logged
+        at ERROR and counted (bkaio_task_failures_total{task="bookie_registration"}) by the
+        loop's supervisor; a bookie then turns unhealthy and stops."""
+        self._lost_for_good = True
+        held = _still_held(self._info.bookie_id, holder, 2 * self._lease.ttl_seconds)
+        loop_supervisor().report_fatal(
+            "bookie_registration", MetadataError(f"registration lost for good: {held}")
+        )
 
     async def _register_again(self) -> KeyValue | None:
         """Put the record back under a new lease if no other process holds either key of the
         bookie; else the record that holds it (nothing written)."""
-        records = await _registration_records(self._store, self._info.bookie_id)
+        holder = await self._write_if_absent_or_own(new_lease=True)
+        if holder is not None:
+            return holder
+        self._lease.start_keep_alive()
+        self._own_leases.clear()
+        self._own_leases.append(self._lease.id)
+        self._in_place = True
+        log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=self._lease.id)
+        return None
+
+    async def _write_if_absent_or_own(self, *, new_lease: bool) -> KeyValue | None:
+        """The record under the current mode's key, then the other mode's key deleted, when
+        neither holds a record of another process (else that record, nothing written): under
+        a new lease (`new_lease`, re-registering) or the current one (a mode move)."""
+        bookie_id, read_only = self._info.bookie_id, self._info.read_only
+        records = await _registration_records(self._store, bookie_id)
         for record in records:
             if record.lease not in self._own_leases:
                 return record
         own = {record.key: record for record in records}
-        key = registration_key(self._info.bookie_id, read_only=self._info.read_only)
-        other_key = registration_key(self._info.bookie_id, read_only=not self._info.read_only)
-        # A lease granted for an attempt that fails is left to expire: nothing keeps it alive,
-        # and the next attempt takes a new one (and counts a record under it as its own).
-        lease = await self._store.grant_lease(self._lease.ttl_seconds)
-        self._lease = lease
-        self._own_leases.append(lease.id)
+        if new_lease:
+            # A lease granted for an attempt that fails is left to expire: nothing keeps it
+            # alive, and the next attempt takes a new one (and counts a record under it as its
+            # own).
+            self._lease = await self._store.grant_lease(self._lease.ttl_seconds)
+            self._own_leases.append(self._lease.id)
+        key = registration_key(bookie_id, read_only=read_only)
         current = own.get(key)
+        # The new key first: the bookie is never missing from the list during a move.
         await self._store.compare_and_swap(
             key,
             encode_bookie_info(self._info),
             expected_version=0 if current is None else current.version,
-            lease=lease,
+            lease=self._lease,
         )
-        stale = own.get(other_key)  # The other mode's record of an old lease of ours.
-        if stale is not None:
-            await self._store.delete(other_key, expected_version=stale.version)
-        lease.start_keep_alive()
-        self._own_leases.clear()
-        self._own_leases.append(lease.id)
-        self._in_place = True
-        log.info("bookie_reregistered", bookie_id=self._info.bookie_id, lease_id=lease.id)
+        stale = own.get(registration_key(bookie_id, read_only=not read_only))
+        if stale is not None:  # The other mode's record, of this or an old lease of ours.
+            await self._store.delete(stale.key, expected_version=stale.version)
         return None
 
     async def deregister(self) -> None:

@@ -192,25 +192,64 @@ async def test_a_record_written_by_an_unconfirmed_attempt_counts_as_ours(
     assert await store.get(WRITABLE) is None
 
 
-async def test_a_mode_move_does_not_overwrite_the_record_of_another_process(
+async def _theirs_at_read_only(store: FakeInterleavingStore) -> tuple[Lease, bytes]:
+    """Another process's record under our read-only key (a bookie of an older version that
+    overwrote, say), its lease kept alive."""
+    theirs = await store.grant_lease(TTL)
+    theirs.start_keep_alive()
+    record = encode_bookie_info(OTHER)
+    await store.compare_and_swap(READ_ONLY, record, expected_version=0, lease=theirs)
+    return theirs, record
+
+
+async def test_a_mode_move_waits_out_the_record_of_another_process(
     store: FakeInterleavingStore, supervisor: Supervisor
 ) -> None:
     registration = await BookieRegistry(store).register(INFO, ttl_seconds=TTL)
-    theirs = await store.grant_lease(TTL)
-    theirs.start_keep_alive()
-    # Written by another process (say, a bookie of an older version that overwrote).
-    theirs_record = encode_bookie_info(OTHER)
-    await store.compare_and_swap(READ_ONLY, theirs_record, expected_version=0, lease=theirs)
-    with pytest.raises(MetadataError, match=READ_ONLY):
+    theirs, theirs_record = await _theirs_at_read_only(store)
+    with capture_logs() as logs:
+        move = asyncio.ensure_future(registration.set_read_only(True))
+        await _until(
+            lambda: any(e["event"] == "bookie_registration_held_by_another" for e in logs),
+            "the move waiting for the other record",
+        )
+        kv = await store.get(READ_ONLY)
+        assert kv is not None and kv.lease == theirs.id and kv.value == theirs_record
+        mine = await store.get(WRITABLE)
+        assert mine is not None and mine.lease == registration.lease.id  # Listed as before.
+        await theirs.revoke()  # The other record goes within 2 x TTL: the move is made.
+        await asyncio.wait_for(move, 20)
+    kv = await store.get(READ_ONLY)
+    assert kv is not None and kv.lease == registration.lease.id
+    assert await store.get(WRITABLE) is None
+    assert not supervisor.fatal.done()
+    await registration.deregister()
+
+
+async def test_a_mode_move_meeting_another_process_for_2_ttl_ends_fatal_not_retried(
+    store: FakeInterleavingStore, supervisor: Supervisor
+) -> None:
+    """As re-registration: the registration is lost for good (the bookie stops, exit 3), and
+    the mode keeper's later calls do not start over (they found a retry loop before)."""
+    registration = await BookieRegistry(store).register(INFO, ttl_seconds=TTL)
+    theirs, theirs_record = await _theirs_at_read_only(store)
+    with capture_logs() as logs:
+        await asyncio.wait_for(registration.set_read_only(True), 20)  # Ends; no error.
+        assert supervisor.fatal.done()
+        failure = supervisor.fatal.result()
+        assert failure.task == "bookie_registration"
+        message = str(failure.error)
+        assert INFO.bookie_id in message and READ_ONLY in message and str(theirs.id) in message
+        assert not registration.registered
+        await registration.set_read_only(False)  # The mode keeper again: only recorded.
         await registration.set_read_only(True)
+    assert _failures(supervisor, "bookie_registration") == 1
+    assert len([e for e in logs if e["event"] == "bookie_registration_held_by_another"]) == 1
     kv = await store.get(READ_ONLY)
     assert kv is not None and kv.lease == theirs.id and kv.value == theirs_record
-    mine = await store.get(WRITABLE)
-    assert mine is not None and mine.lease == registration.lease.id  # Still listed as before.
+    await registration.deregister()  # As the bookie's stop does: the other record stays.
+    assert await store.get(WRITABLE) is None and await store.get(READ_ONLY) is not None
     await theirs.revoke()
-    await registration.set_read_only(True)  # The mode keeper's retry, once the key is free.
-    assert (await store.get(READ_ONLY)) is not None and await store.get(WRITABLE) is None
-    await registration.deregister()
 
 
 async def test_a_mode_change_while_the_registration_is_lost_is_made_by_registering_again(
