@@ -39,6 +39,9 @@ pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd not installe
 # The default registration TTL: a shorter one is lost on a heavily loaded 2-core box by
 # keep-alives that are late for reasons that have nothing to do with etcd (event-loop stalls).
 REGISTRATION_TTL_SECONDS = 10.0
+# Waited past a TTL after the fault: for the election (500 ms timeout, seconds on a loaded box)
+# and for a bookie to notice the lost lease.
+LEASE_MARGIN_SECONDS = 5.0
 # The autorecovery tests' fast settings, with leases that a loaded 2-core box keeps alive
 # through an etcd election (2 s leases leave no room for one slow keep-alive there).
 CONFIG = {
@@ -151,6 +154,7 @@ async def test_one_etcd_member_lost_mid_write(
 
         leader = etcd_cluster.leader()
         assert leader is not None
+        fault_at = asyncio.get_running_loop().time()
         if fault == "kill_leader":
             victim = leader
             await asyncio.to_thread(etcd_cluster.kill, victim)
@@ -161,9 +165,12 @@ async def test_one_etcd_member_lost_mid_write(
             assert process is not None
             os.kill(process.pid, signal.SIGSTOP)
 
-        # Through the failover and past several registration TTLs: writes and rolls go on.
+        # Through the failover and past a registration TTL: writes and rolls go on. etcd drops
+        # a lease one TTL after its last refresh (a new leader restarts every lease's TTL), so
+        # a bookie whose keep-alives stopped at the fault has lost its lease by then.
         await workload.wait_acked(workload.acked + 600)
-        await asyncio.sleep(2 * REGISTRATION_TTL_SECONDS)
+        since_fault = asyncio.get_running_loop().time() - fault_at
+        await asyncio.sleep(max(0.0, REGISTRATION_TTL_SECONDS + LEASE_MARGIN_SECONDS - since_fault))
         await workload.wait_acked(workload.acked + 200)
         assert await _registered(bk) == set(cluster.bookie_ids), "a bookie lost its lease"
         workload.stop()
