@@ -216,8 +216,7 @@ async def test_f12_fence_survives_kill9_of_every_bookie(
     assert sealed is not None
     for index in range(3):  # Right after the fence answers: kill -9, restart on the same disks.
         cluster.bookies.kill9(index)
-    for index in range(3):
-        await cluster.bookies.start(index)
+    await asyncio.gather(*(cluster.bookies.start(index) for index in range(3)))
     late = writer.append_one(1000)  # The old writer: every bookie must still say FENCED.
     if late is not None:
         await writer.drain(20)
