@@ -89,8 +89,7 @@ async def test_unreadable_ledger_fails_alone_and_the_worker_goes_on(
         count=5, metadata_uri=etcd_server.uri, config=autorecovery_config(retry_backoff_seconds=0.5)
     )
     meta = await cluster.metadata()
-    await cluster.stop(3)
-    await cluster.stop(4)
+    await asyncio.gather(cluster.stop(3), cluster.stop(4))
     await cluster.wait_until_deregistered(3)
     await cluster.wait_until_deregistered(4)
     async with BookKeeper.connect(etcd_server.uri, add_timeout=30.0) as bk:
@@ -100,8 +99,7 @@ async def test_unreadable_ledger_fails_alone_and_the_worker_goes_on(
         for handle in (striped, full):
             await asyncio.gather(*(handle.append(p) for p in payloads))
             await handle.close()
-    await cluster.start(3)
-    await cluster.start(4)
+    await asyncio.gather(cluster.start(3), cluster.start(4))
     cluster.kill9(0)
     cluster.kill9(1)
     dead = {cluster.bookie_ids[0], cluster.bookie_ids[1]}
