@@ -110,8 +110,8 @@ async def test_recover_reports_an_unreadable_ledger_at_once_and_goes_on(
     uri = etcd_server.uri
     cluster = await bookie_cluster_factory(count=5, metadata_uri=uri, config=QUIET)
     meta = await cluster.metadata()
+    await asyncio.gather(cluster.stop(3), cluster.stop(4))
     for index in (3, 4):
-        await cluster.stop(index)
         await cluster.wait_until_deregistered(index)
     payloads = [b"entry-%d" % i for i in range(30)]
     async with BookKeeper.connect(uri, add_timeout=30.0) as bk:
@@ -120,8 +120,7 @@ async def test_recover_reports_an_unreadable_ledger_at_once_and_goes_on(
         for handle in (striped, full):
             await asyncio.gather(*(handle.append(p) for p in payloads))
             await handle.close()
-    for index in (3, 4):
-        await cluster.start(index)
+    await asyncio.gather(cluster.start(3), cluster.start(4))
     b0 = cluster.bookie_ids[0]
     cluster.kill9(0)
     cluster.kill9(1)
