@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from bkaio.errors import BookieUnavailableError, NotEnoughBookiesError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.ledgers import ledger_key
 from bkaio.security.local_ca import generate_local_tls
-from tests.fixtures.bookies import BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
 
 # Hang guard only: every case below fails within a few seconds on a quiet box.
 _GUARD_SECONDS = 60.0
@@ -60,15 +61,34 @@ async def _assert_bounded(bk: BookKeeper, lh: LedgerHandle, created: int, bookie
     assert len(lh.metadata.ensembles) <= bookies
 
 
+@pytest.fixture(scope="module")
+def tls_bookies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
+    """Three bookies serving TLS with client certificates required, started once for the
+    quorum cases: a client that fails to connect changes nothing on a bookie, and each case
+    writes (and counts the writes of) its own ledger. On a loop of its own: the tests' loops
+    are per test."""
+    base = tmp_path_factory.mktemp("tls-bookies")
+    local = generate_local_tls(base / "tls")
+    cluster = BookieCluster(
+        f"sqlite://{base / 'meta.db'}",
+        base,
+        count=3,
+        config={"tls": local.bookie_tls_section(require_client_cert=True)},
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(cluster.__aenter__())
+        yield cluster
+    finally:
+        loop.run_until_complete(cluster.close())
+        loop.close()
+
+
 @pytest.mark.parametrize("quorums", [(1, 1, 1), (2, 2, 1), (2, 1, 1), (2, 2, 2)])
 async def test_a_plain_client_of_tls_bookies_fails_saying_it_needs_tls(
-    bookie_cluster_factory: BookieClusterFactory, tmp_path: Path, quorums: tuple[int, int, int]
+    tls_bookies: BookieCluster, quorums: tuple[int, int, int]
 ) -> None:
-    local = await asyncio.to_thread(generate_local_tls, tmp_path / "tls")
-    cluster = await bookie_cluster_factory(
-        count=3, config={"tls": local.bookie_tls_section(require_client_cert=True)}
-    )
-    async with BookKeeper.connect(cluster.metadata_uri) as bk:  # No tls=: the mistake.
+    async with BookKeeper.connect(tls_bookies.metadata_uri) as bk:  # No tls=: the mistake.
         lh = await bk.create_ledger(*quorums, password=b"pw")
         created = lh.metadata.version
         error = await _append_fails(lh)
