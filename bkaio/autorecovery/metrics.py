@@ -3,11 +3,31 @@
 BookKeeper names in brackets: replication worker (`REREPLICATE_OP`, `NUM_ENTRIES_WRITTEN`,
 `NUM_BYTES_WRITTEN`, `NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED`), auditor
 (`NUM_UNDER_REPLICATED_LEDGERS`, `AUDIT_BOOKIES_TIME`).
+
+`metrics_page` is what `bkaio autorecovery --metrics-port` serves: the service's registry with
+the process's default registry's `bkaio_*` families, each family once.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from bkaio.metric_snapshots import BkaioOnly, MergedRegistries
+
+
+def metrics_page(registry: CollectorRegistry) -> CollectorRegistry:
+    """The registry to serve for a process whose service records into `registry`.
+
+    `registry` holds the service's metrics, its supervisor's task failures and the store's bad
+    records; the process's default registry holds what library code counts there
+    (`bkaio_lease_late_refreshes_total` of the auditor's and workers' leases, the task failures
+    of jobs spawned with the default registry). Both are merged at each scrape, so a family in
+    both (`bkaio_task_failures_total`) is shown once with every series; the default registry's
+    `process_*` and `gc_*` are left out (`registry` has its own process collector).
+    """
+    page = CollectorRegistry()
+    page.register(MergedRegistries([registry, BkaioOnly(REGISTRY)]))
+    return page
 
 
 class AutorecoveryMetrics:

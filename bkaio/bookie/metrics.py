@@ -2,9 +2,10 @@
 
 Each shard worker records into its own prometheus-client registry (plus whatever the journal and
 storage packages register in the default registry of that process). On a scrape, the parent asks
-every worker for a snapshot over its control pipe (`snapshot_registry`: plain JSON-able lists),
-then `AggregatingCollector` sums the samples of all shards (counters, histogram buckets, gauges)
-and the parent's registry renders them as Prometheus text. Nothing here touches sockets.
+every worker for a snapshot over its control pipe (`snapshot_registry`, bkaio/metric_snapshots.py:
+plain JSON-able lists), then `AggregatingCollector` sums the samples of all shards (counters,
+histogram buckets, gauges) and the parent's registry renders them as Prometheus text. Nothing
+here touches sockets.
 
 Names follow Prometheus conventions (seconds, `_total`); docs/bookie.md maps them to the
 BookKeeper names (`bookkeeper_server_ADD_ENTRY_REQUEST` is
@@ -13,7 +14,7 @@ BookKeeper names (`bookkeeper_server_ADD_ENTRY_REQUEST` is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -21,6 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from bkaio.journal.stats import SYNC_LATENCY_BUCKETS
+from bkaio.metric_snapshots import SnapshotFamily, merge_snapshots
 
 from .loop_metrics import LoopCounter, LoopHistogram
 
@@ -93,8 +95,6 @@ CLOSE_REASONS = (
     "frame_read_timeout",
     "idle_timeout",
 )
-
-SnapshotFamily = dict[str, Any]  # {"name", "type", "help", "samples": [[name, labels, value]]}
 
 
 class ShardMetrics:
@@ -233,65 +233,6 @@ class ShardMetrics:
         self.read_only.set_function(read_only)
         self.disk_usage_fraction_max.set_function(disk_usage_fraction_max)
         self.shard_up.set(1)
-
-
-def snapshot_registry(registries: Sequence[Any]) -> list[SnapshotFamily]:
-    """Every sample of `registries` as JSON-able data (what a worker sends to the parent)."""
-    families: list[SnapshotFamily] = []
-    for registry in registries:
-        for metric in registry.collect():
-            families.append(
-                {
-                    "name": metric.name,
-                    "type": metric.type,
-                    "help": metric.documentation,
-                    "samples": [
-                        [sample.name, dict(sample.labels), float(sample.value)]
-                        for sample in metric.samples
-                        if not sample.name.endswith("_created")
-                    ],
-                }
-            )
-    return families
-
-
-def merge_snapshots(snapshots: Iterable[list[SnapshotFamily]]) -> list[Metric]:
-    """Sum the same series across shards; families keep their type and help text."""
-    merged: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
-    for families in snapshots:
-        for family in families:
-            name = str(family["name"])
-            if name not in merged:
-                merged[name] = (str(family["type"]), str(family["help"]), {})
-            series = merged[name][2]
-            for sample_name, labels, value in family["samples"]:
-                key = (str(sample_name), tuple(sorted((str(k), str(v)) for k, v in labels.items())))
-                series[key] = series.get(key, 0.0) + float(value)
-    metrics: list[Metric] = []
-    for name, (metric_type, help_text, series) in merged.items():
-        metric = Metric(name, help_text, metric_type)
-        for (sample_name, labels), value in sorted(series.items(), key=_sample_order):
-            metric.add_sample(sample_name, dict(labels), value)
-        metrics.append(metric)
-    return metrics
-
-
-def _sample_order(item: tuple[tuple[str, tuple[tuple[str, str], ...]], float]) -> tuple[Any, ...]:
-    """Histogram buckets in ascending `le` order (Prometheus requires it), others by name."""
-    (sample_name, labels), _ = item
-    rest = tuple((k, v) for k, v in labels if k != "le")
-    le = next((float(v) for k, v in labels if k == "le"), 0.0)
-    return (rest, sample_name, le)
-
-
-class BkaioOnly:
-    """The bkaio_* families of a registry (the default one also holds process_* and gc_*)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Any:
-        return [m for m in self._registry.collect() if m.name.startswith("bkaio_")]
 
 
 class AggregatingCollector(Collector):

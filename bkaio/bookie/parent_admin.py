@@ -17,8 +17,8 @@ import prometheus_client
 import bkaio
 from bkaio.errors import BKError
 from bkaio.meta import Metadata
+from bkaio.metric_snapshots import BkaioOnly, snapshot_registry
 
-from .metrics import BkaioOnly, snapshot_registry
 from .parent_state import ParentState
 
 GC_REPLY_TIMEOUT_SECONDS = 300.0  # A GC run may compact large entry logs.

@@ -41,6 +41,7 @@ from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.journal import Journal, JournalConfig, JournalStats
 from bkaio.logs import configure_logging
+from bkaio.metric_snapshots import BkaioOnly, snapshot_registry
 from bkaio.runtime_tuning import tune_gc_for_throughput
 from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
 from bkaio.security.tls import server_tls_context_from_config
@@ -51,7 +52,7 @@ from .control import decode_message, encode_message
 from .gc import GarbageCollector, GcReport, MetadataGcSource
 from .limbo import LimboLedgers, limbo_path
 from .loop_lag import watch_loop_lag
-from .metrics import BkaioOnly, JournalStatsCollector, ShardMetrics, snapshot_registry
+from .metrics import JournalStatsCollector, ShardMetrics
 from .offline import entry_digest_ok
 from .scrubber import Scrubber, ScrubMetrics
 from .seams import PRODUCTION_SEAMS, StorageSeams

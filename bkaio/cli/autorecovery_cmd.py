@@ -51,6 +51,7 @@ def autorecovery(
     from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
     from bkaio.autorecovery import run_autorecovery
+    from bkaio.autorecovery.metrics import metrics_page
     from bkaio.config import AutorecoveryConfig
     from bkaio.logs import configure_logging
 
@@ -64,7 +65,8 @@ def autorecovery(
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     if metrics_port:
-        start_http_server(metrics_port, metrics_host, registry=registry)
+        # With the default registry's bkaio_* families (lease late refreshes, library jobs).
+        start_http_server(metrics_port, metrics_host, registry=metrics_page(registry))
     config = AutorecoveryConfig(
         lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
     )

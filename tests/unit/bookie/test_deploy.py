@@ -20,11 +20,10 @@ from bkaio.bookie.metrics import (
     JournalStatsCollector,
     ShardMetrics,
     exported_metric_names,
-    merge_snapshots,
-    snapshot_registry,
 )
 from bkaio.config import load_bookie_config
 from bkaio.journal import JournalStats
+from bkaio.metric_snapshots import merge_snapshots, snapshot_registry
 from bkaio.process_metrics import ProcessesCollector
 from bkaio.supervision import task_failures_counter
 
