@@ -109,7 +109,7 @@ def nuke_existing_cluster(
 @json_option
 def cluster_info(metadata_uri: str, as_json: bool) -> None:
     """Instance id, bookies (writable, read-only, unavailable, decommissioned), ledgers,
-    under-replicated ledgers, autorecovery and the auditor."""
+    under-replicated ledgers (and undecodable marks), autorecovery and the auditor."""
     from bkaio.meta import open_metadata
     from bkaio.meta.cluster_admin import describe_cluster
 
@@ -129,10 +129,17 @@ def cluster_info(metadata_uri: str, as_json: bool) -> None:
         f"decommissioned       {_ids(info['decommissioned_bookies'])}",
         f"ledgers              {info['ledgers']}",
         f"under-replicated     {info['under_replicated_ledgers']}",
+        f"undecodable marks    {_bad_records(info['bad_underreplicated_records'])}",
         f"autorecovery         {'enabled' if info['autorecovery_enabled'] else 'disabled'}",
         f"auditor              {info['auditor'] or 'none elected'}",
     ]
     emit(info, as_json=as_json, human="\n".join(lines))
+
+
+def _bad_records(count: int) -> str:
+    if not count:
+        return "0"
+    return f"{count} (skipped by autorecovery; `bkaio shell listunderreplicated` names them)"
 
 
 def _ids(bookies: list[str]) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from bkaio.errors import MetadataError
 from bkaio.meta import Metadata
-from bkaio.meta.autorecovery import AUDITOR_KEY, UNDERREPLICATED_PREFIX
+from bkaio.meta.autorecovery import AUDITOR_KEY, UNDERREPLICATED_PREFIX, decodes_as_mark
 from bkaio.meta.bookies import BOOKIES_PREFIX
 from bkaio.meta.cluster import (
     LAYOUT_KEY,
@@ -122,7 +122,10 @@ class ClusterInfo:
     # Known, not registered, named by no ledger: drained (decommissioned) or never used.
     decommissioned_bookies: tuple[str, ...]
     ledgers: int
-    under_replicated_ledgers: int
+    under_replicated_ledgers: int  # Marks that decode: what the auditor and workers list.
+    # Records under /underreplicated/ that do not decode (skipped by autorecovery; an operator
+    # inspects and deletes them).
+    bad_underreplicated_records: int
     auditor: str | None
     autorecovery_enabled: bool
 
@@ -139,6 +142,7 @@ class ClusterInfo:
             "decommissioned_bookies": list(self.decommissioned_bookies),
             "ledgers": self.ledgers,
             "under_replicated_ledgers": self.under_replicated_ledgers,
+            "bad_underreplicated_records": self.bad_underreplicated_records,
             "auditor": self.auditor,
             "autorecovery_enabled": self.autorecovery_enabled,
             "auditorElected": self.auditor is not None,
@@ -164,6 +168,19 @@ async def _bookies_named_by_ledgers(store: MetadataStore) -> tuple[int, set[str]
     return count, named
 
 
+async def _under_replication(store: MetadataStore) -> tuple[int, int]:
+    """Records under /underreplicated/ that decode as marks, and those that do not (one paged
+    scan; `decodes_as_mark` is the listing's decoder, so the first figure is what autorecovery
+    lists and the auditor's gauge shows)."""
+    marks = bad = 0
+    async for kv in store.iterate_prefix(UNDERREPLICATED_PREFIX, page_size=_LEDGER_PAGE):
+        if decodes_as_mark(kv.key, kv.value):
+            marks += 1
+        else:
+            bad += 1
+    return marks, bad
+
+
 async def describe_cluster(metadata: Metadata) -> ClusterInfo:
     """Instance id, bookies by state, ledgers, under-replication and auditor, in one call."""
     store = metadata.store
@@ -175,7 +192,7 @@ async def describe_cluster(metadata: Metadata) -> ClusterInfo:
     known = {kv.key[len(COOKIES_PREFIX) :] for kv in cookies}
     ledgers, named = await _bookies_named_by_ledgers(store)
     absent = known - set(writable) - set(read_only)
-    under_replicated = len(await store.list_prefix(UNDERREPLICATED_PREFIX, keys_only=True))
+    under_replicated, bad_records = await _under_replication(store)
     auditor = await store.get(AUDITOR_KEY)
     return ClusterInfo(
         instance_id=instance_id,
@@ -185,6 +202,7 @@ async def describe_cluster(metadata: Metadata) -> ClusterInfo:
         decommissioned_bookies=tuple(sorted(absent - named)),
         ledgers=ledgers,
         under_replicated_ledgers=under_replicated,
+        bad_underreplicated_records=bad_records,
         auditor=None if auditor is None else auditor.value.decode(),
         autorecovery_enabled=await metadata.underreplication.is_enabled(),
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bkaio.meta import BookieInfo, LedgerMetadata, MetadataStore, open_metadata, open_store
+from bkaio.meta.autorecovery import UNDERREPLICATED_PREFIX
 from bkaio.meta.cluster import (
     ClusterExistsError,
     ClusterNotInitialisedError,
@@ -133,8 +134,26 @@ async def test_describe_classifies_bookies(tmp_path: Path, store: MetadataStore)
     assert info.unavailable_bookies == ("gone:1",)
     assert info.decommissioned_bookies == ("drained:1",)
     assert info.ledgers == 1 and info.under_replicated_ledgers == 1
+    assert info.bad_underreplicated_records == 0
     plain = info.to_dict()
     assert plain["totalBookiesCount"] == 3 and plain["clusterUnderReplicated"] is True
+
+
+async def test_describe_counts_only_marks_that_decode(tmp_path: Path, store: MetadataStore) -> None:
+    # The count read keys only, so a record autorecovery skips (and the auditor's gauge leaves
+    # out) was counted as an under-replicated ledger; it is now its own figure.
+    await initialise_cluster(store, instance_id="c1")
+    metadata = await open_metadata(f"sqlite:///{tmp_path / 'meta.db'}")
+    try:
+        await metadata.underreplication.mark(1, ["gone:1"])
+        await store.put(UNDERREPLICATED_PREFIX + f"{2:020d}", b"\xc1 not msgpack")
+        info = await describe_cluster(metadata)
+    finally:
+        await metadata.close()
+    assert (info.under_replicated_ledgers, info.bad_underreplicated_records) == (1, 1)
+    plain = info.to_dict()
+    assert plain["under_replicated_ledgers"] == 1 and plain["bad_underreplicated_records"] == 1
+    assert plain["clusterUnderReplicated"] is True
 
 
 async def test_open_metadata_refuses_uninitialised_metadata(tmp_path: Path) -> None:
