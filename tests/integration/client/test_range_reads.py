@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,32 @@ from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
 
 SHAPES = [(3, 3, 2), (5, 2, 2)]  # (ensemble, write quorum, ack quorum)
 COUNT = 3_000
+
+
+@pytest.fixture(scope="module")
+def shared_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, BookieCluster]]:
+    """One cluster per ensemble size, started once for the tests that leave every bookie serving
+    (the range-request count; the corrupt copy, which restarts one bookie and damages only its
+    own ledger's entry). The tests that kill or SIGSTOP a bookie start their own. Each test
+    writes and reads a ledger of its own. On an event loop of its own: the tests' loops are per
+    test."""
+    base = tmp_path_factory.mktemp("range-reads")
+    clusters = {
+        size: BookieCluster(f"sqlite://{base / f'meta-{size}.db'}", base / f"e{size}", count=size)
+        for size in sorted({shape[0] for shape in SHAPES})
+    }
+
+    async def start_all() -> None:
+        await asyncio.gather(*(cluster.__aenter__() for cluster in clusters.values()))
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(start_all())
+        yield clusters
+    finally:
+        for cluster in clusters.values():
+            loop.run_until_complete(cluster.close())
+        loop.close()
 
 
 def payload(index: int) -> bytes:
@@ -48,9 +75,9 @@ def request_count(cluster: BookieCluster, op: str) -> float:
 
 @pytest.mark.parametrize("shape", SHAPES)
 async def test_every_shape_is_read_with_range_requests(
-    bookie_cluster_factory: BookieClusterFactory, shape: tuple[int, int, int]
+    shared_clusters: dict[int, BookieCluster], shape: tuple[int, int, int]
 ) -> None:
-    cluster = await bookie_cluster_factory(count=shape[0])
+    cluster = shared_clusters[shape[0]]
     ledger_id, payloads = await write_ledger(cluster, shape)
     async with BookKeeper.connect(cluster.metadata_uri, read_batch_entries=500) as bk:
         rh = await bk.open_ledger(ledger_id, password=b"pw", recovery=False)
@@ -103,9 +130,9 @@ async def test_a_stopped_bookie_is_raced_by_speculative_reads(
 
 @pytest.mark.parametrize("shape", SHAPES)
 async def test_a_copy_corrupt_on_disk_is_read_from_another_replica(
-    bookie_cluster_factory: BookieClusterFactory, shape: tuple[int, int, int]
+    shared_clusters: dict[int, BookieCluster], shape: tuple[int, int, int]
 ) -> None:
-    cluster = await bookie_cluster_factory(count=shape[0])
+    cluster = shared_clusters[shape[0]]
     ledger_id, payloads = await write_ledger(cluster, shape)
     async with BookKeeper.connect(cluster.metadata_uri) as bk:
         md = await bk.get_ledger_metadata(ledger_id)
