@@ -1,29 +1,48 @@
 """The ledger client against real bookie processes and a real etcd.
 
-Each test starts its own bookies (tests/fixtures/bookies.py) on free loopback ports, with
-metadata in the session's etcd under a fresh prefix (tests/fixtures/etcd.py).
+The tests share three bookies (tests/fixtures/bookies.py) on free loopback ports, with metadata
+in the session's etcd under a prefix of this module's (tests/fixtures/etcd.py): each test
+creates, and asserts on, ledgers of its own, and none stops a bookie.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from bkaio.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError, UnauthorizedError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.ledger_metadata import LedgerState
-from tests.fixtures.bookies import BookieClusterFactory
-from tests.fixtures.etcd import EtcdServer
+from bkaio.testing.procs import EtcdProcess
+from tests.fixtures.bookies import BookieCluster
 
 
-async def test_ten_thousand_pipelined_appends_read_back_identical(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    cluster = await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
+@pytest.fixture(scope="module")
+def cluster(
+    etcd_process: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BookieCluster]:
+    """Started once for the module, on an event loop of its own (the tests' loops are per
+    test)."""
+    bookies = BookieCluster(
+        f"etcd://{etcd_process.endpoint}/module-test_client",
+        tmp_path_factory.mktemp("client"),
+        count=3,
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(bookies.__aenter__())
+        yield bookies
+    finally:
+        loop.run_until_complete(bookies.close())
+        loop.close()
+
+
+async def test_ten_thousand_pipelined_appends_read_back_identical(cluster: BookieCluster) -> None:
     payloads = [os.urandom(16) + b"%d" % i for i in range(10_000)]
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         lh = await bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
         ids = await asyncio.gather(*(lh.append(p) for p in payloads))
         assert ids == list(range(10_000))
@@ -40,13 +59,10 @@ async def test_ten_thousand_pipelined_appends_read_back_identical(
         assert streamed == payloads[9_990:]
 
 
-async def test_recovery_by_a_second_client_fences_the_open_writer(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
+async def test_recovery_by_a_second_client_fences_the_open_writer(cluster: BookieCluster) -> None:
     async with (
-        BookKeeper.connect(etcd_server.uri, client_id="writer") as writer_client,
-        BookKeeper.connect(etcd_server.uri, client_id="recoverer") as recoverer,
+        BookKeeper.connect(cluster.metadata_uri, client_id="writer") as writer_client,
+        BookKeeper.connect(cluster.metadata_uri, client_id="recoverer") as recoverer,
     ):
         lh = await writer_client.create_ledger(3, 3, 2, password=b"pw")
         await asyncio.gather(*(lh.append(b"entry-%d" % i) for i in range(200)))
@@ -64,11 +80,8 @@ async def test_recovery_by_a_second_client_fences_the_open_writer(
         assert [e.payload for e in entries[: acked + 1]] == [b"entry-%d" % i for i in range(200)]
 
 
-async def test_tailing_reader_sees_entries_as_they_are_acknowledged(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
-    async with BookKeeper.connect(etcd_server.uri, explicit_lac_interval=0.05) as bk:
+async def test_tailing_reader_sees_entries_as_they_are_acknowledged(cluster: BookieCluster) -> None:
+    async with BookKeeper.connect(cluster.metadata_uri, explicit_lac_interval=0.05) as bk:
         lh = await bk.create_ledger(3, 2, 2, password=b"pw")
         rh = await bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         seen: list[bytes] = []
@@ -93,11 +106,8 @@ async def test_tailing_reader_sees_entries_as_they_are_acknowledged(
             await rh.wait_for_entry(30, timeout=5.0)
 
 
-async def test_wrong_password_deleted_ledger_and_listing(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+async def test_wrong_password_deleted_ledger_and_listing(cluster: BookieCluster) -> None:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         lh: LedgerHandle = await bk.create_ledger(3, 2, 2, password=b"right")
         await lh.append(b"x")
         await lh.close()
@@ -112,11 +122,8 @@ async def test_wrong_password_deleted_ledger_and_listing(
         assert lh.ledger_id not in [lid async for lid in bk.list_ledgers()]
 
 
-async def test_connect_can_be_awaited_and_reads_past_the_lac_fail(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
-    bk = await BookKeeper.connect(etcd_server.uri)
+async def test_connect_can_be_awaited_and_reads_past_the_lac_fail(cluster: BookieCluster) -> None:
+    bk = await BookKeeper.connect(cluster.metadata_uri)
     try:
         lh = await bk.create_ledger(3, 3, 2)
         for i in range(3):
