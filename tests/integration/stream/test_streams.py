@@ -1,7 +1,8 @@
 """Streams against real bookie processes and a real etcd.
 
-Each test starts three bookies (tests/fixtures/bookies.py) with metadata in the session's etcd
-under a fresh prefix. Latencies are printed, never asserted (timings belong in benchmarks/).
+The tests share three bookies (tests/fixtures/bookies.py) with metadata in the session's etcd
+under a prefix of this module's: each test writes streams of its own (names differ) and none
+stops a bookie. Latencies are printed, never asserted (timings belong in benchmarks/).
 """
 
 from __future__ import annotations
@@ -10,25 +11,45 @@ import asyncio
 import itertools
 import statistics
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from bkaio.errors import NoSuchLedgerError, QuotaExceededError
 from bkaio.ledger_client import BookKeeper
 from bkaio.stream import StreamPosition, StreamRecord, StreamTruncatedError, open_namespace
-from tests.fixtures.bookies import BookieClusterFactory
-from tests.fixtures.etcd import EtcdServer
+from bkaio.testing.procs import EtcdProcess
+from tests.fixtures.bookies import BookieCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    etcd_process: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BookieCluster]:
+    """Started once for the module, on an event loop of its own (the tests' loops are per
+    test)."""
+    bookies = BookieCluster(
+        f"etcd://{etcd_process.endpoint}/module-test_streams",
+        tmp_path_factory.mktemp("streams"),
+        count=3,
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(bookies.__aenter__())
+        yield bookies
+    finally:
+        loop.run_until_complete(bookies.close())
+        loop.close()
 
 
 async def test_ten_thousand_records_across_forced_rolls_read_once_in_order(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
+    cluster: BookieCluster,
 ) -> None:
     """Ten thousand records over 8+ segments: every roll, seq and read-ahead boundary that a
     larger stream crosses (the write rate is a benchmark's business: stream_bench.py)."""
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
     count = 10_000
     payloads = [b"record-%06d" % i for i in range(count)]
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         ns = await open_namespace(bk, "tenant-a", create=True)
         writer = await ns.open_writer("orders", roll_bytes=12 << 10)
         started = time.perf_counter()
@@ -42,7 +63,7 @@ async def test_ten_thousand_records_across_forced_rolls_read_once_in_order(
         meta = await ns.stream_metadata("orders")
         assert len(meta.segments) >= 8, meta.segments  # 110 KB over 12 KiB segments.
         assert all(a.seq < b.seq for a, b in itertools.pairwise(positions))
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         ns = await open_namespace(bk, "tenant-a")
         records: list[StreamRecord] = []
         async with await ns.open_reader("orders", start="earliest") as reader:
@@ -57,14 +78,11 @@ async def test_ten_thousand_records_across_forced_rolls_read_once_in_order(
     assert all(a.position < b.position for a, b in itertools.pairwise(records))
 
 
-async def test_tailing_reader_sees_records_soon_after_their_ack(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
+async def test_tailing_reader_sees_records_soon_after_their_ack(cluster: BookieCluster) -> None:
     count = 300
     async with (
-        BookKeeper.connect(etcd_server.uri, explicit_lac_interval=0.002) as writer_client,
-        BookKeeper.connect(etcd_server.uri) as reader_client,
+        BookKeeper.connect(cluster.metadata_uri, explicit_lac_interval=0.002) as writer_client,
+        BookKeeper.connect(cluster.metadata_uri) as reader_client,
     ):
         writer_ns = await open_namespace(writer_client, "tenant-a", create=True)
         reader_ns = await open_namespace(reader_client, "tenant-a")
@@ -96,11 +114,8 @@ async def test_tailing_reader_sees_records_soon_after_their_ack(
     assert sorted(seen_at) == list(range(count))
 
 
-async def test_quota_stops_one_namespace_and_not_another(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+async def test_quota_stops_one_namespace_and_not_another(cluster: BookieCluster) -> None:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         limited = await open_namespace(bk, "limited", create=True, quota_bytes=10_000)
         free = await open_namespace(bk, "free", create=True)
         writer = await limited.open_writer("s", roll_bytes=3_000)
@@ -119,11 +134,8 @@ async def test_quota_stops_one_namespace_and_not_another(
         await unaffected.close()
 
 
-async def test_truncation_deletes_ledgers_from_metadata(
-    bookie_cluster_factory: BookieClusterFactory, etcd_server: EtcdServer
-) -> None:
-    await bookie_cluster_factory(count=3, metadata_uri=etcd_server.uri)
-    async with BookKeeper.connect(etcd_server.uri) as bk:
+async def test_truncation_deletes_ledgers_from_metadata(cluster: BookieCluster) -> None:
+    async with BookKeeper.connect(cluster.metadata_uri) as bk:
         ns = await open_namespace(bk, "tenant-a", create=True)
         writer = await ns.open_writer("s", roll_bytes=1000)
         positions = await asyncio.gather(*(writer.write(b"t" * 100) for _ in range(100)))
