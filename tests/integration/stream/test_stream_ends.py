@@ -10,13 +10,30 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from pathlib import Path
+from collections.abc import Iterator
+
+import pytest
 
 from bkaio import BookKeeper  # The facade: ledgers and namespaces.
 from bkaio.stream import open_namespace
-from tests.fixtures.bookies import BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster
 
 _GUARD_SECONDS = 120.0  # Hang guard only.
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
+    """Three bookies started once for the module, on an event loop of its own (the tests'
+    loops are per test): each test writes a namespace of its own and none stops a bookie."""
+    base = tmp_path_factory.mktemp("stream-ends")
+    bookies = BookieCluster(f"sqlite://{base / 'meta.db'}", base, count=3)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(bookies.__aenter__())
+        yield bookies
+    finally:
+        loop.run_until_complete(bookies.close())
+        loop.close()
 
 
 async def _bkaio(uri: str, *args: str, stdin: int | None = None) -> asyncio.subprocess.Process:
@@ -33,19 +50,18 @@ async def _bkaio(uri: str, *args: str, stdin: int | None = None) -> asyncio.subp
 
 
 async def test_a_reader_at_latest_delivers_none_of_the_records_acknowledged_before(
-    bookie_cluster_factory: BookieClusterFactory,
+    cluster: BookieCluster,
 ) -> None:
-    cluster = await bookie_cluster_factory(count=3)
     uri = cluster.metadata_uri
     async with (
         BookKeeper.connect(uri, explicit_lac_interval=0) as writer_bk,
         BookKeeper.connect(uri) as reader_bk,
     ):
-        ns = await writer_bk.namespace("tenant", create=True)
+        ns = await writer_bk.namespace("tenant-latest", create=True)
         writer = await ns.open_writer("s")
         old = await asyncio.gather(*(writer.write(b"old-%d" % i) for i in range(10)))
         assert [p.seq for p in old] == list(range(10))
-        reader_ns = await open_namespace(reader_bk, "tenant")
+        reader_ns = await open_namespace(reader_bk, "tenant-latest")
         async with await reader_ns.open_reader("s", start="latest") as reader:
             assert reader.next_seq == 10
             for i in range(5):  # One by one: each carries the LAC of the one before.
@@ -58,13 +74,12 @@ async def test_a_reader_at_latest_delivers_none_of_the_records_acknowledged_befo
 
 
 async def test_tail_no_follow_prints_every_acknowledged_record_then_names_a_lost_segment(
-    bookie_cluster_factory: BookieClusterFactory,
+    cluster: BookieCluster,
 ) -> None:
-    cluster = await bookie_cluster_factory(count=3)
     uri = cluster.metadata_uri
     payloads = [b"record-%05d" % i for i in range(20_000)]
     async with BookKeeper.connect(uri, explicit_lac_interval=0) as bk:
-        ns = await bk.namespace("tenant", create=True)
+        ns = await bk.namespace("tenant-tail", create=True)
         # Several sealed segments and an open one whose end the bookies' LAC does not show.
         writer = await ns.open_writer("s", roll_bytes=60_000)
         positions = await asyncio.gather(*(writer.write(p) for p in payloads))
@@ -72,7 +87,7 @@ async def test_tail_no_follow_prints_every_acknowledged_record_then_names_a_lost
         meta = await ns.stream_metadata("s")
         assert len(meta.segments) >= 3 and meta.open_segment is not None
 
-        tail = await _bkaio(uri, "stream", "tail", "tenant/s", "--no-follow")
+        tail = await _bkaio(uri, "stream", "tail", "tenant-tail/s", "--no-follow")
         async with asyncio.timeout(_GUARD_SECONDS):
             stdout, stderr = await tail.communicate()
         assert tail.returncode == 0, stderr.decode()
@@ -81,7 +96,7 @@ async def test_tail_no_follow_prints_every_acknowledged_record_then_names_a_lost
 
         lost = meta.segments[1]
         await bk.delete_ledger(lost.ledger_id)
-        tail = await _bkaio(uri, "stream", "tail", "tenant/s", "--no-follow")
+        tail = await _bkaio(uri, "stream", "tail", "tenant-tail/s", "--no-follow")
         async with asyncio.timeout(_GUARD_SECONDS):
             stdout, stderr = await tail.communicate()
         assert tail.returncode == 1
@@ -95,14 +110,15 @@ async def test_tail_no_follow_prints_every_acknowledged_record_then_names_a_lost
 
 
 async def test_stream_write_sends_lines_as_they_arrive_and_closes_at_eof(
-    bookie_cluster_factory: BookieClusterFactory, tmp_path: Path
+    cluster: BookieCluster,
 ) -> None:
-    cluster = await bookie_cluster_factory(count=3)
     uri = cluster.metadata_uri
     async with BookKeeper.connect(uri) as bk:
-        ns = await bk.namespace("tenant", create=True)
+        ns = await bk.namespace("tenant-write", create=True)
         await ns.create_stream("s")
-        write = await _bkaio(uri, "stream", "write", "tenant/s", stdin=asyncio.subprocess.PIPE)
+        write = await _bkaio(
+            uri, "stream", "write", "tenant-write/s", stdin=asyncio.subprocess.PIPE
+        )
         assert write.stdin is not None and write.stdout is not None
         write.stdin.write(b"first\nsecond\r\nthird\n")
         await write.stdin.drain()  # The pipe stays open: no EOF yet.
@@ -126,7 +142,7 @@ async def test_stream_write_sends_lines_as_they_arrive_and_closes_at_eof(
         # Bad input: a line that is not hex stops the command with its number; the records
         # before it were written and are kept.
         bad = await _bkaio(
-            uri, "stream", "write", "tenant/s", "--hex", stdin=asyncio.subprocess.PIPE
+            uri, "stream", "write", "tenant-write/s", "--hex", stdin=asyncio.subprocess.PIPE
         )
         async with asyncio.timeout(_GUARD_SECONDS):
             out, stderr = await bad.communicate(b"aa\nzz\nbb\n")
