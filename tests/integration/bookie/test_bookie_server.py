@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from bkaio.protocol.digest import master_key
 from bkaio.protocol.messages import (
@@ -26,9 +29,25 @@ from bkaio.protocol.messages import (
     WriteLacRequest,
 )
 from bkaio.protocol.status import Status
-from tests.fixtures.bookies import BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
 
 from .raw_client import FIRST_SIGHT, MASTER_KEY, RawClient, add_request
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
+    """One bookie started once for the tests that use ledgers no other test of it uses (7, 3, 5)
+    and assert nothing bookie-wide; the tests of shards, bounds, disk usage and counters start
+    their own. On an event loop of its own: the tests' loops are per test."""
+    base = tmp_path_factory.mktemp("bookie-server")
+    cluster = BookieCluster(f"sqlite://{base / 'meta.db'}", base, config=FIRST_SIGHT)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(cluster.__aenter__())
+        yield cluster
+    finally:
+        loop.run_until_complete(cluster.close())
+        loop.close()
 
 
 async def _ok(client: RawClient, request: Any) -> None:
@@ -48,11 +67,8 @@ def _http(url: str, method: str = "GET", body: Any = None, token: str | None = N
         return error.code, error.read()
 
 
-async def test_pipelined_adds_on_one_connection_are_all_readable(
-    bookie_cluster_factory: BookieClusterFactory,
-) -> None:
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
-    bookie = cluster[0]
+async def test_pipelined_adds_on_one_connection_are_all_readable(shared: BookieCluster) -> None:
+    bookie = shared[0]
     client = await RawClient.connect(bookie.host, bookie.port)
     ledger_id, count, payload = 7, 10_000, b"x" * 100
     requests = [
@@ -103,9 +119,8 @@ async def test_two_shards_route_by_ledger_id(bookie_cluster_factory: BookieClust
     await shard1.close()
 
 
-async def test_fencing_wrong_keys_and_digests(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
-    client = await RawClient.connect(cluster[0].host, cluster[0].port)
+async def test_fencing_wrong_keys_and_digests(shared: BookieCluster) -> None:
+    client = await RawClient.connect(shared[0].host, shared[0].port)
     ledger_id = 3
     assert (
         await client.request(add_request(client.next_id(), ledger_id, 0, b"e0"))
@@ -141,10 +156,9 @@ async def test_fencing_wrong_keys_and_digests(bookie_cluster_factory: BookieClus
     await client.close()
 
 
-async def test_long_poll_read_lac(bookie_cluster_factory: BookieClusterFactory) -> None:
-    cluster = await bookie_cluster_factory(config=FIRST_SIGHT)
-    writer = await RawClient.connect(cluster[0].host, cluster[0].port)
-    reader = await RawClient.connect(cluster[0].host, cluster[0].port)
+async def test_long_poll_read_lac(shared: BookieCluster) -> None:
+    writer = await RawClient.connect(shared[0].host, shared[0].port)
+    reader = await RawClient.connect(shared[0].host, shared[0].port)
     ledger_id = 5
     assert (
         await writer.request(add_request(writer.next_id(), ledger_id, 0, b"a"))
