@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
 
-from tests.fixtures.bookies import BookieClusterFactory
+import pytest
+
+from tests.fixtures.bookies import BookieCluster
 from tests.integration.stream.test_stream_cli import invoke, rows
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
+    """Three bookies started once for the module, on an event loop of its own (the tests'
+    loops are per test): each test uses a namespace of its own and none stops a bookie."""
+    base = tmp_path_factory.mktemp("stream-info")
+    bookies = BookieCluster(f"sqlite://{base / 'meta.db'}", base, count=3)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(bookies.__aenter__())
+        yield bookies
+    finally:
+        loop.run_until_complete(bookies.close())
+        loop.close()
+
+
 async def test_stream_info_reports_segments_seqs_bytes_retention_and_cursors(
-    bookie_cluster_factory: BookieClusterFactory,
+    cluster: BookieCluster,
 ) -> None:
-    cluster = await bookie_cluster_factory(count=3)
     uri = cluster.metadata_uri
     rows(await invoke(uri, "create", "ns", "--retention-seconds", "3600", "--json"))
     rows(await invoke(uri, "create", "ns/events", "--json"))
@@ -41,12 +59,9 @@ async def test_stream_info_reports_segments_seqs_bytes_retention_and_cursors(
     json.dumps(report)  # Plain data throughout.
 
 
-async def test_stream_info_of_a_missing_stream_fails_cleanly(
-    bookie_cluster_factory: BookieClusterFactory,
-) -> None:
-    cluster = await bookie_cluster_factory(count=1)
-    rows(await invoke(cluster.metadata_uri, "create", "ns", "--json"))
-    missing = await invoke(cluster.metadata_uri, "info", "ns/nope", "--json")
+async def test_stream_info_of_a_missing_stream_fails_cleanly(cluster: BookieCluster) -> None:
+    rows(await invoke(cluster.metadata_uri, "create", "ns-empty", "--json"))
+    missing = await invoke(cluster.metadata_uri, "info", "ns-empty/nope", "--json")
     assert missing.exit_code != 0 and "nope" in str(missing.exception)
     bad = await invoke(cluster.metadata_uri, "info", "no-slash")
     assert bad.exit_code != 0 and "NAMESPACE/STREAM" in bad.output + bad.exception
