@@ -32,6 +32,10 @@ Waiter = Callable[[Any], None]
 # front: a tick costs the number of expired requests, not a pass over everything in flight.
 _DEADLINE_TICK_SECONDS = 0.05
 _DEADLINE, _FIRST_ID, _LAST_ID = 0, 1, 2  # The fields of one deadline record (a list).
+# Added to every deadline so that no request expires before its timeout has passed on the
+# precise monotonic clock: uvloop's loop.time() counts whole milliseconds of libuv's cached
+# (possibly coarse, 1 ms) clock, so "now" can read up to about 2 ms behind time.monotonic().
+_LOOP_CLOCK_SLACK_SECONDS = 0.002
 
 
 class RequestsInFlight:
@@ -52,7 +56,7 @@ class RequestsInFlight:
         """A deadline record for `request_id`; later requests with the same timeout join it
         until the next flush when `batch` and connected (the flush is then scheduled)."""
         self._close_batch()
-        record = [self._loop.time() + timeout, request_id, request_id]
+        record = [self._loop.time() + timeout + _LOOP_CLOCK_SLACK_SECONDS, request_id, request_id]
         queue = self._deadlines.get(timeout)
         if queue is None:
             queue = self._deadlines[timeout] = deque()
@@ -68,7 +72,8 @@ class RequestsInFlight:
         requests were queued since the record opened, so none expires early."""
         record = self._batch
         if record is not None:
-            record[_DEADLINE] = self._loop.time() + cast(float, self._batch_timeout)
+            timeout = cast(float, self._batch_timeout)
+            record[_DEADLINE] = self._loop.time() + timeout + _LOOP_CLOCK_SLACK_SECONDS
             self._batch = None
             self._batch_timeout = None
 

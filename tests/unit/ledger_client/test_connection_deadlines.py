@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -185,4 +186,40 @@ async def test_no_hello_reply_aborts_the_connection_and_fails_the_queued_adds() 
     for name in ("add0", "add1", "add2"):
         error = seen.results[name]
         assert isinstance(error, BKTimeoutError) and "no HELLO reply" in str(error)
+    await connection.close()
+
+
+class _MillisecondLoopClock:
+    """The running loop as uvloop's clock shows it: `time()` is whole milliseconds of the
+    precise clock the test sets (`precise`), so it reads up to 1 ms behind; everything else is
+    the real loop's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, precise: float) -> None:
+        self._loop = loop
+        self.precise = precise
+
+    def time(self) -> float:
+        return math.floor(self.precise * 1000) / 1000
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
+async def test_no_request_expires_before_its_timeout_on_the_precise_clock() -> None:
+    # The fresh-clone CI of 4e6e5cd saw a request expire 5 us before its 0.2 s timeout on
+    # uvloop: stamped just before a millisecond ended, its deadline counted from that
+    # millisecond's start.
+    connection, _transport = _connected_with(ClientConfig())
+    clock = _MillisecondLoopClock(asyncio.get_running_loop(), precise=1000.0009)
+    connection._loop = clock  # type: ignore[assignment]
+    seen = Results()
+    connection.send_body(_add_body(0), seen.callback("add"), 0.25)
+    await asyncio.sleep(0)  # The flush: the request's deadline record is stamped.
+    await asyncio.sleep(0)
+    clock.precise = 1000.0009 + 0.25 - 0.0001  # The loop clock reads 1000.25.
+    connection._expire()
+    assert "add" not in seen.results  # Its 0.25 s have not passed yet.
+    clock.precise = 1000.0009 + 0.25 + 0.003
+    connection._expire()
+    assert isinstance(seen.results["add"], BKTimeoutError)
     await connection.close()
