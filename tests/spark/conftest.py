@@ -7,7 +7,6 @@ cluster through the connector's own runtime loop (`Cluster.run`, tests/spark/clu
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.fixtures.bookies import BookieCluster
+from tests.fixtures.bookies import BookieCluster, running_on_own_loop
 from tests.spark.cluster import Cluster
 from tests.spark.session import local_session, worker_environment
 
@@ -27,17 +26,14 @@ if TYPE_CHECKING:
 def bk_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("spark-cluster")
     uri = f"sqlite://{base / 'meta.db'}"
-    loop = asyncio.new_event_loop()
     bookies = BookieCluster(uri, base, count=3, shards=1)
-    try:
-        loop.run_until_complete(bookies.__aenter__())
-        yield Cluster(uri, bookies)
-    finally:
-        from bkaio.spark.runtime import shutdown
+    with running_on_own_loop(bookies):
+        try:
+            yield Cluster(uri, bookies)
+        finally:
+            from bkaio.spark.runtime import shutdown
 
-        shutdown()
-        loop.run_until_complete(bookies.close())
-        loop.close()
+            shutdown()  # Before the bookies close.
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from bkaio.protocol.messages import (
     WriteLacRequest,
 )
 from bkaio.protocol.status import Status
-from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, running_on_own_loop
 
 from .raw_client import FIRST_SIGHT, MASTER_KEY, RawClient, add_request
 
@@ -41,13 +41,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
     their own. On an event loop of its own: the tests' loops are per test."""
     base = tmp_path_factory.mktemp("bookie-server")
     cluster = BookieCluster(f"sqlite://{base / 'meta.db'}", base, config=FIRST_SIGHT)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(cluster.__aenter__())
+    with running_on_own_loop(cluster):
         yield cluster
-    finally:
-        loop.run_until_complete(cluster.close())
-        loop.close()
 
 
 async def _ok(client: RawClient, request: Any) -> None:

@@ -17,7 +17,7 @@ from bkaio.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError,
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.ledger_metadata import LedgerState
 from bkaio.testing.procs import EtcdProcess
-from tests.fixtures.bookies import BookieCluster
+from tests.fixtures.bookies import BookieCluster, running_on_own_loop
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +31,8 @@ def cluster(
         tmp_path_factory.mktemp("client"),
         count=3,
     )
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(bookies.__aenter__())
+    with running_on_own_loop(bookies):
         yield bookies
-    finally:
-        loop.run_until_complete(bookies.close())
-        loop.close()
 
 
 async def test_ten_thousand_pipelined_appends_read_back_identical(cluster: BookieCluster) -> None:

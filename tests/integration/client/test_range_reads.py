@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bkaio.ledger_client import BookKeeper
-from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, running_on_own_loop
 
 SHAPES = [(3, 3, 2), (5, 2, 2)]  # (ensemble, write quorum, ack quorum)
 COUNT = 3_000
@@ -33,17 +33,8 @@ def shared_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[i
         for size in sorted({shape[0] for shape in SHAPES})
     }
 
-    async def start_all() -> None:
-        await asyncio.gather(*(cluster.__aenter__() for cluster in clusters.values()))
-
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(start_all())
+    with running_on_own_loop(*clusters.values()):
         yield clusters
-    finally:
-        for cluster in clusters.values():
-            loop.run_until_complete(cluster.close())
-        loop.close()
 
 
 def payload(index: int) -> bytes:

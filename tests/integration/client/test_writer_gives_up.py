@@ -20,7 +20,7 @@ from bkaio.errors import BookieUnavailableError, NotEnoughBookiesError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.ledgers import ledger_key
 from bkaio.security.local_ca import generate_local_tls
-from tests.fixtures.bookies import BookieCluster, BookieClusterFactory
+from tests.fixtures.bookies import BookieCluster, BookieClusterFactory, running_on_own_loop
 
 # Hang guard only: every case below fails within a few seconds on a quiet box.
 _GUARD_SECONDS = 60.0
@@ -75,13 +75,8 @@ def tls_bookies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieClus
         count=3,
         config={"tls": local.bookie_tls_section(require_client_cert=True)},
     )
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(cluster.__aenter__())
+    with running_on_own_loop(cluster):
         yield cluster
-    finally:
-        loop.run_until_complete(cluster.close())
-        loop.close()
 
 
 @pytest.mark.parametrize("quorums", [(1, 1, 1), (2, 2, 1), (2, 1, 1), (2, 2, 2)])

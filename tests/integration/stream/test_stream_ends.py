@@ -16,7 +16,7 @@ import pytest
 
 from bkaio import BookKeeper  # The facade: ledgers and namespaces.
 from bkaio.stream import open_namespace
-from tests.fixtures.bookies import BookieCluster
+from tests.fixtures.bookies import BookieCluster, running_on_own_loop
 
 _GUARD_SECONDS = 120.0  # Hang guard only.
 
@@ -27,13 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]
     loops are per test): each test writes a namespace of its own and none stops a bookie."""
     base = tmp_path_factory.mktemp("stream-ends")
     bookies = BookieCluster(f"sqlite://{base / 'meta.db'}", base, count=3)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(bookies.__aenter__())
+    with running_on_own_loop(bookies):
         yield bookies
-    finally:
-        loop.run_until_complete(bookies.close())
-        loop.close()
 
 
 async def _bkaio(uri: str, *args: str, stdin: int | None = None) -> asyncio.subprocess.Process:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.bookies import BookieCluster
+from tests.fixtures.bookies import BookieCluster, running_on_own_loop
 from tests.integration.stream.test_stream_cli import invoke, rows
 
 
@@ -18,13 +17,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]
     loops are per test): each test uses a namespace of its own and none stops a bookie."""
     base = tmp_path_factory.mktemp("stream-info")
     bookies = BookieCluster(f"sqlite://{base / 'meta.db'}", base, count=3)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(bookies.__aenter__())
+    with running_on_own_loop(bookies):
         yield bookies
-    finally:
-        loop.run_until_complete(bookies.close())
-        loop.close()
 
 
 async def test_stream_info_reports_segments_seqs_bytes_retention_and_cursors(

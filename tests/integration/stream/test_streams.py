@@ -19,7 +19,7 @@ from bkaio.errors import NoSuchLedgerError, QuotaExceededError
 from bkaio.ledger_client import BookKeeper
 from bkaio.stream import StreamPosition, StreamRecord, StreamTruncatedError, open_namespace
 from bkaio.testing.procs import EtcdProcess
-from tests.fixtures.bookies import BookieCluster
+from tests.fixtures.bookies import BookieCluster, running_on_own_loop
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +33,8 @@ def cluster(
         tmp_path_factory.mktemp("streams"),
         count=3,
     )
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(bookies.__aenter__())
+    with running_on_own_loop(bookies):
         yield bookies
-    finally:
-        loop.run_until_complete(bookies.close())
-        loop.close()
 
 
 async def test_ten_thousand_records_across_forced_rolls_read_once_in_order(
