@@ -191,21 +191,27 @@ class EtcdConnection:
         self.health.failed(self.members[used].address)  # Also when another request moved on.
         if self.current != used:
             return
-        following = [(used + step) % len(self.members) for step in range(1, len(self.members))]
-        healthy = [index for index in following if not self._cooling(index)]
-        self._move(used, (healthy or following)[0], code.name)
+        healthy = self._next_not_cooling(used)
+        self._move(used, (used + 1) % len(self.members) if healthy is None else healthy, code.name)
 
     def choose_member(self) -> int:
         """The member the next attempt goes to: the current one, unless it failed within the
         cool-down and another has not (then the connection moves there first)."""
         used = self.current
         if len(self.members) > 1 and self._cooling(used):
-            for step in range(1, len(self.members)):
-                index = (used + step) % len(self.members)
-                if not self._cooling(index):
-                    self._move(used, index, "FAILED_RECENTLY")
-                    break
+            healthy = self._next_not_cooling(used)
+            if healthy is not None:
+                self._move(used, healthy, "FAILED_RECENTLY")
         return self.current
+
+    def _next_not_cooling(self, used: int) -> int | None:
+        """The first member after `used` (round robin) that has not failed within the
+        cool-down, or None when every other one has."""
+        for step in range(1, len(self.members)):
+            index = (used + step) % len(self.members)
+            if not self._cooling(index):
+                return index
+        return None
 
     def _cooling(self, index: int) -> bool:
         return self.health.failed_within(self.members[index].address, self.config.retry_seconds)
