@@ -205,11 +205,9 @@ class Lease(abc.ABC):
         """One refresh cut off at the local deadline. True when it was confirmed, or failed
         while the deadline is still ahead (the next one comes after the interval); False when
         the deadline passed without one. LeaseExpiredError when the store says it is gone."""
-        sent = loop.time()
         try:
             # Cut off at the deadline: past it, the late refresh's own bound applies.
-            async with asyncio.timeout_at(self._expires_at):
-                await self.keep_alive()
+            await self._refresh_by(self._expires_at)
         except LeaseExpiredError:
             raise
         except (MetadataError, TimeoutError) as error:
@@ -217,9 +215,15 @@ class Lease(abc.ABC):
                 return False
             # The store is unreachable; keep trying while the lease may still live there.
             log.warning("lease_keep_alive_failed", lease_id=self.id, error=str(error))
-            return True
-        self._expires_at = sent + self.ttl_seconds
         return True
+
+    async def _refresh_by(self, deadline: float) -> None:
+        """One refresh cut off at loop time `deadline`; once the store confirms it, the local
+        deadline moves to a TTL after it was sent."""
+        sent = asyncio.get_running_loop().time()
+        async with asyncio.timeout_at(deadline):
+            await self.keep_alive()
+        self._expires_at = sent + self.ttl_seconds
 
     async def _refresh_late(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The one refresh after the local deadline passed unconfirmed: True when the store
@@ -250,8 +254,7 @@ class Lease(abc.ABC):
         deadline = self._expires_at
         sent = loop.time()
         try:
-            async with asyncio.timeout(self.attempt_timeout_seconds):
-                await self.keep_alive()
+            await self._refresh_by(sent + self.attempt_timeout_seconds)
         except LeaseExpiredError:
             raise
         except (MetadataError, TimeoutError) as error:
@@ -263,7 +266,6 @@ class Lease(abc.ABC):
                 reason="no refresh confirmed within the TTL", error=str(error),
             )  # fmt: skip
             return False
-        self._expires_at = sent + self.ttl_seconds
         LATE_REFRESHES.inc()
         log.warning(
             "lease_refresh_late", lease_id=self.id, ttl_seconds=self.ttl_seconds,
