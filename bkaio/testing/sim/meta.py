@@ -222,8 +222,10 @@ class StoreFaults:
 
 
 class MemoryLease(Lease):
-    def __init__(self, store: MemoryMetadataStore, lease_id: int, ttl_seconds: float) -> None:
-        super().__init__(lease_id, ttl_seconds)
+    def __init__(
+        self, store: MemoryMetadataStore, lease_id: int, ttl_seconds: float, requested_at: float
+    ) -> None:
+        super().__init__(lease_id, ttl_seconds, requested_at=requested_at)
         self._store = store
 
     async def keep_alive(self) -> None:
@@ -304,8 +306,11 @@ class MemoryMetadataStore(MetadataStore):
         return await self._call(snapshot)
 
     async def grant_lease(self, ttl_seconds: float) -> Lease:
+        # The server counts the TTL from granting, which a slow answer (`StoreFaults`) leaves
+        # behind: the lease's local deadline counts from the request, as the real drivers' do.
+        requested_at = asyncio.get_running_loop().time()
         lease_id = await self._call(self._server.grant, ttl_seconds)
-        return self._track_lease(MemoryLease(self, lease_id, ttl_seconds))
+        return self._track_lease(MemoryLease(self, lease_id, ttl_seconds, requested_at))
 
     async def watch_prefix(
         self, prefix: str, *, start_revision: int | None = None

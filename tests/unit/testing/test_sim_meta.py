@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bkaio.meta.errors import MetadataOutcomeUnknownError, WatchCompactedError
+from bkaio.meta.errors import LeaseExpiredError, MetadataOutcomeUnknownError, WatchCompactedError
 from bkaio.meta.store import EventKind
 from bkaio.testing.sim.guards import sealed
 from bkaio.testing.sim.loop import SimLoop
@@ -60,6 +60,30 @@ def test_leases_expire_on_virtual_time_and_watches_see_the_delete() -> None:
         seen = loop.run_until_complete(main())
     loop.close()
     assert seen == [(EventKind.PUT, "/bookies/b1"), (EventKind.DELETE, "/bookies/b1")]
+
+
+def test_a_grant_answered_late_counts_its_ttl_from_the_request() -> None:
+    """The server grants a 1 s lease 1.5 s after the request and the answer takes 1.5 s more:
+    the server drops the lease before the holder has it, so the holder must find it in doubt
+    at once (as with the real drivers), not certain for a TTL after the answer came."""
+
+    async def main() -> tuple[bool, bool, bool]:
+        server = MemoryMetadataServer()
+        store = server.connect(StoreFaults(random.Random(1), latency=(1.5, 1.5)))
+        lease = await store.grant_lease(1.0)
+        in_doubt, lost = lease.in_doubt, lease.lost
+        try:
+            await lease.keep_alive()
+        except LeaseExpiredError:
+            return in_doubt, lost, True
+        return in_doubt, lost, False
+
+    loop = SimLoop(random.Random(0))
+    with sealed():
+        in_doubt, lost, gone_in_the_store = loop.run_until_complete(main())
+    loop.close()
+    assert gone_in_the_store
+    assert in_doubt and not lost
 
 
 async def test_a_watch_from_a_compacted_revision_fails() -> None:
