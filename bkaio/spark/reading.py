@@ -63,6 +63,13 @@ async def read_entries(
             ) from None
         log.warning("spark_read_skips_deleted_ledger", ledger_id=item.ledger_id)
         return
+    # The planner ends an open segment at the last record acknowledged to its writer
+    # (`stream.ends.end_seq`), which the bookies' LAC lags until the next add or WRITE_LAC
+    # carries it (never, when the writer died): learn that end here too, or the range read
+    # refuses the last entries as beyond the LAC.
+    last = item.last_entry_id
+    if not handle.is_closed and last > await handle.read_last_add_confirmed():
+        await handle.read_last_acknowledged()
     batches = handle.read_batches(
         item.first_entry_id, item.last_entry_id, batch_entries=batch_entries
     )
