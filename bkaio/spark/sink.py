@@ -4,7 +4,8 @@ Each Spark task appends its rows to a ledger of its own (created lazily, so an e
 creates none), closes (seals) it and reports `(ledger_id, last_entry_id, bytes)`. Until the
 driver publishes them, those ledgers are invisible: no stream record names them. A task that
 fails deletes its own ledger before re-raising; `abort` deletes whatever the successful tasks
-reported, and every ledger the job registry names. A task still running when its job is
+reported, and every ledger the job registry names, except those the stream record names (a
+commit that failed after its CAS landed is aborted too). A task still running when its job is
 aborted (Spark cancels it, and may start it late) can register its ledger after the abort read
 the registry: so the abort first leaves a tombstone, and a task that finds it right after
 registering deletes its ledger and fails. A task killed outright between creating its ledger and
@@ -202,6 +203,21 @@ async def discard_ledgers(bk: BookKeeper, ledger_ids: Sequence[int]) -> None:
             pass
         except BKError as error:  # GC finds it later by its job tag; the data stays unnamed.
             log.warning("spark_sink_discard_failed", ledger_id=ledger_id, error=str(error))
+
+
+async def abort_job(
+    bk: BookKeeper, options: WriteOptions, job_id: str, reported: Sequence[int]
+) -> None:
+    """Abort a job: delete the ledgers its tasks reported and every other one it registered,
+    except those the stream record names. Spark aborts a job whose commit raised, also when
+    the raise came after the stream CAS landed (a later clean-up step failed, or the CAS's
+    reply was lost and the re-read failed): those ledgers are the stream's records now.
+    Raises (deleting nothing) when the stream record cannot be read."""
+    await mark_aborted(bk, job_id)  # Before reading the registry.
+    stream = await StreamStore(metadata_of(bk)).find_stream(options.namespace, options.stream)
+    published = {s.ledger_id for s in stream.segments} if stream is not None else set()
+    await discard_ledgers(bk, [i for i in reported if i not in published])
+    await finish_job(bk, job_id, keep=sorted(published))
 
 
 def appended(meta: StreamMeta, written: Sequence[WrittenLedger], ctime_ms: int) -> StreamMeta:

@@ -315,9 +315,7 @@ class _TaskWriting:
 
         async def discard() -> None:
             bk = await runtime.client(self.options.metadata, self.options.client)
-            await sink.mark_aborted(bk, self.job_id)  # Before reading the registry.
-            await sink.discard_ledgers(bk, ids)
-            await sink.finish_job(bk, self.job_id, keep=())
+            await sink.abort_job(bk, self.options, self.job_id, ids)
 
         runtime.run(discard())
 

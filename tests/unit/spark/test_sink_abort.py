@@ -10,7 +10,9 @@ from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.spark import sink
 from bkaio.spark.errors import SparkJobAbortedError
 from bkaio.spark.options import WriteOptions
-from bkaio.stream.store import metadata_of
+from bkaio.stream import open_namespace
+from bkaio.stream.segments import STREAM_PASSWORD
+from bkaio.stream.store import StreamStore, metadata_of
 from tests.unit.stream.conftest import ClientFactory
 
 JOB = "job-1"
@@ -63,3 +65,42 @@ async def test_the_tombstone_expires_with_its_lease(make_client: ClientFactory) 
     tombstone = await metadata_of(driver).store.get(f"{sink.ABORTED_PREFIX}{JOB}")
     assert tombstone is not None and tombstone.lease != 0  # Nobody keeps the lease alive.
     assert await sink.job_aborted(driver, JOB)
+
+
+async def test_an_abort_after_a_commit_whose_stream_cas_landed_keeps_the_published_ledgers(
+    make_client: ClientFactory,
+) -> None:
+    """Spark aborts a job whose commit raised, also when the raise came after the stream CAS
+    landed (the job registry's clean-up failed; the marker's 'done' write failed; the CAS's
+    reply was lost and the re-read failed): the ledgers the stream now names must stay."""
+    driver, executor = await make_client(), await make_client()
+    await open_namespace(driver, "tenant", create=True)
+    task = sink.TaskLedgerWriter(executor, options(), QUORUMS, JOB)
+    await task.append([b"row 0", b"row 1"])
+    written = await task.finish()
+    assert written is not None
+    await sink.publish(driver, options(), [written])  # Landed; then the commit failed.
+    await sink.abort_job(driver, options(), JOB, [written.ledger_id])
+    assert await tagged_ledgers(driver) == [written.ledger_id]  # Still there.
+    stream = await StreamStore(metadata_of(driver)).get_stream("tenant", "out")
+    assert [s.ledger_id for s in stream.segments] == [written.ledger_id]
+    handle = await driver.open_ledger(written.ledger_id, password=STREAM_PASSWORD)
+    assert [e.payload for e in await handle.read(0, 1)] == [b"row 0", b"row 1"]
+    assert await sink.job_ledgers(driver, JOB) == []  # The registry is cleaned up all the same.
+
+
+async def test_an_abort_deletes_what_the_stream_does_not_name(make_client: ClientFactory) -> None:
+    driver, executor = await make_client(), await make_client()
+    await open_namespace(driver, "tenant", create=True)
+    tasks = [sink.TaskLedgerWriter(executor, options(), QUORUMS, JOB) for _ in range(3)]
+    written = []
+    for task in tasks:
+        await task.append([b"row"])
+        done = await task.finish()
+        assert done is not None
+        written.append(done)
+    await sink.publish(driver, options(), written[:1])  # Another commit's, say.
+    # Reported: the last one; registered only: the middle one (a task that never reported).
+    await sink.abort_job(driver, options(), JOB, [written[2].ledger_id])
+    assert await tagged_ledgers(driver) == [written[0].ledger_id]
+    assert await sink.job_ledgers(driver, JOB) == []
