@@ -230,18 +230,39 @@ async def latest_offsets(
     bk: BookKeeper, options: ReadOptions, known: dict[str, int]
 ) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
     """(start, end, average entry bytes) per stream, now. `start` is `known`, plus the first
-    available seq of streams that appeared since (a pattern's new match starts at its start)."""
+    available seq of streams that appeared since (a pattern's new match starts at its start).
+
+    A stream of `known` that is gone was deleted under the query: DataLossError (what was
+    written after its offset was never read), or with failOnDataLoss=false it stays where it
+    was. A named stream the query never read must exist."""
     start = dict(known)
     end: dict[str, int] = {}
     sizes: dict[str, float] = {}
-    names = set(await resolve_streams(bk, options)) | set(known)
-    for name in sorted(names):
+    if options.streams_pattern is None:
+        listed = set(options.streams)  # Not resolve_streams: a deleted one is handled below.
+    else:
+        listed = set(await resolve_streams(bk, options))
+    for name in sorted(listed | set(known)):
         try:
             state = await stream_state(bk, name)
         except StreamNotFoundError:
-            end[name] = known[name]  # Deleted: stays where it was.
-            continue
+            if name in known:
+                end[name] = _deleted_stream(name, known[name], options.fail_on_data_loss)
+            elif options.streams_pattern is None:
+                raise  # Named, never read, and not there.
+            continue  # A pattern's match deleted since the listing: never read, not read now.
         start.setdefault(name, state.first_seq)
         end[name] = max(state.end_seq, start[name])
         sizes[name] = state.entry_bytes
     return start, end, sizes
+
+
+def _deleted_stream(name: str, offset: int, fail_on_data_loss: bool) -> int:
+    """The end of a stream deleted under the query, which had read it up to `offset`."""
+    if fail_on_data_loss:
+        raise DataLossError(
+            f"stream {name} was deleted while the query read it (up to seq {offset}); what "
+            "was written to it after that is lost; set failOnDataLoss=false to go on without it"
+        )
+    log.warning("spark_read_skips_deleted_stream", stream=name, seq=offset)
+    return offset  # Stays where it was.
