@@ -22,8 +22,10 @@ it, and the metadata then named this bookie for entries it had lost. A ledger wh
 replicator holds is left for a later run. The locks live as long as the run's lease: once it is
 in doubt (lost, or no refresh confirmed within its TTL by this process's clock, even if a late
 refresh may still find it alive) a replicator may hold them, so the run checks it before
-confirming each over-replicated ledger and again just before the delete, and leaves every
-over-replicated ledger for a later run once it is in doubt.
+confirming each over-replicated ledger, before the delete, and once more inside the delete
+after the storage's checkpoint (which waits for the flush lock and writes) with nothing awaited
+between that check and the drop, and leaves every over-replicated ledger for a later run once
+it is in doubt.
 
 Only a *closed* ledger is ever over-replicated (BookKeeper's GC skips the others too): an open
 ledger's writer may pick this bookie in an ensemble change at any moment, and its new entries
@@ -57,7 +59,15 @@ LOCK_LEASE_TTL_SECONDS = 30.0
 class GcStorage(Protocol):
     def ledger_ids(self) -> list[int]: ...
 
-    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> list[int]: ...
+    async def delete_ledgers(
+        self,
+        ledger_ids: Iterable[int],
+        *,
+        confirm: Callable[[list[int]], Collection[int]] | None = None,
+    ) -> list[int]:
+        """Drop the ledgers (those `confirm` returns, asked after the checkpoint that comes
+        first, just before the drop); the ids dropped."""
+        ...
 
     async def compact(self) -> CompactionReport: ...
 
@@ -195,21 +205,32 @@ class GarbageCollector:
         self, deleted_due: list[int], held: HeldLocks | None, over_due: list[int]
     ) -> list[int]:
         """Delete what `_confirm` confirms: the over-replicated ledgers only while `held`'s
-        lease is not in doubt (checked before each is confirmed and once more just before the
-        delete); once it is, they are left for a later run."""
+        lease is not in doubt (checked before each is confirmed, before the delete, and once
+        more inside it, after its checkpoint and just before the drop); once it is, they are
+        left for a later run."""
         over_held = [] if held is None else [i for i in over_due if i in held.ids]
         doomed = await self._confirm(deleted_due, over_held, held)
-        if held is not None and over_held and held.lease.in_doubt:
-            log.warning(
-                "gc_lock_lease_lost",
-                bookie_id=self._bookie_id,
-                left_for_next_run=over_held,
-                reason="the locks may be a replicator's now",
-            )
-            doomed = [i for i in doomed if i not in over_held]
+
+        def unless_in_doubt(ledger_ids: list[int]) -> list[int]:
+            if held is None or not held.lease.in_doubt:
+                return ledger_ids
+            left = [i for i in ledger_ids if i in over_held]
+            if left:
+                log.warning(
+                    "gc_lock_lease_lost",
+                    bookie_id=self._bookie_id,
+                    left_for_next_run=left,
+                    reason="the locks may be a replicator's now",
+                )
+            return [i for i in ledger_ids if i not in over_held]
+
+        doomed = unless_in_doubt(doomed)  # Not even a checkpoint for ledgers left anyway.
         if not doomed:
             return []
-        removed = await self._storage.delete_ledgers(doomed)
+        # Checked again inside: the storage's checkpoint before the drop waits for the flush
+        # lock and writes, long enough for the lease to lapse and a replicator to start
+        # copying here.
+        removed = await self._storage.delete_ledgers(doomed, confirm=unless_in_doubt)
         for ledger_id in removed:
             self._missing_since.pop(ledger_id, None)
             self._unnamed_since.pop(ledger_id, None)

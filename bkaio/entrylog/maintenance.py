@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 import structlog
@@ -191,8 +191,18 @@ class StorageMaintenance(StorageState):
         """Drop the ledger's entries and state. Space returns at the next compaction."""
         await self.delete_ledgers([ledger_id])
 
-    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> list[int]:
-        """Drop several ledgers with one checkpoint (GC); returns those that existed."""
+    async def delete_ledgers(
+        self,
+        ledger_ids: Iterable[int],
+        *,
+        confirm: Callable[[list[int]], Collection[int]] | None = None,
+    ) -> list[int]:
+        """Drop several ledgers with one checkpoint (GC); returns those dropped.
+
+        `confirm`, when given, is called after the checkpoint (which waits for the flush lock
+        and writes: other tasks run meanwhile, for seconds maybe) with the ledgers about to be
+        dropped, and only those it returns are; nothing is awaited between its answer and the
+        drop. GC re-checks the lease of its locks there."""
         self._check_open()
         async with self._flush_lock:
             doomed = sorted({i for i in ledger_ids if i in self._ledgers})
@@ -200,6 +210,11 @@ class StorageMaintenance(StorageState):
                 return []
             # Checkpoint first, so that a restart does not replay the ledgers back to life.
             await self._checkpoint_locked()
+            if confirm is not None:
+                confirmed = set(confirm(doomed))
+                doomed = [i for i in doomed if i in confirmed]
+                if not doomed:
+                    return []
             for ledger_id in doomed:
                 self._ledgers.pop(ledger_id, None)
                 self._dirty.discard(ledger_id)

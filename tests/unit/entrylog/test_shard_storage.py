@@ -196,6 +196,28 @@ async def test_delete_ledger(open_storage: OpenStorage, tmp_path: Path) -> None:
     await _check_all(reopened, (8,), 10)
 
 
+async def test_delete_ledgers_drops_only_what_confirm_returns_after_the_checkpoint(
+    open_storage: OpenStorage,
+) -> None:
+    """GC's last look at the lease of its locks comes after the checkpoint the delete starts
+    with (the flush lock waited for, the cache written), just before the drop."""
+    storage = await open_storage()
+    await _fill(storage, (6, 7, 8), 10)
+    asked: list[tuple[list[int], int]] = []
+
+    def confirm(ledger_ids: list[int]) -> list[int]:
+        asked.append((list(ledger_ids), storage.stats.entries_flushed))
+        return [6, 8]
+
+    assert await storage.delete_ledgers([6, 7, 8, 9], confirm=confirm) == [6, 8]
+    assert asked == [([6, 7, 8], 30)]  # The ones it has, once their entries were flushed.
+    assert storage.ledger_ids() == [7]
+    await _check_all(storage, (7,), 10)
+    assert await storage.delete_ledgers([7], confirm=lambda _: []) == []
+    assert storage.ledger_ids() == [7]
+    await storage.close()
+
+
 async def test_compaction_frees_space_and_keeps_live_entries(
     open_storage: OpenStorage, tmp_path: Path
 ) -> None:
