@@ -89,8 +89,17 @@ def resolve_bound(state: StreamState, bound: StreamBound, key: str) -> int:
         return bound
     ledger_id, entry_id = bound
     for segment in state.meta.segments:
-        if segment.ledger_id == ledger_id:
-            return segment.first_seq + entry_id
+        if segment.ledger_id != ledger_id:
+            continue
+        # A sealed segment's entries end at its record count: the position just past its last
+        # entry is the next segment's first record; one further would be counted on into it.
+        if not segment.is_open and entry_id > segment.record_count:
+            raise SparkOptionError(
+                f"option {key}: entry {entry_id} of ledger {ledger_id} is past the end of that "
+                f"segment of stream {state.name} (entries 0..{segment.record_count - 1}); "
+                "give a seq instead"
+            )
+        return segment.first_seq + entry_id
     raise SparkOptionError(
         f"option {key}: ledger {ledger_id} is not a segment of stream {state.name} "
         f"(its first available seq is {state.first_seq}); give a seq instead"
