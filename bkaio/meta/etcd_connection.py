@@ -18,6 +18,15 @@ request goes to the current one. A request that finds it unreachable or silent (
 DEADLINE_EXCEEDED) moves the connection to the next member before it is retried, and the
 watches open on the old member re-open on the new one.
 
+A silent member (stopped, partitioned, its disk hung) keeps its connections open and answers
+nothing; gRPC's keepalive cannot notice it sooner than etcd lets clients ping (5 s by default,
+faster pings get the connection closed), so only a deadline does. A request that may be
+repeated (`idempotent`) gives its member the URI's `attempt_timeout` (2 s) before it moves on,
+and each later attempt twice as long, up to the operation `timeout`: a silent member is left
+after 2 s, a slow one still gets the time to answer. A conditional write waits the whole
+operation timeout: cut off, it would only end as MetadataOutcomeUnknownError sooner, and its
+callers would re-read and send it again while the first may still be applied.
+
 A member that failed a request is remembered for a cool-down (the URI's `retry_seconds`) by every
 connection of the process (`MemberHealth`): a request or a watch opening (or re-opening) whose
 current member failed within it goes to a member that has not (`choose_member`, for both), and a
@@ -255,29 +264,40 @@ class EtcdConnection:
     ) -> T:
         """`call()`, retried while etcd is unreachable for up to the URI's retry_seconds.
 
-        With `retry_seconds` (first contact: connecting, logging in), that bound instead, shared
-        by the members: an attempt that one member leaves unanswered for its share moves on to
-        the next, so a silent member is passed over and a silent cluster reported in time.
+        An `idempotent` call's attempt that its member leaves unanswered is cut off and the call
+        moves on to the next member: after the URI's attempt_timeout at first, then twice as
+        long each time, up to the operation timeout (with one member, the operation timeout).
+        With `retry_seconds` (first contact: connecting, logging in), that bound instead, and
+        every attempt's bound is the members' share of it: a silent cluster is reported in time.
         """
         loop = asyncio.get_running_loop()
         budget = self.config.retry_seconds if retry_seconds is None else retry_seconds
         deadline = loop.time() + budget
         backoff = Backoff(MIN_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS)
+        attempt_seconds = self._first_attempt_seconds(retry_seconds)
         while True:
             if self.closed:
                 raise MetadataError(f"metadata store {shown_uri(self.uri)} is closed")
             used = self.choose_member()
             try:
-                if retry_seconds is None:
-                    result = await call()
-                else:
-                    assert idempotent, what  # A cut-off write would leave its outcome unknown.
-                    share = budget / len(self.members)
-                    async with asyncio.timeout_at(min(deadline, loop.time() + share)):
+                if idempotent:
+                    async with asyncio.timeout_at(min(deadline, loop.time() + attempt_seconds)):
                         result = await call()
+                else:
+                    assert retry_seconds is None, what  # First contact only reads.
+                    result = await call()  # Its gRPC timeout, the operation timeout, ends it.
             except TimeoutError:
                 if loop.time() < deadline - 0.01:
+                    log.warning(
+                        "etcd_retrying", operation=what, delay_seconds=0.0,
+                        code="NO_ANSWER", member=self.members[used].address,
+                        waited_seconds=round(attempt_seconds, 3),
+                    )  # fmt: skip
                     self.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    if retry_seconds is None:  # At first contact each member keeps its share.
+                        attempt_seconds = min(
+                            attempt_seconds * 2, self.config.operation_timeout_seconds
+                        )
                     continue
                 # Worded as the refused case below: which of the two ends the budget is chance.
                 raise MetadataError(
@@ -314,6 +334,14 @@ class EtcdConnection:
                 if len(self.members) > 1:
                     self.health.answered(self.members[used].address)
                 return result
+
+    def _first_attempt_seconds(self, retry_seconds: float | None) -> float:
+        """How long an idempotent call's first attempt waits for its member."""
+        if retry_seconds is not None:
+            return retry_seconds / len(self.members)
+        if len(self.members) == 1:
+            return self.config.operation_timeout_seconds  # No other member to move on to.
+        return self.config.attempt_timeout_seconds
 
     def endpoints_text(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self.config.endpoints)

@@ -11,8 +11,10 @@ uses aetcd's generated stubs (`aetcd.rpc`) directly.
 A write that etcd may or may not have applied (the connection broke while a compare-and-swap
 or a versioned delete was in flight) raises MetadataOutcomeUnknownError: re-read the key and
 decide. A member that is partitioned or stopped answers nothing, which only a deadline
-notices: lease keep-alives use a quarter of the lease's TTL (at least 1 s), so a bookie keeps
-its registration while the connection moves to another member (tests/integration/meta/
+notices: every request but a conditional write is `idempotent`, so the connection gives its
+member the URI's attempt_timeout before it moves on (bkaio/meta/etcd_connection.py), and lease
+keep-alives use at most a quarter of the lease's TTL (at least 1 s), so a bookie keeps its
+registration while the connection moves to another member (tests/integration/meta/
 test_etcd_cluster.py kills the leader and stops a member mid-write).
 """
 

@@ -1,14 +1,14 @@
 """Parsing of metadata service URIs; pure, no I/O.
 
 etcd://host:port[,host:port...]/prefix[?ca=..&cert=..&key=..&user=..&password=..&timeout=..
-    &retry_seconds=..&connect_timeout=..]
+    &attempt_timeout=..&retry_seconds=..&connect_timeout=..]
 sqlite:///absolute/path/meta.db[?synchronous=full|normal&prefix=/root]
 
 Whatever would fail later (at connect, after a timeout, or with a traceback) is a ConfigError
 here: an endpoint without a host, a port that is no port, an unclosed '[', credentials before
-the host, an empty file option, a timeout that is not a finite number > 0, a NUL byte in a
-path, a '#' (an unencoded one in a password would cut it short). Errors show the
-URI with its password redacted.
+the host, an empty file option, a timeout that is not a finite number > 0 (or an
+attempt_timeout above the timeout), a NUL byte in a path, a '#' (an unencoded one in a password
+would cut it short). Errors show the URI with its password redacted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from bkaio.security.tokens import redact_uri
 
 DEFAULT_ETCD_PORT = 2379
 DEFAULT_ROOT = "/bkaio"
+DEFAULT_ATTEMPT_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,12 @@ class EtcdUri:
     user: str | None = None
     password: str | None = None
     operation_timeout_seconds: float = 10.0
+    # How long the first attempt of a request that may be repeated (a read, a lease call, an
+    # unconditional write) waits for one member before it tries the next: a silent member
+    # (stopped, partitioned) answers nothing, and only a deadline notices it. Each later attempt
+    # of the request waits twice as long, up to operation_timeout_seconds, so a member that is
+    # slow but alive still answers. Never above operation_timeout_seconds.
+    attempt_timeout_seconds: float = DEFAULT_ATTEMPT_TIMEOUT_SECONDS
     retry_seconds: float = 30.0  # How long an operation keeps retrying a lost connection.
     # How long opening the store waits for a first answer: an unreachable etcd at start-up is
     # most often a wrong address, said quickly; a running service rides out retry_seconds.
@@ -57,7 +64,8 @@ class SqliteUri:
 
 
 _ETCD_OPTIONS = {
-    "ca", "cert", "key", "user", "password", "timeout", "retry_seconds", "connect_timeout",
+    "ca", "cert", "key", "user", "password", "timeout", "attempt_timeout", "retry_seconds",
+    "connect_timeout",
 }  # fmt: skip
 _SQLITE_OPTIONS = {"synchronous", "prefix"}
 # Options naming a file: an empty one would read as absent, and an absent `ca` is no TLS.
@@ -177,6 +185,15 @@ def parse_etcd_uri(uri: str) -> EtcdUri:
             )
     if ("cert" in options) != ("key" in options):
         raise ConfigError(f"metadata URI {shown!r}: cert and key go together")
+    timeout = _float_option(options, "timeout", 10.0, shown)
+    attempt_timeout = _float_option(
+        options, "attempt_timeout", min(DEFAULT_ATTEMPT_TIMEOUT_SECONDS, timeout), shown
+    )
+    if attempt_timeout > timeout:
+        raise ConfigError(
+            f"metadata URI {shown!r}: attempt_timeout={options['attempt_timeout']!r} must not"
+            f" exceed timeout ({timeout:g} s): it bounds one attempt of a request to one member"
+        )
     return EtcdUri(
         endpoints=tuple(endpoints),
         root=_root(parts.path, shown) if parts.path not in ("", "/") else DEFAULT_ROOT,
@@ -185,7 +202,8 @@ def parse_etcd_uri(uri: str) -> EtcdUri:
         key_file=options.get("key"),
         user=options.get("user"),
         password=options.get("password"),
-        operation_timeout_seconds=_float_option(options, "timeout", 10.0, shown),
+        operation_timeout_seconds=timeout,
+        attempt_timeout_seconds=attempt_timeout,
         retry_seconds=_float_option(options, "retry_seconds", 30.0, shown),
         connect_timeout_seconds=_float_option(options, "connect_timeout", 5.0, shown),
     )
