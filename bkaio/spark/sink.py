@@ -132,7 +132,13 @@ class TaskLedgerWriter:
                     f"bkaio write to {self._options.full_name}: job {self._job_id} was aborted"
                 )
         handle = self._handle
-        await asyncio.gather(*(handle.append(p) for p in payloads))
+        acks: list[asyncio.Future[int]] = []
+        for payload in payloads:
+            # A chunk (batchEntries rows) may be larger than the handle's room for adds in
+            # flight and queued (TooManyRequestsError past it): wait for acknowledgements.
+            await handle.wait_for_capacity()
+            acks.append(handle.append(payload))
+        await asyncio.gather(*acks)
 
     async def finish(self) -> WrittenLedger | None:
         """Seal the ledger; what to publish (None when the task wrote nothing)."""
