@@ -243,7 +243,8 @@ async def latest_offsets(
 
     A stream of `known` that is gone was deleted under the query: DataLossError (what was
     written after its offset was never read), or with failOnDataLoss=false it stays where it
-    was. A named stream the query never read must exist."""
+    was; so does one whose end is behind its offset (deleted and created again). A named
+    stream the query never read must exist."""
     start = dict(known)
     end: dict[str, int] = {}
     sizes: dict[str, float] = {}
@@ -261,9 +262,23 @@ async def latest_offsets(
                 raise  # Named, never read, and not there.
             continue  # A pattern's match deleted since the listing: never read, not read now.
         start.setdefault(name, state.first_seq)
+        if state.end_seq < start[name]:
+            # A stream's end never moves back: this one was deleted and created again (seqs
+            # from 0), and its records below the offset would never be read.
+            _recreated_stream(name, state.end_seq, start[name], options.fail_on_data_loss)
         end[name] = max(state.end_seq, start[name])
         sizes[name] = state.entry_bytes
     return start, end, sizes
+
+
+def _recreated_stream(name: str, end: int, offset: int, fail_on_data_loss: bool) -> None:
+    message = (
+        f"stream {name} ends at seq {end}, before the query's offset, seq {offset}: it was "
+        "deleted and created again, and its records up to that offset are not read"
+    )
+    if fail_on_data_loss:
+        raise DataLossError(f"{message}; set failOnDataLoss=false to skip them")
+    log.warning("spark_read_skips_recreated_stream", stream=name, end=end, seq=offset)
 
 
 def _deleted_stream(name: str, offset: int, fail_on_data_loss: bool) -> int:

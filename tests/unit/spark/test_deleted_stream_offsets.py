@@ -73,3 +73,29 @@ async def test_a_stream_deleted_between_listing_and_reading_it_is_not_a_key_erro
     monkeypatch.setattr(catalog, "resolve_streams", listed_then_deleted)
     start, end, _ = await catalog.latest_offsets(bk, options, {"tenant/orders": 1})
     assert (start, end) == ({"tenant/orders": 1}, {"tenant/orders": 3})
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+async def test_a_stream_deleted_and_created_again_behind_the_offset_is_data_loss(
+    make_client: ClientFactory, fail_on_data_loss: str
+) -> None:
+    """Its seqs start again at 0: the records the new stream holds below the query's offset
+    would never be read. Its end behind the offset (which no stream's end can move back
+    from) says so."""
+    bk = await make_client()
+    await two_streams(bk)
+    options = parse_read_options(
+        {"metadata": URI, "stream": "tenant/orders", "failOnDataLoss": fail_on_data_loss},
+        streaming=True,
+    )
+    ns = await open_namespace(bk, "tenant")
+    await ns.delete_stream("orders")
+    writer = await ns.open_writer("orders")
+    await writer.write(b"new 0")
+    await writer.close()
+    if fail_on_data_loss == "true":
+        with pytest.raises(DataLossError, match=r"tenant/orders ends at seq 1, before .* seq 3"):
+            await catalog.latest_offsets(bk, options, {"tenant/orders": 3})
+    else:
+        start, end, _ = await catalog.latest_offsets(bk, options, {"tenant/orders": 3})
+        assert (start, end) == ({"tenant/orders": 3}, {"tenant/orders": 3})
