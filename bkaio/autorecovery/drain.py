@@ -15,7 +15,8 @@ is fenced or marked:
 A ledger with an entry no surviving bookie has a valid copy of (each answered none or a bad
 digest, or is not registered) is reported at once (`on_failure`) and left (marked, for the
 workers); other failures (an entry a registered bookie may hold but does not answer for now, a
-replacement that timed out, none writable now) are retried in later rounds,
+replacement that timed out, none writable now, the lease of the drain's locks in doubt and not
+confirmed again when a swap or a mark's removal was due) are retried in later rounds,
 with a backoff, until `timeout_seconds`, when what is left is reported. The mark of a ledger
 the drain moved off its bookie is completed only when every copy it asks for is there: an
 incomplete bookie (the ledger check's) that is not registered now is left in the mark for
@@ -49,7 +50,7 @@ from .cluster import ClusterView, MasterKeys
 from .concurrency import first_failure
 from .fragments import EntryUnreadableError, fragment_entries, fragments_on
 from .metrics import AutorecoveryMetrics
-from .replicator import Outcome, Replicator
+from .replicator import Outcome, Replicator, check_lock_lease
 
 log = structlog.get_logger(__name__)
 
@@ -410,7 +411,10 @@ class _Drain:
                     break
                 if lease.lost:
                     # Its locks went with it and no claim can be made on it: without a new
-                    # one every ledger failed its claim until the timeout.
+                    # one every ledger failed its claim until the timeout. (`lost`, not
+                    # `in_doubt`: the claims' locks are bound to the lease, which the store
+                    # refuses once gone; the swaps and mark removals under them wait for the
+                    # lease's confirmation themselves, in `_one`.)
                     log.warning("drain_lease_lost", bookie_id=self._bookie_id)
                     with contextlib.suppress(BKError):
                         await lease.revoke()
@@ -514,7 +518,7 @@ class _Drain:
             if incomplete:  # Completing the mark must not forget what the ledger check found.
                 await replicator.fill_ledger_in_place(ledger_id, incomplete)
             result = await replicator.replicate_ledger(
-                ledger_id, missing, recover_open_tail=recover_now
+                ledger_id, missing, recover_open_tail=recover_now, lock_lease=lease
             )
             self._fragments += result.fragments
             self._entries += result.entries
@@ -530,6 +534,7 @@ class _Drain:
                         incomplete_bookies=unreachable,
                     )
                 else:
+                    await check_lock_lease(lease, ledger_id, "dropping its mark")
                     completed = await underreplication.complete(claimed)
                 self._replicated += int(result.outcome is Outcome.DONE)
                 self._done += 1

@@ -31,6 +31,15 @@ class ReplicationError(BKError):
         self.ledger_id = ledger_id
 
 
+class LockLeaseUnconfirmedError(ReplicationError):
+    """The lease of the ledger's under-replication lock is lost, or was in doubt (no refresh
+    confirmed within its TTL by this process's clock, as after a stalled event loop) and not
+    confirmed again in time: the store may have dropped the lock and another worker (or a
+    bookie's GC) taken the ledger, so the step that needed the lock was not taken. Not the
+    ledger's fault: its holder gives the lock back (if still its own) and claims again under a
+    sound lease."""
+
+
 class EntryUnreadableError(ReplicationError):
     """No surviving bookie of the entry's write set returned a digest-valid copy of it: each
     one asked answered that it has none or a copy with a bad digest, or is not registered

@@ -10,7 +10,11 @@ For each fragment held by one of the bookies to move off:
 The open tail (last segment of a ledger not CLOSED) is never rewritten under a live writer:
 the caller decides when to fence and close the ledger first (`recover_open_tail`), after a
 grace period in which the writer can move off the bookie by itself (an ensemble change).
-The caller holds the ledger's under-replication lock while this runs.
+The caller holds the ledger's under-replication lock while this runs, and passes its lease:
+the store ties the lock to that lease but not the metadata CAS nor the fencing to the lock, so
+each is done only while the store certainly holds the lease (`Lease.wait_confirmed`: after a
+stalled event loop the lease is in doubt until the keep-alive's late refresh answers, and
+another worker may have claimed the ledger once the store dropped it).
 
 `fill_in_place` is the other repair: a live bookie whose fragments lack entries (found by the
 ledger check, or a bookie leaving limbo) gets them copied back from the other bookies of each
@@ -37,13 +41,14 @@ from bkaio.errors import (
 from bkaio.ledger_client.recovery import LedgerRecovery
 from bkaio.meta import LedgerMetadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
-from bkaio.meta.store import MAX_METADATA_ATTEMPTS
+from bkaio.meta.store import MAX_METADATA_ATTEMPTS, Lease
 
 from .checker import LedgerChecker, missing_entries
 from .cluster import ClusterView, MasterKeys
 from .copier import CopyJob, CopyRefusedError, FragmentCopier
 from .fragments import (
     Fragment,
+    LockLeaseUnconfirmedError,
     ReplicationError,
     fragment_entries,
     fragments_on,
@@ -55,6 +60,20 @@ log = structlog.get_logger(__name__)
 
 _REPLACEMENT_ATTEMPTS = 3  # Replacements tried per fragment before giving up for now.
 _READERS = 32  # Entry-by-entry reads in flight per fragment (E > Qw).
+
+
+async def check_lock_lease(lease: Lease, ledger_id: int, step: str) -> None:
+    """Return when the store certainly holds `lease` (waiting while it is in doubt, bounded:
+    `Lease.wait_confirmed`); LockLeaseUnconfirmedError, naming `step`, when it does not. For
+    the steps the store does not tie to the lock: a swap of the ledger's ensemble, fencing it,
+    dropping its mark (each a write of another key)."""
+    if not await lease.wait_confirmed():
+        raise LockLeaseUnconfirmedError(
+            f"ledger {ledger_id}: not {step}: the lease of its under-replication lock is lost "
+            "or unconfirmed, so another worker may hold the lock now (given back; claimed "
+            "again under a sound lease)",
+            ledger_id=ledger_id,
+        )
 
 
 class Outcome(enum.Enum):
@@ -96,14 +115,21 @@ class Replicator:
         return self._view.registered()
 
     async def replicate_ledger(
-        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        *,
+        recover_open_tail: bool,
+        lock_lease: Lease,
     ) -> LedgerReplication:
         """Move every fragment of `ledger_id` off `bookie_ids` (the open tail only after a
         fence-and-close, and only when `recover_open_tail`). Raises one ReplicationError (its
         `ledger_id` set; EntryUnreadableError when no copy of an entry is readable) when the
-        ledger cannot be moved now: the caller retries later."""
+        ledger cannot be moved now: the caller retries later. `lock_lease`: the lease of the
+        ledger's lock the caller holds; LockLeaseUnconfirmedError (nothing fenced or swapped
+        after it) when the store may have dropped it."""
         try:
-            return await self._replicate(ledger_id, bookie_ids, recover_open_tail)
+            return await self._replicate(ledger_id, bookie_ids, recover_open_tail, lock_lease)
         except ReplicationError as error:
             error.ledger_id = ledger_id
             raise
@@ -113,7 +139,11 @@ class Replicator:
             ) from error
 
     async def _replicate(
-        self, ledger_id: int, bookie_ids: Collection[str], recover_open_tail: bool
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        recover_open_tail: bool,
+        lock_lease: Lease,
     ) -> LedgerReplication:
         started = time.monotonic()
         targets = frozenset(bookie_ids)
@@ -131,6 +161,7 @@ class Replicator:
                 outcome = Outcome.DONE
                 break
             if any(f.open_tail for f in held) and recover_open_tail and not recovered:
+                await check_lock_lease(lock_lease, ledger_id, "fencing its open tail")
                 await self.recover_open_ledger(metadata)
                 recovered = True
                 continue
@@ -138,7 +169,9 @@ class Replicator:
             if not closed:
                 outcome = Outcome.DEFERRED
                 break
-            copied, copied_bytes = await self._move_fragment(metadata, closed[0], targets)
+            copied, copied_bytes = await self._move_fragment(
+                metadata, closed[0], targets, lock_lease
+            )
             fragments += 1
             entries += copied
             moved_bytes += copied_bytes
@@ -258,9 +291,14 @@ class Replicator:
         return closed
 
     async def _move_fragment(
-        self, metadata: LedgerMetadata, fragment: Fragment, targets: frozenset[str]
+        self,
+        metadata: LedgerMetadata,
+        fragment: Fragment,
+        targets: frozenset[str],
+        lock_lease: Lease,
     ) -> tuple[int, int]:
-        """Copy `fragment` to a replacement and swap it into the metadata; (entries, bytes)."""
+        """Copy `fragment` to a replacement and swap it into the metadata, the lock's lease
+        confirmed first; (entries, bytes)."""
         entry_ids = list(fragment_entries(fragment, metadata.ensemble_size, metadata.write_quorum))
         key = await self._keys.master_key(metadata) if entry_ids else None
         if entry_ids and key is None:
@@ -296,6 +334,12 @@ class Replicator:
                 )
                 refused.add(replacement)
                 continue
+            # A copy not swapped in (the lease lost meanwhile) is collected by GC.
+            await check_lock_lease(
+                lock_lease,
+                metadata.ledger_id,
+                f"swapping {replacement} in for {fragment.bookie_id}",
+            )
             await self._swap(metadata.ledger_id, fragment, replacement)
             self._metrics.fragments_replicated.inc()
             log.info(

@@ -27,6 +27,15 @@ ledger and moves the rest (reference 7.3, step 3). A bookie merged into an older
 for a failing copy, say) gets its own grace, counted from when this worker first claimed the
 ledger with it missing: the mark's age alone fenced such a writer at once.
 
+The lock is bound to the worker's lease in the store (a claim under a lease the store dropped
+is refused), but the steps taken under it are writes of other keys: the ensemble swap, the
+fencing of an open ledger and the mark's removal. Each waits until the store certainly holds
+the lease (`Lease.wait_confirmed`: after an event-loop stall longer than the TTL the lease is in
+doubt until the keep-alive's late refresh answers, and the store may have dropped it and
+another worker claimed the ledger meanwhile); when the store does not confirm it, the step is
+not taken, the lock given back (if still this worker's) and the ledger left for a claim under
+a sound lease, without counting a failure or backing off.
+
 A failed attempt (one `ReplicationError` per ledger) is counted and logged with the ledger,
 the lock is released at once, and that ledger is skipped by this worker for a jittered,
 growing backoff (`retry_backoff_seconds` up to `retry_backoff_max_seconds`) while the loop
@@ -48,8 +57,9 @@ from bkaio.errors import BKError
 from bkaio.meta import Lease, Metadata, UnderreplicatedLedger
 from bkaio.meta.ledger_metadata import now_ms
 
+from .fragments import LockLeaseUnconfirmedError
 from .metrics import AutorecoveryMetrics
-from .replicator import Outcome, Replicator
+from .replicator import Outcome, Replicator, check_lock_lease
 
 log = structlog.get_logger(__name__)
 
@@ -186,6 +196,10 @@ class ReplicationWorker:
     async def _claim_loop(self, lease: Lease) -> None:
         underreplication = self._metadata.underreplication
         errors = Backoff(*_METADATA_RETRY)
+        # `lost`, not `in_doubt`, is enough here: a claim writes the lock bound to the lease,
+        # which the store refuses once the lease is gone (etcd: "lease not found"; SQLite: the
+        # lease's row, expired ones reaped first, in the write's transaction). The steps under
+        # the lock check the lease themselves (`_process`).
         while not lease.lost:
             try:
                 if not await underreplication.is_enabled():
@@ -203,7 +217,7 @@ class ReplicationWorker:
             if claimed is None:
                 await self._wait_for_work()
                 continue
-            await self._process(claimed)
+            await self._process(claimed, lease)
 
     async def _still_missing(
         self, claimed: UnderreplicatedLedger, registered: set[str]
@@ -219,8 +233,9 @@ class ReplicationWorker:
             or bookie_id in claimed.forced_bookies
         ]
 
-    async def _process(self, claimed: UnderreplicatedLedger) -> None:
-        """Re-replicate one claimed ledger; always gives the lock back, never raises BKError."""
+    async def _process(self, claimed: UnderreplicatedLedger, lease: Lease) -> None:
+        """Re-replicate one claimed ledger (locked under `lease`); always gives the lock back,
+        never raises BKError."""
         underreplication = self._metadata.underreplication
         ledger_id = claimed.ledger_id
         completed = False
@@ -235,6 +250,7 @@ class ReplicationWorker:
                 b for b in claimed.incomplete_bookies if b not in registered and b not in moving
             ]
             if not missing and not incomplete and not unreachable:
+                await check_lock_lease(lease, ledger_id, "dropping its mark")
                 completed = await underreplication.complete(claimed)
                 log.info(
                     "mark_dropped_bookies_back",
@@ -248,7 +264,7 @@ class ReplicationWorker:
             if missing:
                 grace_left = self._grace_left(ledger_id, missing, claimed.ctime_ms)
                 result = await self._replicator.replicate_ledger(
-                    ledger_id, missing, recover_open_tail=grace_left <= 0
+                    ledger_id, missing, recover_open_tail=grace_left <= 0, lock_lease=lease
                 )
                 outcome = result.outcome
                 if outcome is Outcome.DEFERRED:
@@ -267,11 +283,15 @@ class ReplicationWorker:
                     retry_seconds=round(delay, 2),
                 )
                 return
+            await check_lock_lease(lease, ledger_id, "dropping its mark")
             completed = await underreplication.complete(claimed)
             self._skips.pop(ledger_id, None)
             self._grace_clocks.pop(ledger_id, None)
             if outcome is Outcome.DONE:
                 self._metrics.ledgers_replicated.inc()
+        except LockLeaseUnconfirmedError as error:
+            # The lease's fault, not the ledger's: no failure counted, no backoff.
+            log.warning("replication_lock_lease_unconfirmed", ledger_id=ledger_id, error=str(error))
         except BKError as error:
             self._metrics.replication_failures.inc()
             delay = self._back_off(ledger_id)

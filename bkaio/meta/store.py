@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
+from typing import Any
 
 import structlog
 from prometheus_client import Counter
@@ -121,6 +122,7 @@ class Lease(abc.ABC):
         self.ttl_seconds = ttl_seconds
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
+        self._confirmation: asyncio.Future[None] | None = None  # Of `wait_confirmed` callers.
         # Loop time until which the store certainly holds the lease: a TTL after the last
         # confirmed refresh (at first: the grant) was sent; the store counts from receiving it.
         self._expires_at = (loop.time() if requested_at is None else requested_at) + ttl_seconds
@@ -164,6 +166,32 @@ class Lease(abc.ABC):
 
     async def wait_lost(self) -> None:
         await self._lost.wait()
+
+    async def wait_confirmed(self) -> bool:
+        """Wait until the lease is not `in_doubt`: True at once while the store certainly holds
+        it, or as soon as a refresh is confirmed; False once it is lost. A holder about to act
+        on what the lease guards where the store does not check the lease (a compare-and-swap
+        of another key, a write outside the store) calls this first and acts only on True.
+
+        Bounded: the keep-alive settles a doubt within its interval and one attempt timeout,
+        so after a TTL and one attempt timeout without either this returns False too (the
+        keep-alive is not running, or stuck): the holder must not act then either."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ttl_seconds + self.attempt_timeout_seconds
+        while self.in_doubt:
+            if self.lost or loop.time() >= deadline:
+                return False
+            if self._confirmation is None:
+                self._confirmation = loop.create_future()
+            lost = loop.create_task(self._lost.wait())
+            waits: list[asyncio.Future[Any]] = [self._confirmation, lost]
+            try:
+                await asyncio.wait(
+                    waits, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                lost.cancel()
+        return True
 
     def start_keep_alive(self, interval_seconds: float | None = None) -> None:
         """Refresh in the background every `interval_seconds` (default: a third of the TTL)."""
@@ -224,6 +252,9 @@ class Lease(abc.ABC):
         async with asyncio.timeout_at(deadline):
             await self.keep_alive()
         self._expires_at = sent + self.ttl_seconds
+        confirmation, self._confirmation = self._confirmation, None
+        if confirmation is not None:
+            confirmation.set_result(None)
 
     async def _refresh_late(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The one refresh after the local deadline passed unconfirmed: True when the store
@@ -246,10 +277,11 @@ class Lease(abc.ABC):
         answers (one attempt timeout at most) a holder that checks only `lost` may act on a
         lease the store has dropped; before, it could too, from the deadline to the keep-alive's
         next turn (up to an interval after a refresh that failed at once). Writes bound to the
-        lease (a lock, a registration, the auditor key) are refused by the store then, and the
-        auditor's and workers' record changes are compare-and-swaps; a holder that acts outside
-        the store on what the lease guards (GC deleting ledgers under its locks) checks
-        `in_doubt`, true from the local deadline until a refresh is confirmed.
+        lease (a lock, a registration, the auditor key) are refused by the store then; a holder
+        that acts outside the store on what the lease guards (GC deleting ledgers under its
+        locks) checks `in_doubt`, true from the local deadline until a refresh is confirmed,
+        and one that writes other keys on its strength (autorecovery's swaps and mark removals
+        under a lock) awaits `wait_confirmed` first.
         """
         deadline = self._expires_at
         sent = loop.time()

@@ -3,7 +3,9 @@ metadata and in-memory bookies: moving a striped ledger (E > Qw) off a dead book
 decommissioned, still running one in the same call reads the entries whose only surviving copy
 is on the running one from it; a metadata swap the store keeps losing answers to gives up after
 a bounded number of compare-and-swaps instead of looping (holding the ledger's lock) for ever;
-a swap that loses to a writer's ensemble change and close keeps the writer's changes."""
+a swap that loses to a writer's ensemble change and close keeps the writer's changes; a
+swap waits for the lease of the ledger's lock when it is in doubt, and is not made when the
+store does not confirm it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from bkaio.autorecovery import AutorecoveryMetrics, EntryUnreadableError, Outcome, ReplicationError
 from bkaio.autorecovery.cluster import ClusterView
+from bkaio.autorecovery.fragments import LockLeaseUnconfirmedError
 from bkaio.autorecovery.replicator import Replicator
 from bkaio.ledger_client.quorum import write_set
 from bkaio.ledger_client.types import StoredCopy
@@ -23,6 +26,7 @@ from bkaio.meta import LedgerMetadata, LedgerState, Metadata
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS
 from bkaio.protocol.digest import entry_digest
+from tests.unit.autorecovery.fake_leases import FakeLockLease
 from tests.unit.autorecovery.test_fill_in_place import (
     KEY,
     FakeBookiePool,
@@ -111,7 +115,7 @@ async def test_a_decommissioned_running_bookie_is_read_while_a_dead_one_is_moved
     cluster.view.set_bookies([cluster.pool.info(b) for b in (A, D, E)] + [decommissioned])
 
     result = await cluster.replicator.replicate_ledger(
-        md.ledger_id, [B, C], recover_open_tail=False
+        md.ledger_id, [B, C], recover_open_tail=False, lock_lease=FakeLockLease()
     )
 
     assert result.outcome is Outcome.DONE
@@ -145,7 +149,9 @@ async def test_a_swap_the_store_keeps_losing_gives_up_after_a_bounded_number_of_
     monkeypatch.setattr(meta.ledgers, "update", lossy_update)
 
     with pytest.raises(ReplicationError, match="compare-and-swap") as raised:
-        await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+        await cluster.replicator.replicate_ledger(
+            md.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+        )
 
     assert raised.value.ledger_id == md.ledger_id
     assert attempts == MAX_METADATA_ATTEMPTS
@@ -182,7 +188,9 @@ async def test_a_swap_that_loses_to_a_writers_ensemble_change_and_close_keeps_bo
 
     monkeypatch.setattr(meta.ledgers, "update", writer_first)
 
-    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+    result = await cluster.replicator.replicate_ledger(
+        md.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+    )
 
     assert writer and result.outcome is Outcome.DONE
     final = await meta.ledgers.get(md.ledger_id)
@@ -212,11 +220,15 @@ async def test_a_copy_the_replacement_acknowledged_but_did_not_keep_is_never_swa
     cluster.pool.dropped |= {(D, md.ledger_id, 7), (E, md.ledger_id, 7)}
 
     with pytest.raises(ReplicationError):
-        await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+        await cluster.replicator.replicate_ledger(
+            md.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+        )
     assert (await meta.ledgers.get(md.ledger_id)).ensembles == md.ensembles
 
     cluster.pool.dropped.clear()
-    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+    result = await cluster.replicator.replicate_ledger(
+        md.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+    )
     assert result.outcome is Outcome.DONE
     moved = await meta.ledgers.get(md.ledger_id)
     assert B not in moved.ensembles[0][1]
@@ -234,7 +246,9 @@ async def test_a_decommissioned_bookie_holding_the_only_copy_is_read_a_dead_one_
     decommissioned = dataclasses.replace(cluster.pool.info(B), read_only=True)
     cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C)] + [decommissioned])
 
-    result = await cluster.replicator.replicate_ledger(md.ledger_id, [B], recover_open_tail=False)
+    result = await cluster.replicator.replicate_ledger(
+        md.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+    )
 
     assert result.outcome is Outcome.DONE
     moved = await meta.ledgers.get(md.ledger_id)
@@ -245,6 +259,38 @@ async def test_a_decommissioned_bookie_holding_the_only_copy_is_read_a_dead_one_
     cluster.pool.down.add(B)
     cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C)])
     with pytest.raises(EntryUnreadableError) as raised:
-        await cluster.replicator.replicate_ledger(again.ledger_id, [B], recover_open_tail=False)
+        await cluster.replicator.replicate_ledger(
+            again.ledger_id, [B], recover_open_tail=False, lock_lease=FakeLockLease()
+        )
     assert raised.value.entry_id == (1 if len(ensemble) == 2 else 0)
     assert (await meta.ledgers.get(again.ledger_id)).ensembles == again.ensembles
+
+
+@pytest.mark.parametrize("store_keeps_it", [True, False])
+async def test_the_swap_waits_while_the_locks_lease_is_in_doubt(
+    meta: Metadata, cluster: Cluster, store_keeps_it: bool
+) -> None:
+    """The worker's loop stalled past its lease's TTL during the copy: the store may have
+    dropped the lease (and the lock with it) and another worker claimed the ledger. The swap
+    was made at once, on a lease only `lost` would have shown gone once the late refresh had
+    answered. It waits for that answer now: made when the store keeps the lease, not made
+    (LockLeaseUnconfirmedError; the copy is GC's) when it does not."""
+    md = await _closed_ledger(meta, cluster, (A, B, C), write_quorum=2)
+    cluster.pool.down.add(B)
+    cluster.view.set_bookies([cluster.pool.info(b) for b in (A, C, D, E)])
+    lease = FakeLockLease()
+    lease.doubt, lease.verdict = True, store_keeps_it
+
+    if store_keeps_it:
+        result = await cluster.replicator.replicate_ledger(
+            md.ledger_id, [B], recover_open_tail=False, lock_lease=lease
+        )
+        assert result.outcome is Outcome.DONE
+        assert B not in (await meta.ledgers.get(md.ledger_id)).ensembles[0][1]
+    else:
+        with pytest.raises(LockLeaseUnconfirmedError, match="lock is lost or unconfirmed"):
+            await cluster.replicator.replicate_ledger(
+                md.ledger_id, [B], recover_open_tail=False, lock_lease=lease
+            )
+        assert (await meta.ledgers.get(md.ledger_id)).ensembles == md.ensembles
+    assert lease.waits == 1

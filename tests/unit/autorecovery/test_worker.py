@@ -2,12 +2,14 @@
 bookie registry is real: registrations with leases): a ledger that cannot be copied gives its
 lock back, is backed off and does not stop the others; marks whose bookies are back are dropped
 without copying; the registry, not the replicator's watch-fed view, says which bookies exist;
-a mark is never completed over an incomplete bookie that could not be filled; a bug restarts
-the worker under its supervisor."""
+a mark is never completed over an incomplete bookie that could not be filled; a mark is dropped
+only while the store certainly holds the lease of its lock; a bug restarts the worker under its
+supervisor."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 
@@ -22,10 +24,19 @@ from bkaio.autorecovery import (
     ReplicationError,
     ReplicationWorker,
 )
-from bkaio.meta import BookieInfo, BookieRegistration, Lease, Metadata
+from bkaio.errors import BKError
+from bkaio.meta import (
+    BookieInfo,
+    BookieRegistration,
+    Lease,
+    Metadata,
+    UnderreplicatedLedger,
+    sqlite_database,
+)
 from bkaio.meta.autorecovery import LOCKS_PREFIX
 from bkaio.meta.ledger_metadata import now_ms as real_now_ms
 from bkaio.supervision import Restart, Supervisor
+from tests.unit.meta.test_lease_late_refresh import FakeStoreClock
 
 
 class FakeReplicator:
@@ -52,9 +63,14 @@ class FakeReplicator:
         return 10, 100
 
     async def replicate_ledger(
-        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        *,
+        recover_open_tail: bool,
+        lock_lease: Lease,
     ) -> LedgerReplication:
-        del bookie_ids, recover_open_tail
+        del bookie_ids, recover_open_tail, lock_lease
         self.calls.append(ledger_id)
         if self.bug is not None:
             bug, self.bug = self.bug, None
@@ -264,7 +280,12 @@ class FakeReplicatorOutlivingItsLock(FakeReplicator):
         self.other_lease: Lease | None = None
 
     async def replicate_ledger(
-        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        *,
+        recover_open_tail: bool,
+        lock_lease: Lease,
     ) -> LedgerReplication:
         if self.other_lease is None:
             await self._meta.underreplication.release(ledger_id)  # Gone with the lapsed lease.
@@ -274,7 +295,7 @@ class FakeReplicatorOutlivingItsLock(FakeReplicator):
             )
             assert taken is not None
         return await super().replicate_ledger(
-            ledger_id, bookie_ids, recover_open_tail=recover_open_tail
+            ledger_id, bookie_ids, recover_open_tail=recover_open_tail, lock_lease=lock_lease
         )
 
 
@@ -334,7 +355,12 @@ class FakeReplicatorWithAnOpenTail(FakeReplicator):
         self.recover_open_tail: list[bool] = []
 
     async def replicate_ledger(
-        self, ledger_id: int, bookie_ids: Collection[str], *, recover_open_tail: bool
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        *,
+        recover_open_tail: bool,
+        lock_lease: Lease,
     ) -> LedgerReplication:
         self.calls.append(ledger_id)
         self.recover_open_tail.append(recover_open_tail)
@@ -379,3 +405,70 @@ async def test_a_bookie_merged_into_an_old_mark_gets_its_own_open_ledger_grace(
         await asyncio.gather(task, return_exceptions=True)
     assert replicator.recover_open_tail == [False]  # Left to its writer: skipped 30 s.
     assert await meta.underreplication.get(14) is not None
+
+
+class FakeReplicatorStallingTheLoop(FakeReplicator):
+    """Its copy blocks the event loop for 3 TTLs of the worker's lease (a GC pause, a starved
+    CPU); with `store_drops_it` the store's clock passes the lease's expiry meanwhile."""
+
+    def __init__(self, clock: FakeStoreClock, ttl: float, store_drops_it: bool) -> None:
+        super().__init__(registered=set(), failing=set())
+        self._clock = clock
+        self._ttl = ttl
+        self._store_drops_it = store_drops_it
+
+    async def replicate_ledger(
+        self,
+        ledger_id: int,
+        bookie_ids: Collection[str],
+        *,
+        recover_open_tail: bool,
+        lock_lease: Lease,
+    ) -> LedgerReplication:
+        time.sleep(3 * self._ttl)  # noqa: ASYNC251  # The stall itself.
+        if self._store_drops_it:
+            self._clock.now += 3 * self._ttl
+        return await super().replicate_ledger(
+            ledger_id, bookie_ids, recover_open_tail=recover_open_tail, lock_lease=lock_lease
+        )
+
+
+@pytest.mark.parametrize("store_drops_it", [True, False])
+async def test_a_mark_is_dropped_only_once_the_store_confirms_the_lease_after_a_stall(
+    meta: Metadata, monkeypatch: pytest.MonkeyPatch, store_drops_it: bool
+) -> None:
+    """The loop stalled past the lease's TTL during the copy. The worker checked only `lost`,
+    false until the keep-alive's late refresh answered, and dropped the mark at once: on a
+    lease the store had dropped (its lock too: another worker may have claimed the ledger
+    meanwhile). It waits for that answer now: drops the mark once the store confirms the lease,
+    leaves it when the store says the lease is gone."""
+    clock = FakeStoreClock()
+    monkeypatch.setattr(sqlite_database, "time", clock)
+    ttl = 0.2
+    await meta.underreplication.mark(21, [DEAD])
+    lease = await meta.store.grant_lease(ttl)
+    lease.start_keep_alive()
+    claimed = await meta.underreplication.claim(21, lease, owner="test-worker")
+    assert claimed is not None
+    replicator = FakeReplicatorStallingTheLoop(clock, ttl, store_drops_it)
+    worker = _worker(meta, replicator, AutorecoveryMetrics())
+    in_doubt_at_completion: list[bool] = []
+    complete = meta.underreplication.complete
+
+    async def recorded_complete(claimed: UnderreplicatedLedger) -> bool:
+        in_doubt_at_completion.append(lease.in_doubt)
+        return await complete(claimed)
+
+    meta.underreplication.complete = recorded_complete  # type: ignore[method-assign]
+    try:
+        await worker._process(claimed, lease)
+    finally:
+        with contextlib.suppress(BKError):
+            await lease.revoke()
+    assert replicator.calls == [21]
+    if store_drops_it:
+        assert in_doubt_at_completion == []
+        assert await meta.underreplication.get(21) is not None  # Left for a sound claim.
+    else:
+        assert in_doubt_at_completion == [False]  # After the late refresh confirmed it.
+        assert await meta.underreplication.get(21) is None
