@@ -134,6 +134,8 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         offsets: dict[str, int] = self._run(lambda bk: catalog.initial_offsets(bk, self.options))
+        if self._last_end is None:
+            self._last_end = dict(offsets)  # A new query: its first batch starts here.
         return offsets
 
     def getDefaultReadLimit(self) -> Any:
@@ -151,15 +153,22 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        known = start if start is not None else (self._last_end or {})
-        if not known and self._last_end is None:
-            known = self.initialOffset()
+        max_entries = self.options.max_entries_per_trigger
+        max_bytes = self.options.max_bytes_per_trigger
+        if start is not None:
+            known = start
+        elif self._last_end is not None:
+            known = self._last_end  # Spark < 4.2: where the previous batch (or the query) ends.
+        else:
+            # Spark < 4.2, a query restarted from its checkpoint: it starts from an offset it
+            # does not tell. Every stream's end is at or past it (ends never move back), so
+            # this batch goes to the end unlimited; a limit counted from anywhere else could
+            # end it before its start, and the next batch would read those records again.
+            known, max_entries, max_bytes = {}, None, None
         begin, end, sizes = self._run(lambda bk: catalog.latest_offsets(bk, self.options, known))
         if self._target is not None:
             end = {n: min(seq, self._target.get(n, begin[n])) for n, seq in end.items()}
             end = {n: max(seq, begin[n]) for n, seq in end.items()}
-        max_entries = self.options.max_entries_per_trigger
-        max_bytes = self.options.max_bytes_per_trigger
         if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
             max_entries = max_bytes = None
         elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
@@ -176,6 +185,7 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions: list[tuple[ReadRange, ...]] = self._run(
             lambda bk: catalog.plan_stream_batch(bk, self.options, start, end)
         )
+        self._last_end = dict(end)  # Spark < 4.2: the next batch starts here (also a replay's).
         return _partitions(partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
