@@ -27,6 +27,14 @@ never a watch-fed view. A ledger it could not check completely (a bookie gave no
 remembered and checked again on its own after a jittered, growing delay, until it is checked.
 Counters count ledgers: a ledger already marked is not counted again. Nothing happens while
 autorecovery is disabled.
+
+The auditor acts on its election: its marks and their updates are compare-and-swaps of other
+keys than /auditor, which the store does not tie to the leadership lease. So each write of a
+pass (a mark, a mark's update or removal) waits until the store certainly holds that lease
+(`Lease.wait_confirmed`): after an event-loop stall past the TTL the lease is in doubt until the
+keep-alive's late refresh answers, and another candidate may have been elected meanwhile. When
+the store does not confirm it, the pass stops there (`LeadershipUnconfirmedError`, retried like
+a failed audit; a lost lease ends the leadership, and the service stands for election again).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from bkaio.meta.autorecovery import (
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.ledger_metadata import deserialize
 from bkaio.meta.ledgers import LEDGERS_PREFIX, ledger_id_of
+from bkaio.meta.store import Lease
 
 from .checker import LedgerCheck, LedgerChecker, UncheckedLedgers
 from .concurrency import first_failure
@@ -64,6 +73,11 @@ _MIN_AUDIT_GAP_SECONDS = 0.2  # A storm of registry changes still audits a few t
 _DISABLED_RECHECK_SECONDS = 30.0  # The switch is watched; this only bounds a missed event.
 _WATCH_RETRY = (0.5, 10.0)  # Backoff of a failed watch: initial and maximum seconds.
 _RECHECK_BACKOFF = (5.0, 300.0)  # Re-checks of ledgers a check could not finish: seconds.
+
+
+class LeadershipUnconfirmedError(BKError):
+    """The auditor's lease is lost, or was in doubt and not confirmed again in time: another
+    candidate may be the auditor now, so this one wrote nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +131,19 @@ class Auditor:
         metadata: Metadata,
         metrics: AutorecoveryMetrics,
         *,
+        lease: Lease,
         lost_bookie_delay_seconds: float,
         audit_interval_seconds: float,
         checker: LedgerChecker | None = None,
         ledger_check_interval_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`checker` and `ledger_check_interval_seconds` (> 0): also check, that often, that
-        live bookies hold every entry of their fragments (the first check one interval after
-        election)."""
+        """`lease`: the one this auditor was elected with (`AuditorLeadership.lease`); nothing
+        is written while the store may have dropped it. `checker` and
+        `ledger_check_interval_seconds` (> 0): also check, that often, that live bookies hold
+        every entry of their fragments (the first check one interval after election)."""
         self._metadata = metadata
+        self._lease = lease
         self._checker = checker if ledger_check_interval_seconds > 0 else None
         self._check_interval = ledger_check_interval_seconds
         self._metrics = metrics
@@ -147,6 +164,15 @@ class Auditor:
     def unchecked_ledgers(self) -> set[int]:
         """Ledgers the ledger check could not check completely; they are checked again."""
         return set(self._unchecked)
+
+    async def _still_elected(self, step: str) -> None:
+        """Return when the store certainly holds the leadership lease (waiting, bounded, while
+        it is in doubt); LeadershipUnconfirmedError naming `step` otherwise."""
+        if not await self._lease.wait_confirmed():
+            raise LeadershipUnconfirmedError(
+                f"auditor: not {step}: its lease is lost or unconfirmed, so another candidate "
+                "may be the auditor now"
+            )
 
     def trigger(self, reason: str = "requested") -> None:
         """Audit soon (the bookie set changed, or an operator asked: then without the delay)."""
@@ -186,6 +212,7 @@ class Auditor:
                 missing_by_ledger.setdefault(ledger_id, []).append(bookie_id)
         created = 0
         for ledger_id in sorted(missing_by_ledger):
+            await self._still_elected(f"marking ledger {ledger_id}")
             try:
                 result = await underreplication.mark(ledger_id, missing_by_ledger[ledger_id])
             except InvalidMetadataError:
@@ -244,6 +271,7 @@ class Auditor:
             ):
                 continue
             underreplication = self._metadata.underreplication
+            await self._still_elected(f"updating the mark of ledger {ledger_id}")
             if not await underreplication.narrow(record, still, still_incomplete):
                 continue  # Changed meanwhile (a worker, a new mark): the next audit sees it.
             if still or still_incomplete:
@@ -343,6 +371,7 @@ class Auditor:
         if not result.incomplete:
             return 0
         incomplete = result.incomplete
+        await self._still_elected(f"marking ledger {md.ledger_id} incomplete")
         try:
             marked = await self._metadata.underreplication.mark(
                 md.ledger_id, incomplete, incomplete=True

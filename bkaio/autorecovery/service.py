@@ -131,6 +131,7 @@ class AutorecoveryService:
             auditor = Auditor(
                 self.metadata,
                 self.metrics,
+                lease=leadership.lease,
                 lost_bookie_delay_seconds=config.lost_bookie_delay_seconds,
                 audit_interval_seconds=config.audit_interval_seconds,
                 checker=LedgerChecker(self.view, self.metrics),

@@ -497,6 +497,10 @@ class AuditorElection:
         return None if kv is None else kv.value.decode()
 
     async def try_become_auditor(self, bookie_id: str, lease: Lease) -> bool:
+        # Bound to the lease in the store: etcd refuses a put under a lease it dropped ("lease
+        # not found"), SQLite checks the lease's row (expired ones reaped first) in the write's
+        # transaction; so the election needs no wait for an in-doubt lease. The elected
+        # auditor's own writes are not bound: it waits for the lease's confirmation before each.
         try:
             await self._store.compare_and_swap(
                 AUDITOR_KEY, bookie_id.encode(), expected_version=0, lease=lease

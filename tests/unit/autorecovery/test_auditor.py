@@ -7,12 +7,15 @@ import asyncio
 import pytest
 
 from bkaio.autorecovery import Auditor, AutorecoveryMetrics
+from bkaio.autorecovery.auditor import LeadershipUnconfirmedError
 from bkaio.meta import (
     BookieInfo,
     BookieRegistration,
     LedgerMetadata,
     Metadata,
 )
+from tests.unit.autorecovery.fake_leases import FakeLockLease
+from tests.unit.autorecovery.test_bad_underreplication_records import FakeLedgerCheckerFindingGaps
 
 
 async def _register(meta: Metadata, port: int) -> BookieRegistration:
@@ -43,6 +46,7 @@ def _auditor(
     return Auditor(
         meta,
         metrics or AutorecoveryMetrics(),
+        lease=FakeLockLease(),
         lost_bookie_delay_seconds=delay,
         audit_interval_seconds=60.0,
         clock=clock,
@@ -135,7 +139,13 @@ async def test_the_audit_loop_does_not_spin_after_the_delay(meta: Metadata) -> N
     for _ in range(3):
         await _ledger(meta, (B1, B2, B3))
     metrics = AutorecoveryMetrics()
-    auditor = Auditor(meta, metrics, lost_bookie_delay_seconds=0.3, audit_interval_seconds=3600.0)
+    auditor = Auditor(
+        meta,
+        metrics,
+        lease=FakeLockLease(),
+        lost_bookie_delay_seconds=0.3,
+        audit_interval_seconds=3600.0,
+    )
     task = asyncio.create_task(auditor.run())
     try:
         for _ in range(100):
@@ -253,7 +263,11 @@ async def test_the_running_auditor_follows_requests_and_delay_changes(meta: Meta
     await _ledger(meta, (B1, B2, B3))
     metrics = AutorecoveryMetrics()
     auditor = Auditor(
-        meta, metrics, lost_bookie_delay_seconds=3600.0, audit_interval_seconds=3600.0
+        meta,
+        metrics,
+        lease=FakeLockLease(),
+        lost_bookie_delay_seconds=3600.0,
+        audit_interval_seconds=3600.0,
     )
     task = asyncio.create_task(auditor.run())
     try:
@@ -278,7 +292,11 @@ async def test_a_stopped_auditor_leaves_no_task_behind(meta: Metadata) -> None:
     # that task pending, and its destruction later reached the loop's exception handler.
     before = asyncio.all_tasks()
     auditor = Auditor(
-        meta, AutorecoveryMetrics(), lost_bookie_delay_seconds=3600.0, audit_interval_seconds=3600.0
+        meta,
+        AutorecoveryMetrics(),
+        lease=FakeLockLease(),
+        lost_bookie_delay_seconds=3600.0,
+        audit_interval_seconds=3600.0,
     )
     task = asyncio.create_task(auditor.run())
     for _ in range(1000):  # Until the control watch waits for its first event.
@@ -331,3 +349,79 @@ async def test_incomplete_bookies_stay_marked_while_named_registered_or_not(
     assert record.incomplete_bookies == (B3,)
     for registration in registrations[:2]:
         await registration.deregister()
+
+
+@pytest.mark.parametrize("store_keeps_it", [True, False])
+@pytest.mark.parametrize("write", ["mark", "mark update"])
+async def test_an_audit_writes_only_while_the_store_confirms_the_auditors_lease(
+    meta: Metadata, write: str, store_keeps_it: bool
+) -> None:
+    """The auditor's loop stalls past its lease's TTL mid-audit (just after reading the
+    registry): the store may have dropped the lease and elected another candidate, yet the
+    audit marked a lost bookie's ledger, or dropped the mark of a bookie that came back, as
+    `lost` was still false. It waits for the late refresh now: writes when the store confirms
+    the lease; writes nothing and fails the pass (retried) when it does not."""
+    registrations = [await _register(meta, port) for port in (3181, 3182, 3184)]
+    if write == "mark":
+        ledger = await _ledger(meta, (B1, B2, B3))  # B3 is lost.
+    else:
+        ledger = await _ledger(meta, (B1, B2, B4))
+        await meta.underreplication.mark(ledger, [B2])  # B2 is registered: a stale mark.
+    lease = FakeLockLease()
+    lease.verdict = store_keeps_it
+    auditor = Auditor(
+        meta,
+        AutorecoveryMetrics(),
+        lease=lease,
+        lost_bookie_delay_seconds=0.0,
+        audit_interval_seconds=60.0,
+        clock=FakeClock(),
+    )
+    ids = meta.bookies.ids
+
+    async def ids_then_the_loop_stalls() -> set[str]:
+        registered = await ids()
+        lease.doubt = True
+        return registered
+
+    meta.bookies.ids = ids_then_the_loop_stalls  # type: ignore[method-assign]
+    before = await _marks(meta)
+    if store_keeps_it:
+        report = await auditor.audit_once()
+        assert (report.ledgers_marked, report.marks_dropped) == (
+            (1, 0) if write == "mark" else (0, 1)
+        )
+        assert await _marks(meta) == ([(ledger, (B3,))] if write == "mark" else [])
+    else:
+        with pytest.raises(LeadershipUnconfirmedError, match="lease is lost or unconfirmed"):
+            await auditor.audit_once()
+        assert await _marks(meta) == before
+    assert lease.waits == 1
+    for registration in registrations:
+        await registration.deregister()
+
+
+async def test_the_ledger_check_marks_nothing_on_a_lease_the_store_dropped(
+    meta: Metadata,
+) -> None:
+    """The ledger check finds a bookie lacking entries while the auditor's lease is in doubt,
+    and the late refresh finds it gone: no incomplete mark is written (another auditor may run
+    the checks now)."""
+    md = await meta.ledgers.create(
+        LedgerMetadata(ensemble_size=1, write_quorum=1, ack_quorum=1, ensembles=((0, ("b:1",)),))
+    )
+    await meta.ledgers.update(md.closed(0, 1))
+    lease = FakeLockLease()
+    lease.doubt, lease.verdict = True, False
+    auditor = Auditor(
+        meta,
+        AutorecoveryMetrics(),
+        lease=lease,
+        lost_bookie_delay_seconds=0.0,
+        audit_interval_seconds=60.0,
+        checker=FakeLedgerCheckerFindingGaps(),
+        ledger_check_interval_seconds=86400.0,
+    )
+    with pytest.raises(LeadershipUnconfirmedError):
+        await auditor.check_ledgers()
+    assert await _marks(meta) == [] and lease.waits == 1

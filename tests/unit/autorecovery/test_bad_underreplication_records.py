@@ -31,6 +31,7 @@ from bkaio.meta import (
     open_metadata,
 )
 from bkaio.meta.autorecovery import UNDERREPLICATED_PREFIX
+from tests.unit.autorecovery.fake_leases import FakeLockLease
 
 COUNTER = "bkaio_underreplication_bad_records_total"
 GAUGE = "bkaio_autorecovery_under_replicated_ledgers"
@@ -139,7 +140,11 @@ async def test_an_audit_marks_past_a_ledger_whose_record_is_bad(meta: Metadata) 
     await meta.store.put(bad_key, b"\xc1")
     await registrations[2].deregister()
     auditor = Auditor(
-        meta, AutorecoveryMetrics(), lost_bookie_delay_seconds=0.0, audit_interval_seconds=60.0
+        meta,
+        AutorecoveryMetrics(),
+        lease=FakeLockLease(),
+        lost_bookie_delay_seconds=0.0,
+        audit_interval_seconds=60.0,
     )
     with capture_logs() as logs:
         report = await auditor.audit_once(skip_delay=True)
@@ -177,6 +182,7 @@ async def test_the_ledger_check_marks_past_a_ledger_whose_record_is_bad(meta: Me
     auditor = Auditor(
         meta,
         AutorecoveryMetrics(),
+        lease=FakeLockLease(),
         lost_bookie_delay_seconds=0.0,
         audit_interval_seconds=60.0,
         checker=FakeLedgerCheckerFindingGaps(),
@@ -247,7 +253,13 @@ async def test_the_under_replicated_gauge_counts_only_marks_that_decode(meta: Me
     await _put_bad_records(meta)
     await meta.underreplication.mark(5, ["b:1"])
     metrics = AutorecoveryMetrics(CollectorRegistry())
-    auditor = Auditor(meta, metrics, lost_bookie_delay_seconds=0.0, audit_interval_seconds=60.0)
+    auditor = Auditor(
+        meta,
+        metrics,
+        lease=FakeLockLease(),
+        lost_bookie_delay_seconds=0.0,
+        audit_interval_seconds=60.0,
+    )
     metrics.under_replicated_ledgers.set(-1)
     counting = asyncio.ensure_future(anext(auditor._mark_count()))  # Never yields.
 

@@ -12,6 +12,7 @@ from bkaio.autorecovery import Auditor, AutorecoveryMetrics, LedgerChecker
 from bkaio.autorecovery.checker import missing_entries
 from bkaio.autorecovery.cluster import ClusterView
 from bkaio.meta import BookieInfo, LedgerMetadata, Metadata
+from tests.unit.autorecovery.fake_leases import FakeLockLease
 
 
 def test_missing_entries_against_inclusive_ranges() -> None:
@@ -72,6 +73,7 @@ async def test_a_bookie_without_an_entry_list_is_logged_counted_and_its_ledger_r
     auditor = Auditor(
         meta,
         metrics,
+        lease=FakeLockLease(),
         lost_bookie_delay_seconds=60.0,
         audit_interval_seconds=3600.0,
         checker=LedgerChecker(view, metrics),
