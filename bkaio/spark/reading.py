@@ -2,10 +2,10 @@
 
 A partition's ranges are read with the client's range reads (`ReadHandle.read_batches`: range
 requests to every bookie of the ensemble, read ahead of the consumer), and each batch becomes
-one `pyarrow.RecordBatch` built column by column: ids from numpy, the stream and ledger
-columns as repeats, the payloads in one conversion; no Python object per cell. The client
-checks every entry's CRC32C digest and fails over between replicas, so what comes out here is
-what the writer wrote. Rows follow `SCHEMA_DDL`; `seq` and `stream` are null for raw ledgers.
+one `pyarrow.RecordBatch` (several when its payload passes read_batch_bytes) built column by
+column: ids from numpy, the stream and ledger columns as repeats, the payloads in one
+conversion; no Python object per cell. The client checks every entry's CRC32C digest and
+fails over between replicas, so what comes out here is what the writer wrote. Rows follow `SCHEMA_DDL`; `seq` and `stream` are null for raw ledgers.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import structlog
 
 from bkaio.errors import NoSuchLedgerError
 from bkaio.ledger_client import BookKeeper, Entry
+from bkaio.ledger_client.types import ClientConfig
 from bkaio.spark.errors import DataLossError
 from bkaio.spark.options import ReadOptions
 from bkaio.spark.planner import ReadRange
@@ -48,10 +49,16 @@ def arrow_schema() -> pyarrow.Schema:
 
 
 async def read_entries(
-    bk: BookKeeper, item: ReadRange, batch_entries: int, fail_on_data_loss: bool
+    bk: BookKeeper,
+    item: ReadRange,
+    batch_entries: int,
+    fail_on_data_loss: bool,
+    *,
+    batch_bytes: int,
 ) -> AsyncIterator[list[Entry]]:
     """The range's entries in order, in batches of about `batch_entries` (`batch_entries`
-    per bookie of a striped ledger)."""
+    per bookie of a striped ledger), fewer when the range's bytes estimate (a sealed
+    segment's) says that many would pass `batch_bytes` of payload."""
     try:
         handle = await bk.open_ledger(item.ledger_id, password=item.password, recovery=False)
     except NoSuchLedgerError:
@@ -70,6 +77,12 @@ async def read_entries(
     last = item.last_entry_id
     if not handle.is_closed and last > await handle.read_last_add_confirmed():
         await handle.read_last_acknowledged()
+    if item.bytes_estimate > 0:
+        # A striped ledger's batch holds batch_entries per bookie of its ensemble.
+        md = handle.metadata
+        stripes = 1 if md.ensemble_size == md.write_quorum else md.ensemble_size
+        fitting = int(batch_bytes * item.entry_count / item.bytes_estimate) // stripes
+        batch_entries = max(1, min(batch_entries, fitting))
     batches = handle.read_batches(
         item.first_entry_id, item.last_entry_id, batch_entries=batch_entries
     )
@@ -78,6 +91,22 @@ async def read_entries(
             yield entries
     finally:
         await batches.aclose()
+
+
+def runs_of_bytes(entries: list[Entry], max_bytes: int) -> Iterator[list[Entry]]:
+    """`entries` in runs of at most `max_bytes` of payload (an entry larger than that alone):
+    an Arrow binary column holds at most 2 GiB, and an executor's memory not much more."""
+    sizes = list(map(len, map(_payload_of, entries)))
+    if sum(sizes) <= max_bytes:
+        yield entries
+        return
+    start = total = 0
+    for index, size in enumerate(sizes):
+        if total + size > max_bytes and index > start:
+            yield entries[start:index]
+            start, total = index, 0
+        total += size
+    yield entries[start:]
 
 
 def to_record_batch(item: ReadRange, entries: list[Entry]) -> pyarrow.RecordBatch:
@@ -116,13 +145,21 @@ def read_partition(
     if not ranges:
         return iter(())
     runtime = get_runtime()
+    # A record batch holds at most about this much payload: what the client asks of a bookie
+    # at once (bkaio.client.read_batch_bytes).
+    batch_bytes = ClientConfig(**options.client).read_batch_bytes
 
     async def batches() -> AsyncGenerator[pyarrow.RecordBatch, None]:
         bk = await runtime.client(options.metadata, options.client)
         for item in ranges:
             async for entries in read_entries(
-                bk, item, options.batch_entries, options.fail_on_data_loss
+                bk,
+                item,
+                options.batch_entries,
+                options.fail_on_data_loss,
+                batch_bytes=batch_bytes,
             ):
-                yield to_record_batch(item, entries)
+                for run in runs_of_bytes(entries, batch_bytes):
+                    yield to_record_batch(item, run)
 
     return runtime.iterate(batches())

@@ -29,7 +29,7 @@ async def test_a_partition_ending_past_the_bookies_lac_reads_every_planned_recor
     assert (item.first_seq, item.last_entry_id) == (0, 4)  # Planned to the exact end.
     payloads = [
         entry.payload
-        async for batch in read_entries(reader_client, item, 2, fail_on_data_loss=True)
+        async for batch in read_entries(reader_client, item, 2, True, batch_bytes=1 << 20)
         for entry in batch
     ]
     assert payloads == [b"record %d" % i for i in range(5)]
