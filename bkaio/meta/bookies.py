@@ -193,6 +193,12 @@ class BookieRegistration:
         """True while a live lease carries the record; False from a lost lease (the store
         dropped the key, or may have) until the record is back under a new one, and for good
         once another process kept the id."""
+        # `lost`, not `in_doubt`: what this gates (a mode move) writes the record bound to the
+        # lease, which the store refuses once the lease is gone (etcd: "lease not found";
+        # SQLite: the lease's row, expired ones reaped first, checked in the write's
+        # transaction), and deletes the other mode's record only after that write succeeded.
+        # A move on a lease in doubt is so either made on a live lease or refused, never made
+        # on a dropped one; the keep-alive's late refresh then settles `lost`.
         return (
             self._in_place
             and not self._lease.lost
