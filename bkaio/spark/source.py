@@ -29,7 +29,7 @@ from bkaio.spark import catalog, sink
 from bkaio.spark.errors import SparkOptionError
 from bkaio.spark.options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from bkaio.spark.planner import ReadRange, limit_offsets
-from bkaio.spark.reading import SCHEMA_DDL, read_partition
+from bkaio.spark.reading import SCHEMA_DDL, arrow_schema, read_partition
 from bkaio.spark.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -76,9 +76,11 @@ class BkaioDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
         return BkaioBatchReader(parse_read_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _check_schema(schema)
         return BkaioStreamReader(parse_read_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -90,6 +92,19 @@ class BkaioDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return BkaioStreamWriter(*_writer_setup(self.options, schema))
+
+
+def _check_schema(schema: StructType) -> None:
+    """Refuse a schema set with `.schema(...)` other than the source's own (which is what Spark
+    passes otherwise): the rows read have that one, and would fail each task's first batch."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    fixed = from_arrow_schema(arrow_schema())
+    if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in fixed]:
+        raise SparkOptionError(
+            f"bkaio read: the source has a fixed schema, {fixed.simpleString()}; got "
+            f"{schema.simpleString()}: leave .schema(...) out and select or cast after load()"
+        )
 
 
 # --------------------------------------------------------------------------- batch read
