@@ -5,7 +5,8 @@ requests to every bookie of the ensemble, read ahead of the consumer), and each 
 one `pyarrow.RecordBatch` (several when its payload passes read_batch_bytes) built column by
 column: ids from numpy, the stream and ledger columns as repeats, the payloads in one
 conversion; no Python object per cell. The client checks every entry's CRC32C digest and
-fails over between replicas, so what comes out here is what the writer wrote. Rows follow `SCHEMA_DDL`; `seq` and `stream` are null for raw ledgers.
+fails over between replicas, so what comes out here is what the writer wrote. Rows follow
+`SCHEMA_DDL`; `seq` and `stream` are null for raw ledgers.
 """
 
 from __future__ import annotations
