@@ -236,7 +236,7 @@ async def initial_offsets(bk: BookKeeper, options: ReadOptions) -> dict[str, int
 
 
 async def latest_offsets(
-    bk: BookKeeper, options: ReadOptions, known: dict[str, int]
+    bk: BookKeeper, options: ReadOptions, known: dict[str, int], *, require_named: bool = True
 ) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
     """(start, end, average entry bytes) per stream, now. `start` is `known`, plus the first
     available seq of streams that appeared since (a pattern's new match starts at its start).
@@ -244,7 +244,8 @@ async def latest_offsets(
     A stream of `known` that is gone was deleted under the query: DataLossError (what was
     written after its offset was never read), or with failOnDataLoss=false it stays where it
     was; so does one whose end is behind its offset (deleted and created again). A named
-    stream the query never read must exist."""
+    stream the query never read must exist, unless `require_named` is false (the ends of
+    Trigger.AvailableNow, fixed before Spark tells what the query read: it is skipped)."""
     start = dict(known)
     end: dict[str, int] = {}
     sizes: dict[str, float] = {}
@@ -258,7 +259,7 @@ async def latest_offsets(
         except StreamNotFoundError:
             if name in known:
                 end[name] = _deleted_stream(name, known[name], options.fail_on_data_loss)
-            elif options.streams_pattern is None:
+            elif options.streams_pattern is None and require_named:
                 raise  # Named, never read, and not there.
             continue  # A pattern's match deleted since the listing: never read, not read now.
         start.setdefault(name, state.first_seq)

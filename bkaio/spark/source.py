@@ -161,8 +161,12 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
     def prepareForTriggerAvailableNow(self) -> None:
+        # Called before any offset: on a restart, what the query read is not known yet, and
+        # a named stream deleted since is for latestOffset (and failOnDataLoss) to judge.
         known = self._last_end or {}
-        _, end, _ = self._run(lambda bk: catalog.latest_offsets(bk, self.options, known))
+        _, end, _ = self._run(
+            lambda bk: catalog.latest_offsets(bk, self.options, known, require_named=False)
+        )
         self._target = end
 
     def latestOffset(
