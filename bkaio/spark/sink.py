@@ -133,11 +133,18 @@ class TaskLedgerWriter:
                 )
         handle = self._handle
         acks: list[asyncio.Future[int]] = []
-        for payload in payloads:
-            # A chunk (batchEntries rows) may be larger than the handle's room for adds in
-            # flight and queued (TooManyRequestsError past it): wait for acknowledgements.
-            await handle.wait_for_capacity()
-            acks.append(handle.append(payload))
+        try:
+            for payload in payloads:
+                # A chunk (batchEntries rows) may be larger than the handle's room for adds in
+                # flight and queued (TooManyRequestsError past it): wait for acknowledgements.
+                await handle.wait_for_capacity()
+                acks.append(handle.append(payload))
+        except BaseException:
+            # The ledger failed (append raises its failure) or a row was refused: the acks
+            # asked for fail with it or complete unawaited; their outcome is this raise.
+            for ack in acks:
+                ack.add_done_callback(_retrieve)
+            raise
         await asyncio.gather(*acks)
 
     async def finish(self) -> WrittenLedger | None:
@@ -158,6 +165,11 @@ class TaskLedgerWriter:
         await discard_ledgers(self._bk, [handle.ledger_id])
         with contextlib.suppress(BKError):
             await metadata_of(self._bk).store.delete(job_key(self._job_id, handle.ledger_id))
+
+
+def _retrieve(ack: asyncio.Future[int]) -> None:
+    if not ack.cancelled():
+        ack.exception()
 
 
 def job_key(job_id: str, ledger_id: int) -> str:
