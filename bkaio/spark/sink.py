@@ -22,7 +22,9 @@ Streaming sinks with a `sink_id` are idempotent per batch id: a marker under
 `/spark/sinks/<ns>/<stream>/<id>` records the batch and its ledgers *before* the stream CAS,
 and is marked done after it. A batch replayed after a driver crash finds the marker: if the
 marked ledgers are already segments, the replay is dropped; if not, the old ledgers are
-deleted and the batch is published.
+deleted and the batch is published. A batch id below the marker's is no replay (Spark re-runs
+only a query's last batch): batch 0 is a new query reusing the sink id and fails; any other is
+skipped as already written, with a WARNING (`_refuse_or_skip_older_batch`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from typing import Any
 
 import msgpack
 import structlog
+from prometheus_client import Counter
 
 from bkaio.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from bkaio.ledger_client import BookKeeper, LedgerHandle
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
-from bkaio.spark.errors import SparkJobAbortedError
+from bkaio.spark.errors import SparkJobAbortedError, SparkOptionError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
@@ -58,6 +61,12 @@ JOB_METADATA_KEY = "bkaio.spark.job"
 # expires on its own once the job's cancelled tasks are long gone.
 ABORTED_PREFIX = "/spark/aborted/"
 ABORTED_TOMBSTONE_SECONDS = 3600.0
+
+STALE_BATCHES = Counter(
+    "bkaio_spark_sink_stale_batches",
+    "Streaming batches skipped because their batch id was below the last one published under "
+    "their sinkId (a query restarted from an older checkpoint)",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +339,13 @@ async def publish_batch(
     kv = await store.get(key)
     marker: dict[str, Any] = msgpack.unpackb(kv.value, raw=False) if kv is not None else {}
     marked_batch = int(marker.get("batch_id", -1))
-    if marked_batch > batch_id or (marked_batch == batch_id and marker.get("done")):
+    if marked_batch > batch_id:
         await discard_ledgers(bk, [w.ledger_id for w in written])
+        _refuse_or_skip_older_batch(options, options.sink_id, batch_id, marked_batch)
+        return False
+    if marked_batch == batch_id and marker.get("done"):
+        await discard_ledgers(bk, [w.ledger_id for w in written])
+        log.info("spark_sink_batch_replayed", stream=options.full_name, batch_id=batch_id)
         return False
     if marked_batch == batch_id:
         stream = await StreamStore(metadata_of(bk)).find_stream(options.namespace, options.stream)
@@ -347,6 +361,32 @@ async def publish_batch(
     await publish(bk, options, written)
     await store.put(key, _pack_marker(batch_id, ids, done=True))
     return True
+
+
+def _refuse_or_skip_older_batch(
+    options: WriteOptions, sink_id: str, batch_id: int, marked_batch: int
+) -> None:
+    """A batch id below the marker's. Spark re-runs at most the last batch of a query (the
+    marker's), so this is not a replay of the same query: batch 0 is a new query (a reset
+    checkpointLocation, or a sinkId another query used) and fails rather than have every batch
+    dropped; any other id (an older checkpoint restored) is skipped as already written, as
+    Spark's own file sink does, with a WARNING and a count."""
+    where = f"bkaio write to {options.full_name}: sinkId/checkpointLocation {sink_id!r}"
+    if batch_id == 0:
+        raise SparkOptionError(
+            f"{where} already published batch {marked_batch} of an earlier query, and this "
+            "query starts at batch 0: its batches would all be dropped as already written; "
+            "give a new query its own sinkId (or checkpointLocation)"
+        )
+    STALE_BATCHES.inc()
+    log.warning(
+        "spark_sink_batch_behind_marker",
+        stream=options.full_name,
+        sink_id=sink_id,
+        batch_id=batch_id,
+        last_batch_id=marked_batch,
+        action="skipped as already written",
+    )
 
 
 def _pack_marker(batch_id: int, ledger_ids: list[int], *, done: bool) -> bytes:
