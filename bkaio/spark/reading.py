@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from bkaio.errors import NoSuchLedgerError
-from bkaio.ledger_client import BookKeeper, Entry
+from bkaio.errors import NoSuchEntryError, NoSuchLedgerError
+from bkaio.ledger_client import BookKeeper, Entry, ReadHandle
 from bkaio.ledger_client.types import ClientConfig
 from bkaio.spark.errors import DataLossError
 from bkaio.spark.options import ReadOptions
@@ -63,14 +63,23 @@ async def read_entries(
     try:
         handle = await bk.open_ledger(item.ledger_id, password=item.password, recovery=False)
     except NoSuchLedgerError:
-        if fail_on_data_loss:
-            raise DataLossError(
-                f"ledger {item.ledger_id} (entries {item.first_entry_id}..{item.last_entry_id}"
-                f" of {item.stream or 'no stream'}) was deleted before it was read; set "
-                "failOnDataLoss=false to skip it"
-            ) from None
-        log.warning("spark_read_skips_deleted_ledger", ledger_id=item.ledger_id)
+        _deleted_ledger(item, fail_on_data_loss, "before it was read")
         return
+    try:
+        async for entries in _read_open(handle, item, batch_entries, batch_bytes):
+            yield entries
+    except (NoSuchLedgerError, NoSuchEntryError) as error:
+        # A ledger deleted once opened: its bookies drop its entries at their next GC and
+        # answer "no such entry". Data loss only when the metadata says it is gone (an entry
+        # missing from a ledger that exists is the client's error, as raised).
+        if not await _ledger_gone(bk, item.ledger_id):
+            raise
+        _deleted_ledger(item, fail_on_data_loss, "while it was read", error)
+
+
+async def _read_open(
+    handle: ReadHandle, item: ReadRange, batch_entries: int, batch_bytes: int
+) -> AsyncIterator[list[Entry]]:
     # The planner ends an open segment at the last record acknowledged to its writer
     # (`stream.ends.end_seq`), which the bookies' LAC lags until the next add or WRITE_LAC
     # carries it (never, when the writer died): learn that end here too, or the range read
@@ -92,6 +101,36 @@ async def read_entries(
             yield entries
     finally:
         await batches.aclose()
+
+
+async def _ledger_gone(bk: BookKeeper, ledger_id: int) -> bool:
+    try:
+        await bk.get_ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        return True
+    return False
+
+
+def _deleted_ledger(
+    item: ReadRange, fail_on_data_loss: bool, when: str, error: BaseException | None = None
+) -> None:
+    """DataLossError for a deleted ledger the plan named, or (failOnDataLoss=false) a warning:
+    the rest of its range is skipped."""
+    where = (
+        f"ledger {item.ledger_id} (entries {item.first_entry_id}..{item.last_entry_id}"
+        f" of {item.stream or 'no stream'})"
+    )
+    if fail_on_data_loss:
+        raise DataLossError(
+            f"{where} was deleted {when}; set failOnDataLoss=false to skip it"
+        ) from error
+    log.warning(
+        "spark_read_skips_deleted_ledger",
+        ledger_id=item.ledger_id,
+        stream=item.stream,
+        when=when,
+        error=None if error is None else str(error),
+    )
 
 
 def runs_of_bytes(entries: list[Entry], max_bytes: int) -> Iterator[list[Entry]]:
