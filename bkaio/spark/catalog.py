@@ -156,6 +156,11 @@ async def plan_batch(bk: BookKeeper, options: ReadOptions) -> list[tuple[ReadRan
                 state, bound_for(options.starting, name, EARLIEST_SEQ), "startingOffsets"
             )
             end = resolve_bound(state, bound_for(options.ending, name, LATEST_SEQ), "endingOffsets")
+            if start > end:
+                raise SparkOptionError(
+                    f"bkaio read of {name}: startingOffsets (seq {start}) is past endingOffsets "
+                    f"(seq {end}, exclusive): nothing lies between them"
+                )
             start = check_start(state, start, options.fail_on_data_loss)
             end = min(end, state.end_seq)
             ranges += stream_ranges(name, state.meta.segments, start, end, STREAM_PASSWORD)

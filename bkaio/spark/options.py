@@ -24,11 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import structlog
+
 from bkaio.errors import ConfigError
 from bkaio.ledger_client.types import CONFIG_FIELD_KINDS, ClientConfig
 from bkaio.meta.ledger_metadata import MAX_LEDGER_ID
 from bkaio.meta.uri import shown_uri
 from bkaio.spark.errors import SparkOptionError
+
+log = structlog.get_logger(__name__)
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
@@ -44,6 +48,9 @@ DEFAULT_MAX_BYTES_PER_PARTITION = 64 << 20
 # Rows per Arrow record batch a reader yields: entries per range request to one bookie (so
 # E times as many per batch of a striped ledger, whose batches take one request per bookie).
 DEFAULT_BATCH_ENTRIES = 4096
+# minPartitions above this is refused: planning costs time and the driver memory in proportion
+# to the partitions (100,000 plan in seconds), and Spark schedules a task for each.
+MAX_MIN_PARTITIONS = 100_000
 
 CLIENT_PREFIX = "bkaio.client."
 
@@ -359,6 +366,19 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         raise SparkOptionError(
             "bkaio read: startingOffsets/endingOffsets apply to streams; ledgers are read whole"
         )
+    if not streaming:
+        for key in ("maxentriespertrigger", "maxbytespertrigger"):
+            if key in options:  # As Spark's Kafka source does: a warning, not an error.
+                log.warning(
+                    "spark_read_option_ignored", option=key, reason="applies to readStream only"
+                )
+    min_partitions = _int(options, "minpartitions", 0, minimum=0)
+    if min_partitions > MAX_MIN_PARTITIONS:
+        raise SparkOptionError(
+            f"option minPartitions={min_partitions} is above {MAX_MIN_PARTITIONS:,}: each "
+            "partition is a Spark task planned on the driver; use maxEntriesPerPartition or "
+            "maxBytesPerPartition for smaller partitions"
+        )
     return ReadOptions(
         metadata=_metadata(options, what),
         streams=streams,
@@ -372,7 +392,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         max_bytes_per_partition=_int(
             options, "maxbytesperpartition", DEFAULT_MAX_BYTES_PER_PARTITION, minimum=1
         ),
-        min_partitions=_int(options, "minpartitions", 0, minimum=0),
+        min_partitions=min_partitions,
         max_entries_per_trigger=_optional_int(options, "maxentriespertrigger"),
         max_bytes_per_trigger=_optional_int(options, "maxbytespertrigger"),
         fail_on_data_loss=_bool(options, "failondataloss", True),

@@ -117,13 +117,10 @@ def split_ranges(
             head, rest = rest.split_at(rest.first_entry_id + size)
             pieces.append(head)
         pieces.append(rest)
-    while 0 < len(pieces) < min_partitions:
-        largest = max(range(len(pieces)), key=lambda i: pieces[i].entry_count)
-        item = pieces[largest]
-        if item.entry_count < 2:
-            break  # Every piece holds one entry: no more splits possible.
-        head, tail = item.split_at(item.first_entry_id + item.entry_count // 2)
-        pieces[largest : largest + 1] = [head, tail]
+    if 0 < len(pieces) < min_partitions:
+        # Each piece a partition of one range: halving one splits its range in the middle.
+        halved = _halve_largest([[piece] for piece in pieces], min_partitions)
+        pieces = [piece for partition in halved for piece in partition]
     return pieces
 
 
