@@ -30,8 +30,8 @@ def plan(options: ReadOptions) -> list[tuple[ReadRange, ...]]:
     runtime = get_runtime()
 
     async def run() -> list[tuple[ReadRange, ...]]:
-        bk = await runtime.client(options.metadata, options.client)
-        return await catalog.plan_batch(bk, options)
+        async with runtime.client(options.metadata, options.client) as bk:
+            return await catalog.plan_batch(bk, options)
 
     return runtime.run(run())
 

@@ -190,16 +190,16 @@ def read_partition(
     batch_bytes = ClientConfig(**options.client).read_batch_bytes
 
     async def batches() -> AsyncGenerator[pyarrow.RecordBatch, None]:
-        bk = await runtime.client(options.metadata, options.client)
-        for item in ranges:
-            async for entries in read_entries(
-                bk,
-                item,
-                options.batch_entries,
-                options.fail_on_data_loss,
-                batch_bytes=batch_bytes,
-            ):
-                for run in runs_of_bytes(entries, batch_bytes):
-                    yield to_record_batch(item, run)
+        async with runtime.client(options.metadata, options.client) as bk:
+            for item in ranges:
+                async for entries in read_entries(
+                    bk,
+                    item,
+                    options.batch_entries,
+                    options.fail_on_data_loss,
+                    batch_bytes=batch_bytes,
+                ):
+                    for run in runs_of_bytes(entries, batch_bytes):
+                        yield to_record_batch(item, run)
 
     return runtime.iterate(batches())

@@ -4,7 +4,10 @@ Spark calls `partitions()`, `read()`, `write()`, `commit()` synchronously, from 
 executor and streaming-runner Python workers that live across tasks and queries (the reuse
 is on by default). Each such process gets one loop, started on first use on a daemon thread,
 and one `BookKeeper` client per metadata URI and client options, cached on that loop: bookie
-connections are opened once per worker, not once per task. A thread (not
+connections are opened once per worker, not once per task. The cache keeps the `MAX_CLIENTS`
+used last: a worker serving queries with ever new `bkaio.client.*` options (a token renewed
+per job) would otherwise keep every client, its connections and background tasks, for ever.
+An evicted client is closed once the last call using it is done. A thread (not
 `loop.run_until_complete`) keeps this working where the caller already runs a loop (a notebook
 driver, an async test) and lets the client's background tasks (bookie watch, LAC writes) run
 between calls. Nothing here is pickled: only plain options travel between processes.
@@ -15,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import inspect
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterator
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import structlog
@@ -37,6 +42,23 @@ _LOOP_TASK = "spark_loop"  # Its label in bkaio_task_failures_total when the thr
 # deadline of its own (a streaming read long-polls; the client's request timeouts bound each
 # bookie request), so a dead loop is noticed by looking, not by a timeout.
 _LIVENESS_CHECK_SECONDS = 1.0
+# Clients (distinct metadata URI and client options) a worker keeps connected. A worker runs one
+# task at a time, and a query uses one client: a few cover the queries a worker alternates
+# between; beyond, the one used longest ago goes.
+MAX_CLIENTS = 4
+
+_ClientKey = tuple[str, tuple[tuple[str, Any], ...]]
+
+
+class ClientLease:
+    """One use of a cached client (`Runtime.lease`): hand it back with `Runtime.release`."""
+
+    def __init__(self, key: _ClientKey, bk: BookKeeper) -> None:
+        self.key = key
+        self.bk = bk
+        self.users = 0  # Leases out on this client (shared by every lease of it).
+        self.evicted = False
+        self.closed = False
 
 
 class LoopStoppedError(BKError):
@@ -55,7 +77,9 @@ class Runtime:
         self._died_of: BaseException | None = None
         self._thread = threading.Thread(target=self._run_loop, name="bkaio-spark-loop", daemon=True)
         self._thread.start()
-        self._clients: dict[tuple[str, tuple[tuple[str, Any], ...]], BookKeeper] = {}
+        # Most recently used last. An evicted client still in use waits in `_evicted`.
+        self._clients: OrderedDict[_ClientKey, ClientLease] = OrderedDict()
+        self._evicted: list[ClientLease] = []
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -125,30 +149,71 @@ class Runtime:
                     exc_info=True,
                 )
 
-    async def client(self, metadata_uri: str, options: dict[str, Any]) -> BookKeeper:
-        """The process's client for this cluster (connected once, then reused). On the loop."""
+    @contextlib.asynccontextmanager
+    async def client(self, metadata_uri: str, options: dict[str, Any]) -> AsyncIterator[BookKeeper]:
+        """The process's client for this cluster and options, for the `async with` block (on
+        the loop): connected once, then reused while it stays among the `MAX_CLIENTS` used
+        last."""
+        lease = await self.lease(metadata_uri, options)
+        try:
+            yield lease.bk
+        finally:
+            await self.release(lease)
+
+    async def lease(self, metadata_uri: str, options: dict[str, Any]) -> ClientLease:
+        """`client` for a use that spans several `run()` calls (a sink task): `release` it."""
         key = (metadata_uri, tuple(sorted(options.items())))
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            client = self._clients.get(key)
-            if client is None:
-                client = await BookKeeper.connect(metadata_uri, **options)
-                self._clients[key] = client
-            return client
+            entry = self._clients.get(key)
+            if entry is None:
+                entry = ClientLease(key, await BookKeeper.connect(metadata_uri, **options))
+                self._clients[key] = entry
+            else:
+                self._clients.move_to_end(key)
+            entry.users += 1
+            evicted = []
+            while len(self._clients) > MAX_CLIENTS:
+                _, old = self._clients.popitem(last=False)
+                old.evicted = True
+                evicted.append(old)
+                log.info("spark_client_evicted", metadata=redact_uri(old.key[0]), in_use=old.users)
+        for old in evicted:
+            if old.users > 0:
+                self._evicted.append(old)  # Closed by its last release.
+            else:
+                await self._close_client(old)
+        return entry
+
+    async def release(self, lease: ClientLease) -> None:
+        """A use of `lease` is over; an evicted client closes with its last use."""
+        assert lease.users > 0, lease.key
+        lease.users -= 1
+        if lease.evicted and lease.users == 0:
+            with contextlib.suppress(ValueError):
+                self._evicted.remove(lease)
+            await self._close_client(lease)
+
+    async def _close_client(self, entry: ClientLease) -> None:
+        if entry.closed:
+            return
+        entry.closed = True
+        try:
+            await entry.bk.close()
+        except Exception as error:  # Logged; the process's other clients are unaffected.
+            log.warning(
+                "spark_client_close_failed",
+                metadata=redact_uri(entry.key[0]),
+                error=f"{type(error).__name__}: {error}",
+                exc_info=True,
+            )
 
     async def _close_clients(self) -> None:
-        clients, self._clients = list(self._clients.items()), {}
-        for (metadata_uri, _options), client in clients:
-            try:
-                await client.close()
-            except Exception as error:  # Shutting down: the others still get closed.
-                log.warning(
-                    "spark_client_close_failed",
-                    metadata=redact_uri(metadata_uri),
-                    error=f"{type(error).__name__}: {error}",
-                    exc_info=True,
-                )
+        entries = [*self._clients.values(), *self._evicted]
+        self._clients, self._evicted = OrderedDict(), []
+        for entry in entries:  # Shutting down: each is closed, whatever the others do.
+            await self._close_client(entry)
 
     def close(self) -> None:
         """Close every client and stop the loop (tests call this; worker processes just exit).

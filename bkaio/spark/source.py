@@ -118,8 +118,8 @@ class BkaioBatchReader(DataSourceReader):
         runtime = get_runtime()
 
         async def plan() -> list[tuple[ReadRange, ...]]:
-            bk = await runtime.client(self.options.metadata, self.options.client)
-            return await catalog.plan_batch(bk, self.options)
+            async with runtime.client(self.options.metadata, self.options.client) as bk:
+                return await catalog.plan_batch(bk, self.options)
 
         return _partitions(runtime.run(plan()))
 
@@ -142,8 +142,8 @@ class BkaioStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         runtime = get_runtime()
 
         async def call() -> Any:
-            bk = await runtime.client(self.options.metadata, self.options.client)
-            return await work(bk)
+            async with runtime.client(self.options.metadata, self.options.client) as bk:
+                return await work(bk)
 
         return runtime.run(call())
 
@@ -273,8 +273,8 @@ def _writer_setup(
     runtime = get_runtime()
 
     async def quorums() -> sink.Quorums:
-        bk = await runtime.client(options.metadata, options.client)
-        return await sink.resolve_quorums(bk, options)
+        async with runtime.client(options.metadata, options.client) as bk:
+            return await sink.resolve_quorums(bk, options)
 
     return options, runtime.run(quorums()), index, is_string, uuid.uuid4().hex
 
@@ -302,8 +302,10 @@ class _TaskWriting:
         context = TaskContext.get()
         partition_id = context.partitionId() if context is not None else -1
         runtime = get_runtime()
-        bk = runtime.run(runtime.client(self.options.metadata, self.options.client))
-        task = sink.TaskLedgerWriter(bk, self.options, self.quorums, self.job_id)
+        # Leased for the whole task (its rows come between `run()` calls), so the runtime
+        # does not close it under the task when other queries' clients push it out.
+        lease = runtime.run(runtime.lease(self.options.metadata, self.options.client))
+        task = sink.TaskLedgerWriter(lease.bk, self.options, self.quorums, self.job_id)
         try:
             chunk: list[bytes] = []
             for number, row in enumerate(rows):
@@ -316,6 +318,8 @@ class _TaskWriting:
         except BaseException:
             runtime.run(task.discard())  # Nothing this task wrote may ever be published.
             raise
+        finally:
+            runtime.run(runtime.release(lease))
         if written is None:
             return BkaioCommitMessage(-1, -1, 0, partition_id)
         return BkaioCommitMessage(
@@ -343,8 +347,8 @@ class _TaskWriting:
         ids = [w.ledger_id for w in self.written(messages)]
 
         async def discard() -> None:
-            bk = await runtime.client(self.options.metadata, self.options.client)
-            await sink.abort_job(bk, self.options, self.job_id, ids)
+            async with runtime.client(self.options.metadata, self.options.client) as bk:
+                await sink.abort_job(bk, self.options, self.job_id, ids)
 
         runtime.run(discard())
 
@@ -354,12 +358,12 @@ class _TaskWriting:
         written = self.written(messages)
 
         async def publish() -> None:
-            bk = await runtime.client(self.options.metadata, self.options.client)
-            if batch_id is None:
-                await sink.publish(bk, self.options, written)
-            else:
-                await sink.publish_batch(bk, self.options, batch_id, written)
-            await sink.finish_job(bk, self.job_id, keep=[w.ledger_id for w in written])
+            async with runtime.client(self.options.metadata, self.options.client) as bk:
+                if batch_id is None:
+                    await sink.publish(bk, self.options, written)
+                else:
+                    await sink.publish_batch(bk, self.options, batch_id, written)
+                await sink.finish_job(bk, self.job_id, keep=[w.ledger_id for w in written])
 
         runtime.run(publish())
 

@@ -38,7 +38,8 @@ class Cluster:
         return get_runtime().run(coroutine)
 
     async def client(self) -> BookKeeper:
-        return await get_runtime().client(self.uri, {})
+        # Leased for good: the tests' one client stays open until the runtime shuts down.
+        return (await get_runtime().lease(self.uri, {})).bk
 
     async def namespace(self, name: str, *, create: bool = False) -> Namespace:
         return await open_namespace(await self.client(), name, create=create)

@@ -10,7 +10,8 @@ one (unknown until read)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,9 @@ def test_record_batches_hold_at_most_about_read_batch_bytes(
     asyncio.run(initialise_cluster_at(uri))
     bk = runtime.run(fake_client(uri))
 
-    async def the_fake_client(metadata_uri: str, options: object) -> BookKeeper:
-        return bk
+    @contextlib.asynccontextmanager
+    async def the_fake_client(metadata_uri: str, options: object) -> AsyncIterator[BookKeeper]:
+        yield bk
 
     monkeypatch.setattr(runtime, "client", the_fake_client)
     monkeypatch.setattr(reading, "get_runtime", lambda: runtime)

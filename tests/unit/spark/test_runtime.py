@@ -155,7 +155,7 @@ def test_a_client_that_fails_to_close_is_logged_with_its_uri(
     uri = f"sqlite://{tmp_path / 'meta.db'}"
     asyncio.run(initialise_cluster_at(uri))
     runtime = Runtime()
-    runtime.run(runtime.client(uri, {}))
+    runtime.run(runtime.lease(uri, {}))
     real_close = BookKeeper.close
 
     async def failing_close(self: BookKeeper) -> None:
