@@ -33,6 +33,9 @@ log = structlog.get_logger(__name__)
 _payload_of = itemgetter(2)  # Of an `Entry` (a NamedTuple): its payload, without a Python call.
 SCHEMA_DDL = "stream string, ledger_id long, entry_id long, seq long, payload binary"
 COLUMNS = ("stream", "ledger_id", "entry_id", "seq", "payload")
+# An open segment is read in runs of this many batches (read ahead within a run), each run's
+# batches sized by the entries read in the run before.
+_BATCHES_PER_RUN = 8
 
 
 def arrow_schema() -> pyarrow.Schema:
@@ -87,15 +90,38 @@ async def _read_open(
     last = item.last_entry_id
     if not handle.is_closed and last > await handle.read_last_add_confirmed():
         await handle.read_last_acknowledged()
-    if item.bytes_estimate > 0:
-        # A striped ledger's batch holds batch_entries per bookie of its ensemble.
-        md = handle.metadata
-        stripes = 1 if md.ensemble_size == md.write_quorum else md.ensemble_size
-        fitting = int(batch_bytes * item.entry_count / item.bytes_estimate) // stripes
-        batch_entries = max(1, min(batch_entries, fitting))
-    batches = handle.read_batches(
-        item.first_entry_id, item.last_entry_id, batch_entries=batch_entries
-    )
+    # A striped ledger's batch holds batch_entries per bookie of its ensemble.
+    md = handle.metadata
+    stripes = 1 if md.ensemble_size == md.write_quorum else md.ensemble_size
+
+    def fitting(entries: int, payload: int) -> int:
+        """Entries per bookie in a batch of about batch_bytes, at `payload / entries` each."""
+        return max(1, min(batch_entries, int(batch_bytes * entries / payload) // stripes))
+
+    if item.bytes_estimate > 0:  # A sealed segment: its size is known.
+        per_batch = fitting(item.entry_count, item.bytes_estimate)
+        async for entries in _read_batches(handle, item.first_entry_id, last, per_batch):
+            yield entries
+        return
+    # An open segment's size is known only once read: a first batch of one entry per bookie,
+    # then runs of _BATCHES_PER_RUN batches, each run's sized by the entries of the one before
+    # (a batch of batchEntries entries of 1 MiB each was 4 GiB in the executor's memory).
+    first, per_batch, batches = item.first_entry_id, 1, 1
+    while first <= last:
+        end = min(last, first + per_batch * stripes * batches - 1)
+        count = payload = 0
+        async for entries in _read_batches(handle, first, end, per_batch):
+            count += len(entries)
+            payload += sum(map(len, map(_payload_of, entries)))
+            yield entries
+        first, batches = end + 1, _BATCHES_PER_RUN
+        per_batch = fitting(count, payload) if payload > 0 else batch_entries
+
+
+async def _read_batches(
+    handle: ReadHandle, first: int, last: int, per_batch: int
+) -> AsyncIterator[list[Entry]]:
+    batches = handle.read_batches(first, last, batch_entries=per_batch)
     try:
         async for entries in batches:
             yield entries
