@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--roll-bytes", type=int, default=2_000_000)
     args = parser.parse_args()
 
+    from bkaio.ledger_client.types import ClientConfig
     from bkaio.spark import catalog
     from bkaio.spark.options import parse_read_options
     from bkaio.spark.reading import read_entries
@@ -68,12 +69,12 @@ def main() -> None:
     try:
 
         async def write() -> None:
-            bk = await runtime.client(uri, {})
-            ns = await open_namespace(bk, "bench", create=True)
-            writer = await ns.open_writer("s", roll_bytes=args.roll_bytes)
-            for _ in range(0, args.entries, 5000):
-                await asyncio.gather(*(writer.write(payload) for _ in range(5000)))
-            await writer.close()
+            async with runtime.client(uri, {}) as bk:
+                ns = await open_namespace(bk, "bench", create=True)
+                writer = await ns.open_writer("s", roll_bytes=args.roll_bytes)
+                for _ in range(0, args.entries, 5000):
+                    await asyncio.gather(*(writer.write(payload) for _ in range(5000)))
+                await writer.close()
 
         started = time.perf_counter()
         runtime.run(write())
@@ -82,17 +83,22 @@ def main() -> None:
         options = parse_read_options({"metadata": uri, "stream": "bench/s"}, streaming=False)
 
         async def read(concurrent: bool) -> int:
-            bk = await runtime.client(uri, options.client)
-            ranges = [
-                item for partition in await catalog.plan_batch(bk, options) for item in partition
-            ]
+            async with runtime.client(uri, options.client) as bk:
+                ranges = [
+                    item
+                    for partition in await catalog.plan_batch(bk, options)
+                    for item in partition
+                ]
 
-            async def one(item: Any) -> int:
-                return sum([len(b) async for b in read_entries(bk, item, 4096, True)])
+                batch_bytes = ClientConfig(**options.client).read_batch_bytes
 
-            if concurrent:
-                return sum(await asyncio.gather(*(one(r) for r in ranges)))
-            return sum([await one(r) for r in ranges])
+                async def one(item: Any) -> int:
+                    batches = read_entries(bk, item, 4096, True, batch_bytes=batch_bytes)
+                    return sum([len(b) async for b in batches])
+
+                if concurrent:
+                    return sum(await asyncio.gather(*(one(r) for r in ranges)))
+                return sum([await one(r) for r in ranges])
 
         for concurrent in (False, True):
             started = time.perf_counter()
