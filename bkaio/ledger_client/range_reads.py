@@ -108,6 +108,86 @@ class _StreamFailed(Exception):
     """Internal: every bookie that holds a stream failed its request."""
 
 
+class ReadAheadBytes:
+    """The payload bytes a read-ahead window holds: asked for by its requests in flight, or
+    received and not yet handed out, at most `limit` but for the window's head (the next
+    batch, which the consumer cannot go on without: its requests are never held back)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._pieces: deque[PieceBytes] = deque()  # In entry order: the head first.
+
+    def open(self, reserved: int) -> PieceBytes:
+        """The account of a piece joining the window, its first requests' `reserved` bytes
+        counted now."""
+        piece = PieceBytes(self, reserved)
+        self._pieces.append(piece)
+        self.held += reserved
+        return piece
+
+    def close(self, piece: PieceBytes) -> None:
+        """The piece left the window (handed out, or cancelled): its bytes no longer count."""
+        self._pieces.remove(piece)
+        self.held -= piece.counted
+        piece.counted = 0
+        piece.in_window = False
+        self.grant()
+
+    def grant(self) -> None:
+        """Let the waiting requests go, in entry order, while they fit (the head's always)."""
+        for index, piece in enumerate(self._pieces):
+            waiting = piece.waiting
+            while waiting:
+                future, size = waiting[0]
+                if future.done():  # Cancelled while it waited.
+                    waiting.popleft()
+                    continue
+                if index and self.held + size > self.limit:
+                    return  # No later piece goes before this one.
+                waiting.popleft()
+                piece.counted += size
+                self.held += size
+                future.set_result(None)
+
+
+class PieceBytes:
+    """One piece's share of a `ReadAheadBytes`: what its requests may bring, then what they
+    brought. A range request of the piece takes its `max_bytes` from the bytes reserved for
+    its first requests, else waits for room in the window (`ask`); its answer's payload then
+    counts instead (`answered`)."""
+
+    def __init__(self, window: ReadAheadBytes, reserved: int) -> None:
+        self._window = window
+        self._credit = reserved  # Counted, not yet asked for.
+        self.counted = reserved
+        self.in_window = True
+        self.waiting: deque[tuple[asyncio.Future[None], int]] = deque()
+
+    async def ask(self, max_bytes: int) -> None:
+        """Wait until a request of `max_bytes` may go."""
+        if self._credit >= max_bytes:
+            self._credit -= max_bytes
+            return
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((future, max_bytes))
+        self._window.grant()
+        await future
+
+    def answered(self, max_bytes: int, payload_bytes: int) -> None:
+        """A request of `max_bytes` brought `payload_bytes` (0: it failed)."""
+        self.took(payload_bytes - max_bytes)
+
+    def took(self, payload_bytes: int) -> None:
+        """Bytes the piece received beyond its range answers (entries read one by one), or
+        (negative) a request's reserve it did not use."""
+        if self.in_window:
+            self.counted += payload_bytes
+            self._window.held += payload_bytes
+            if payload_bytes < 0:
+                self._window.grant()
+
+
 class RangeReader:
     """Reads pieces of one ledger (see the module docstring)."""
 
@@ -122,8 +202,9 @@ class RangeReader:
         # at once: the read-ahead window's pieces would otherwise each have `read_window`.
         self._one_by_one = asyncio.Semaphore(context.config.read_window)
 
-    async def read_piece(self, piece: Piece, max_bytes: int) -> list[Entry]:
-        """The piece's entries in order, asking at most about `max_bytes` of payload at once.
+    async def read_piece(self, piece: Piece, max_bytes: int, budget: PieceBytes) -> list[Entry]:
+        """The piece's entries in order, asking at most about `max_bytes` of payload at once,
+        each request once `budget` lets it go.
 
         NoSuchEntryError / BookieUnavailableError as for single reads (the first entry that
         cannot be read decides).
@@ -134,10 +215,12 @@ class RangeReader:
         last = piece.last_entry_id
         if size == self._write_quorum:
             order = tuple((piece.turn + k) % size for k in range(size))
-            payloads = await self._read_stream(bookies, order, first, 1, last, max_bytes, ())
+            payloads = await self._read_stream(
+                bookies, order, first, 1, last, max_bytes, budget, ()
+            )
         else:
             streams = piece.streams(self._write_quorum)
-            results = await self._read_strides(piece, range(streams), max_bytes, (), False)
+            results = await self._read_strides(piece, range(streams), max_bytes, budget, (), False)
             merged: list[Any] = [None] * piece.entry_count
             for j, stream_payloads in enumerate(results):
                 merged[j::size] = stream_payloads
@@ -145,7 +228,12 @@ class RangeReader:
         return list(map(_new_entry, zip(repeat(self.ledger_id), range(first, last + 1), payloads)))
 
     async def read_copies(
-        self, piece: Piece, max_bytes: int, held_by: int, avoid: Collection[str]
+        self,
+        piece: Piece,
+        max_bytes: int,
+        budget: PieceBytes,
+        held_by: int,
+        avoid: Collection[str],
     ) -> list[StoredCopy]:
         """The copies, as stored (digests checked), of the piece's entries that ensemble index
         `held_by` stores, in order; bookies in `avoid` are asked last. (Re-replication.)"""
@@ -154,7 +242,7 @@ class RangeReader:
         if size == self._write_quorum:
             order = tuple(sorted(range(size), key=lambda i: piece.bookies[i] in avoid))
             return await self._read_stream(
-                piece.bookies, order, first, 1, piece.last_entry_id, max_bytes, avoid, True
+                piece.bookies, order, first, 1, piece.last_entry_id, max_bytes, budget, avoid, True
             )
         # The strides whose write sets include `held_by`: the entries it stores.
         strides = [
@@ -162,7 +250,7 @@ class RangeReader:
             for j in range(min(size, piece.entry_count))
             if held_by in write_set(first + j, size, self._write_quorum)
         ]
-        results = await self._read_strides(piece, strides, max_bytes, avoid, True)
+        results = await self._read_strides(piece, strides, max_bytes, budget, avoid, True)
         return sorted((copy for stream in results for copy in stream), key=_entry_id_of)
 
     async def _read_strides(
@@ -170,6 +258,7 @@ class RangeReader:
         piece: Piece,
         strides: Sequence[int],
         max_bytes: int,
+        budget: PieceBytes,
         avoid: Collection[str],
         copies: bool,
     ) -> list[list[Any]]:
@@ -186,7 +275,15 @@ class RangeReader:
             tasks.append(
                 asyncio.ensure_future(
                     self._read_stream(
-                        bookies, order, first + j, size, piece.last_entry_id, share, avoid, copies
+                        bookies,
+                        order,
+                        first + j,
+                        size,
+                        piece.last_entry_id,
+                        share,
+                        budget,
+                        avoid,
+                        copies,
                     )
                 )
             )
@@ -203,6 +300,7 @@ class RangeReader:
         stride: int,
         last: int,
         max_bytes: int,
+        budget: PieceBytes,
         avoid: Collection[str],
         copies: bool = False,
     ) -> list[Any]:
@@ -214,11 +312,13 @@ class RangeReader:
         next_id = first
         while next_id <= last:
             remaining = (last - next_id) // stride + 1
+            await budget.ask(max_bytes)
             try:
                 answer, position = await self._ask(
                     bookies, order, position, next_id, stride, last, remaining, max_bytes
                 )
             except _StreamFailed:
+                budget.answered(max_bytes, 0)
                 # Nobody served the rest as a range: entry by entry, the quorum rules decide.
                 for entry_id in range(next_id, last + 1, stride):
                     holes.append((len(payloads), entry_id, -1))
@@ -226,6 +326,7 @@ class RangeReader:
                 break
             bookie_index = order[position]
             scan = scan_records(answer.records, self.ledger_id, next_id, stride, last)
+            budget.answered(max_bytes, sum(map(len, scan.payloads)))
             end = answer.next_entry_id
             if scan.problem is not None or scan.corrupt:
                 log.warning(
@@ -285,7 +386,7 @@ class RangeReader:
                     payloads.append(None)
                 break
         if holes:
-            await self._fill_holes(bookies, payloads, holes, avoid, copies)
+            await self._fill_holes(bookies, payloads, holes, budget, avoid, copies)
         return payloads
 
     async def _ask(
@@ -363,6 +464,7 @@ class RangeReader:
         bookies: tuple[str, ...],
         payloads: list[Any],
         holes: list[tuple[int, int, int]],
+        budget: PieceBytes,
         avoid: Collection[str],
         copies: bool,
     ) -> None:
@@ -381,6 +483,7 @@ class RangeReader:
                 ordered.append(lacking)
             async with limit:
                 copy = await self._entries.read_entry([bookies[i] for i in ordered], entry_id)
+            budget.took(len(copy.payload))
             payloads[index] = copy if copies else copy.payload
 
         tasks = [asyncio.ensure_future(fill(*hole)) for hole in holes]
@@ -395,20 +498,22 @@ async def read_ahead(
     write_quorum: int,
     config: ClientConfig,
     request_bytes: Callable[[int], int],
-    fetch: Callable[[Piece, int], Awaitable[list[_T]]],
+    fetch: Callable[[Piece, int, PieceBytes], Awaitable[list[_T]]],
 ) -> AsyncGenerator[list[_T], None]:
-    """`fetch(piece, max_bytes)` of each piece, in order, with the next pieces in flight while
-    the consumer works: at most `read_ahead_requests` range requests and `read_ahead_bytes`
-    of payload asked for or fetched and not yet handed out (a piece counts what its requests
-    may bring, `request_bytes(entries per request)` each, until it is handed out); always at
-    least one piece. With `read_ahead_entries_per_second`, a piece is asked for only once the
-    entries asked for before it fit that rate (paced where the bookies' work starts, so it
-    comes evenly spread); time the read was held up (a slow consumer, a stall) earns no burst
-    to catch up, beyond `_PACE_SLACK_SECONDS`. Closing the generator early cancels what is in
-    flight."""
-    window: deque[tuple[asyncio.Future[list[_T]], int, int]] = deque()
+    """`fetch(piece, max_bytes, budget)` of each piece, in order, with the next pieces in
+    flight while the consumer works: at most `read_ahead_requests` range requests and
+    `read_ahead_bytes` of payload asked for or fetched and not yet handed out (`ReadAheadBytes`:
+    a piece joins with its first requests' `request_bytes(entries per request)` each; each
+    request reserves its `max_bytes`, replaced by its answer's payload once received; a
+    further request of a piece waits for room unless the piece is next to be handed out);
+    always at least one piece. With `read_ahead_entries_per_second`, a piece is asked for only
+    once the entries asked for before it fit that rate (paced where the bookies' work starts,
+    so it comes evenly spread); time the read was held up (a slow consumer, a stall) earns no
+    burst to catch up, beyond `_PACE_SLACK_SECONDS`. Closing the generator early cancels what
+    is in flight."""
+    window: deque[tuple[asyncio.Future[list[_T]], int, PieceBytes]] = deque()
     requests = 0  # Range requests of the pieces in the window.
-    reserved = 0  # Payload bytes they may bring.
+    held = ReadAheadBytes(config.read_ahead_bytes)
     rate = config.read_ahead_entries_per_second
     clock = asyncio.get_running_loop().time  # The loop's clock (virtual in the simulation).
     due = clock()  # When the pace lets the next piece be asked for.
@@ -420,7 +525,7 @@ async def read_ahead(
                 max_bytes = request_bytes(piece.entry_count // streams + 1) * streams
                 if window and (
                     requests + streams > config.read_ahead_requests
-                    or reserved + max_bytes > config.read_ahead_bytes
+                    or held.held + max_bytes > held.limit
                 ):
                     break
                 if rate is not None:
@@ -431,15 +536,17 @@ async def read_ahead(
                             break  # Hand out what is in flight; this piece goes when due.
                         await asyncio.sleep(due - now)
                     due += piece.entry_count / rate
-                window.append((asyncio.ensure_future(fetch(piece, max_bytes)), streams, max_bytes))
+                budget = held.open(max_bytes)
+                window.append(
+                    (asyncio.ensure_future(fetch(piece, max_bytes, budget)), streams, budget)
+                )
                 requests += streams
-                reserved += max_bytes
                 piece = next(pieces, None)
-            head, streams, max_bytes = window[0]
+            head, streams, budget = window[0]
             batch = await head
             window.popleft()
             requests -= streams
-            reserved -= max_bytes
+            held.close(budget)
             yield batch
     finally:
         await cancel_all([fetch_ for fetch_, _, _ in window])
@@ -471,8 +578,8 @@ async def read_copies(
     def request_bytes(entries: int) -> int:
         return max(MIN_REQUEST_BYTES, min(config.read_batch_bytes, entries * 4096))
 
-    async def fetch(piece: Piece, max_bytes: int) -> list[StoredCopy]:
-        return await reader.read_copies(piece, max_bytes, held_by, avoid)
+    async def fetch(piece: Piece, max_bytes: int, budget: PieceBytes) -> list[StoredCopy]:
+        return await reader.read_copies(piece, max_bytes, budget, held_by, avoid)
 
     batches = read_ahead(pieces, write_quorum, config, request_bytes, fetch)
     try:

@@ -25,6 +25,7 @@ from bkaio.ledger_client.errors import InvalidArgumentError
 from bkaio.ledger_client.range_reads import (
     MIN_REQUEST_BYTES,
     Piece,
+    PieceBytes,
     RangeReader,
     plan_pieces,
     read_ahead,
@@ -236,8 +237,9 @@ class ReadHandle:
 
         The next pieces are requested while the consumer works on this one: at most
         `read_ahead_requests` range requests in flight and `read_ahead_bytes` of payload
-        asked for or fetched and not yet handed out (a piece counts the bytes its requests may
-        return until it is handed out); always at least one piece. Errors as for `read`,
+        asked for or fetched and not yet handed out (a request counts its `max_bytes`, then
+        what it brought, until its piece is handed out; a piece's further requests wait for
+        room unless it is the next to hand out); always at least one piece. Errors as for `read`,
         raised at the batch they concern. Closing the iterator early cancels what is in flight.
         """
         if batch_entries is not None:
@@ -295,9 +297,9 @@ class ReadHandle:
                 f"ledger {self.ledger_id}: entry {last_entry_id} is beyond its {bound} {self._lac}"
             )
 
-    async def _read_piece(self, piece: Piece, max_bytes: int) -> list[Entry]:
+    async def _read_piece(self, piece: Piece, max_bytes: int, budget: PieceBytes) -> list[Entry]:
         try:
-            return await self._ranges.read_piece(piece, max_bytes)
+            return await self._ranges.read_piece(piece, max_bytes, budget)
         except BKError:
             if self._md.is_closed:
                 raise
@@ -317,7 +319,7 @@ class ReadHandle:
                 raise
             entries: list[Entry] = []
             for part in again:
-                entries += await self._ranges.read_piece(part, max_bytes)
+                entries += await self._ranges.read_piece(part, max_bytes, budget)
             return entries
 
     async def close(self) -> None:

@@ -220,6 +220,51 @@ async def test_read_ahead_stays_within_its_bytes_under_a_slow_consumer(
     assert most_ahead >= piece_bytes  # It did read ahead.
 
 
+async def settle(cluster: FakeCluster) -> None:
+    """Wait until the fake bookies get no more range requests: they answer without a timer, so
+    50 turns of the loop without one means every request the read-ahead lets go has run."""
+    quiet, seen = 0, -1
+    while quiet < 50:
+        await asyncio.sleep(0)
+        quiet = quiet + 1 if len(cluster.ops.range_reads) == seen else 0
+        seen = len(cluster.ops.range_reads)
+
+
+@pytest.mark.parametrize(("ensemble", "qw"), [(3, 3), (5, 2)])
+async def test_read_ahead_of_large_entries_stays_within_its_bytes(ensemble: int, qw: int) -> None:
+    # Entries of 16 KiB, requests of 64 KiB (read_batch_bytes below the 64 KiB floor): each
+    # request brings 4 entries, so a stream of 40 entries takes 10 requests. The read-ahead
+    # counted only a piece's first requests (64 KiB a stream), so a window of such pieces held
+    # ten times more than read_ahead_bytes. Now each further request waits for room, except
+    # those of the next batch (the head of the window): the consumer cannot go on without it.
+    size = 16 * 1024
+    bound = 1024 * 1024
+    cluster = fake_cluster(
+        5,
+        read_batch_entries=40,
+        read_batch_bytes=16 * 1024,
+        read_ahead_bytes=bound,
+        read_ahead_requests=64,
+    )
+    count = 1000  # 25 pieces of 640 KiB (E = Qw), or 5 of 3.2 MiB (5 streams).
+    ledger_id = await closed_ledger(cluster, count, ensemble, qw, size=size)
+    rh = await cluster.client.open_ledger(ledger_id)
+    consumed = 0
+    most_ahead = 0
+    async for batch in rh.read_batches(0, count - 1):
+        piece_bytes = len(batch) * size
+        await settle(cluster)  # A slow consumer: whatever the window lets in arrives.
+        # Fetched and not handed out, beyond the batch the consumer holds: the next batch
+        # (whole, as a piece always completes) and at most read_ahead_bytes more.
+        ahead = sum(cluster.ops.range_bytes) - consumed - piece_bytes
+        most_ahead = max(most_ahead, ahead)
+        assert ahead <= bound + piece_bytes, (ahead, bound, piece_bytes)
+        consumed += piece_bytes
+    assert consumed == count * size
+    assert max(cluster.ops.range_bytes) <= 64 * 1024  # Every answer within its max_bytes.
+    assert most_ahead > piece_bytes  # It did read ahead beyond the next batch.
+
+
 async def test_read_ahead_keeps_a_window_of_requests() -> None:
     cluster = fake_cluster(3, read_batch_entries=10, read_ahead_requests=4)
     ledger_id = await closed_ledger(cluster, 200)
