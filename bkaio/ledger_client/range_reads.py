@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, TypeVar, cast
@@ -37,8 +37,8 @@ from bkaio.errors import BKError, NoSuchLedgerError, ProtocolError
 from bkaio.ledger_client.context import ClientContext
 from bkaio.ledger_client.quorum import Segment, write_set
 from bkaio.ledger_client.reads import EntryReader, cancel_all
-from bkaio.ledger_client.types import ClientConfig, EntriesAnswer, Entry, StoredCopy
-from bkaio.protocol.records import record_fields, scan_records
+from bkaio.ledger_client.types import ClientConfig, EntriesAnswer, Entry
+from bkaio.protocol.records import scan_records
 
 log = structlog.get_logger(__name__)
 
@@ -53,10 +53,6 @@ MIN_REQUEST_BYTES = 64 * 1024
 # load the bookies at full speed, what the pace is there to prevent.
 _PACE_SLACK_SECONDS = 0.02
 _T = TypeVar("_T")
-
-
-def _entry_id_of(copy: StoredCopy) -> int:
-    return copy.entry_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,43 +211,15 @@ class RangeReader:
         last = piece.last_entry_id
         if size == self._write_quorum:
             order = tuple((piece.turn + k) % size for k in range(size))
-            payloads = await self._read_stream(
-                bookies, order, first, 1, last, max_bytes, budget, ()
-            )
+            payloads = await self._read_stream(bookies, order, first, 1, last, max_bytes, budget)
         else:
             streams = piece.streams(self._write_quorum)
-            results = await self._read_strides(piece, range(streams), max_bytes, budget, (), False)
+            results = await self._read_strides(piece, range(streams), max_bytes, budget)
             merged: list[Any] = [None] * piece.entry_count
             for j, stream_payloads in enumerate(results):
                 merged[j::size] = stream_payloads
             payloads = merged
         return list(map(_new_entry, zip(repeat(self.ledger_id), range(first, last + 1), payloads)))
-
-    async def read_copies(
-        self,
-        piece: Piece,
-        max_bytes: int,
-        budget: PieceBytes,
-        held_by: int,
-        avoid: Collection[str],
-    ) -> list[StoredCopy]:
-        """The copies, as stored (digests checked), of the piece's entries that ensemble index
-        `held_by` stores, in order; bookies in `avoid` are asked last. (Re-replication.)"""
-        size = len(piece.bookies)
-        first = piece.first_entry_id
-        if size == self._write_quorum:
-            order = tuple(sorted(range(size), key=lambda i: piece.bookies[i] in avoid))
-            return await self._read_stream(
-                piece.bookies, order, first, 1, piece.last_entry_id, max_bytes, budget, avoid, True
-            )
-        # The strides whose write sets include `held_by`: the entries it stores.
-        strides = [
-            j
-            for j in range(min(size, piece.entry_count))
-            if held_by in write_set(first + j, size, self._write_quorum)
-        ]
-        results = await self._read_strides(piece, strides, max_bytes, budget, avoid, True)
-        return sorted((copy for stream in results for copy in stream), key=_entry_id_of)
 
     async def _read_strides(
         self,
@@ -259,8 +227,6 @@ class RangeReader:
         strides: Sequence[int],
         max_bytes: int,
         budget: PieceBytes,
-        avoid: Collection[str],
-        copies: bool,
     ) -> list[list[Any]]:
         """Streams j of `strides` at once (entries first + j, first + j + E, ...)."""
         bookies = piece.bookies
@@ -269,9 +235,7 @@ class RangeReader:
         share = max(1, max_bytes // max(1, len(strides)))
         tasks = []
         for j in strides:
-            order = sorted(
-                write_set(first + j, size, self._write_quorum), key=lambda i: bookies[i] in avoid
-            )
+            order = write_set(first + j, size, self._write_quorum)
             tasks.append(
                 asyncio.ensure_future(
                     self._read_stream(
@@ -282,8 +246,6 @@ class RangeReader:
                         piece.last_entry_id,
                         share,
                         budget,
-                        avoid,
-                        copies,
                     )
                 )
             )
@@ -301,11 +263,8 @@ class RangeReader:
         last: int,
         max_bytes: int,
         budget: PieceBytes,
-        avoid: Collection[str],
-        copies: bool = False,
     ) -> list[Any]:
-        """Payloads of entries first, first + stride, ... <= last, in order (with `copies`:
-        each one's `StoredCopy`)."""
+        """Payloads of entries first, first + stride, ... <= last, in order."""
         payloads: list[Any] = []
         holes: list[tuple[int, int, int]] = []  # (index in payloads, entry id, ensemble index)
         position = 0  # In `order`: the bookie asked next.
@@ -362,11 +321,6 @@ class RangeReader:
             end = min(end, last + 1)
             covered = (end - next_id + stride - 1) // stride  # Entries looked at.
             items: list[Any] = scan.payloads
-            if copies:
-                items = [
-                    StoredCopy(*record_fields(answer.records, offset)[1:], payload)
-                    for offset, payload in zip(scan.offsets, scan.payloads, strict=True)
-                ]
             # Every entry looked at came, and none from past `end`: a bookie breaking the
             # protocol (records beyond where it says it stopped, as an older bookie's READ_RANGE
             # with a gap becomes) would otherwise shift later entries into earlier places.
@@ -386,7 +340,7 @@ class RangeReader:
                     payloads.append(None)
                 break
         if holes:
-            await self._fill_holes(bookies, payloads, holes, budget, avoid, copies)
+            await self._fill_holes(bookies, payloads, holes, budget)
         return payloads
 
     async def _ask(
@@ -465,26 +419,22 @@ class RangeReader:
         payloads: list[Any],
         holes: list[tuple[int, int, int]],
         budget: PieceBytes,
-        avoid: Collection[str],
-        copies: bool,
     ) -> None:
         """Read the `holes` entry by entry (at most `read_window` at once for the reader),
-        each from its write set with the bookie that lacked it (and those in `avoid`) last, into
-        their places in `payloads`."""
+        each from its write set with the bookie that lacked it last, into their places in
+        `payloads`."""
         size = len(bookies)
         limit = self._one_by_one
 
         async def fill(index: int, entry_id: int, lacking: int) -> None:
             indexes = write_set(entry_id, size, self._write_quorum)
-            ordered = sorted(
-                (i for i in indexes if i != lacking), key=lambda i: bookies[i] in avoid
-            )
+            ordered = [i for i in indexes if i != lacking]
             if lacking >= 0:
                 ordered.append(lacking)
             async with limit:
                 copy = await self._entries.read_entry([bookies[i] for i in ordered], entry_id)
             budget.took(len(copy.payload))
-            payloads[index] = copy if copies else copy.payload
+            payloads[index] = copy.payload
 
         tasks = [asyncio.ensure_future(fill(*hole)) for hole in holes]
         try:
@@ -550,40 +500,3 @@ async def read_ahead(
             yield batch
     finally:
         await cancel_all([fetch_ for fetch_, _, _ in window])
-
-
-async def read_copies(
-    context: ClientContext,
-    ledger_id: int,
-    write_quorum: int,
-    ack_quorum: int,
-    ensemble: tuple[str, ...],
-    first_entry_id: int,
-    last_entry_id: int,
-    held_by: int,
-    avoid: Collection[str],
-) -> AsyncGenerator[list[StoredCopy], None]:
-    """The stored copies (digests checked) of the entries first..last of a segment that
-    ensemble index `held_by` stores, in order, in batches, read ahead like a sequential read;
-    bookies in `avoid` are asked last (re-replication moves a fragment off them)."""
-    config = context.config
-    reader = RangeReader(
-        context, ledger_id, write_quorum, EntryReader(context, ledger_id, write_quorum, ack_quorum)
-    )
-    pieces = plan_pieces(
-        ((first_entry_id, ensemble),), write_quorum, first_entry_id, last_entry_id,
-        config.read_batch_entries,
-    )  # fmt: skip
-
-    def request_bytes(entries: int) -> int:
-        return max(MIN_REQUEST_BYTES, min(config.read_batch_bytes, entries * 4096))
-
-    async def fetch(piece: Piece, max_bytes: int, budget: PieceBytes) -> list[StoredCopy]:
-        return await reader.read_copies(piece, max_bytes, budget, held_by, avoid)
-
-    batches = read_ahead(pieces, write_quorum, config, request_bytes, fetch)
-    try:
-        async for batch in batches:
-            yield batch
-    finally:
-        await batches.aclose()
