@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +28,6 @@ from tests.unit.stream.conftest import BOOKIE_IDS
 
 BOUND = 4000
 PAYLOADS = [bytes([i]) * 1000 for i in range(20)]
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    runtime = Runtime()
-    try:
-        yield runtime
-    finally:
-        runtime.close()
 
 
 async def fake_client(uri: str) -> BookKeeper:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,15 +21,6 @@ from bkaio.meta import initialise_cluster_at
 from bkaio.spark.runtime import LoopStoppedError, Runtime
 
 GUARD_SECONDS = 30.0  # Far longer than the loop's liveness check (1 s): only a hang gets here.
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    runtime = Runtime()
-    try:
-        yield runtime
-    finally:
-        runtime.close()
 
 
 def failures(task: str) -> float:

@@ -6,7 +6,6 @@ with its bookie connections and background tasks, for every set it had seen. It 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,6 @@ def uri(tmp_path: Path) -> str:
     uri = f"sqlite://{tmp_path / 'meta.db'}"
     asyncio.run(initialise_cluster_at(uri))
     return uri
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    runtime = Runtime()
-    try:
-        yield runtime
-    finally:
-        runtime.close()
 
 
 @pytest.fixture
