@@ -8,6 +8,7 @@
     bkaio stream truncate NS/STREAM --before POSITION [--force]
     bkaio stream cursors NS/STREAM                    bkaio stream retain [NS ...] [--every S]
     bkaio stream info NS/STREAM                       (segments, seqs, bytes, retention, cursors)
+    bkaio stream orphans NS [--older-than S] [--delete]  (bkaio/cli/stream_orphans.py)
 
 Positions print as LEDGER:ENTRY@SEQ. Every command takes --metadata (or $BKAIO_METADATA) and
 --json; failures are one line on stderr (bkaio/cli/main.py). `write` and `tail` print one line
@@ -97,7 +98,7 @@ async def _position_for_seq(namespace: Namespace, stream: str, seq: int) -> Stre
 @click.group()
 def stream() -> None:
     """Namespaces and streams: create, list, info, write, tail, truncate, delete, cursors,
-    retain."""
+    retain, orphans."""
 
 
 @stream.command("create")

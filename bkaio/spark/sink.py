@@ -49,14 +49,19 @@ from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
 from bkaio.stream.opening import undo_if_namespace_closed
-from bkaio.stream.segments import STREAM_PASSWORD, seal_open_segment, stream_ledger_metadata
+from bkaio.stream.segments import (
+    SPARK_JOB_KEY,
+    STREAM_PASSWORD,
+    seal_open_segment,
+    stream_ledger_metadata,
+)
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
 
 log = structlog.get_logger(__name__)
 
 SINKS_PREFIX = "/spark/sinks/"
 JOBS_PREFIX = "/spark/jobs/"  # /spark/jobs/<job id>/<ledger id>: ledgers a job's tasks created.
-JOB_METADATA_KEY = "bkaio.spark.job"
+JOB_METADATA_KEY = SPARK_JOB_KEY
 # /spark/aborted/<job id>: the job was aborted. Bound to a lease that nobody keeps alive, so it
 # expires on its own once the job's cancelled tasks are long gone.
 ABORTED_PREFIX = "/spark/aborted/"

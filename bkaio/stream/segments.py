@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 STREAM_PASSWORD = b"bkaio-stream"  # Guards stream ledgers against stray ledger-API writers.
+# Custom metadata keys of stream ledgers: the stream ("ns/stream"), the writer epoch that
+# created the ledger, and (on a Spark task's ledger) the Spark job (bkaio/stream/orphans.py).
+STREAM_KEY = "bkaio.stream"
+STREAM_EPOCH_KEY = "bkaio.epoch"
+SPARK_JOB_KEY = "bkaio.spark.job"
 
 
 async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> StreamMeta:
@@ -112,8 +117,8 @@ async def delete_unnamed_ledgers(bk: BookKeeper, segments: tuple[Segment, ...], 
 def stream_ledger_metadata(namespace: str, stream: str, epoch: int) -> dict[str, bytes]:
     """Custom metadata on every stream ledger: lets an operator find orphans after a crash."""
     return {
-        "bkaio.stream": f"{namespace}/{stream}".encode(),
-        "bkaio.epoch": str(epoch).encode(),
+        STREAM_KEY: f"{namespace}/{stream}".encode(),
+        STREAM_EPOCH_KEY: str(epoch).encode(),
     }
 
 
