@@ -51,6 +51,7 @@ from bkaio.stream.model import Segment, SegmentState, StreamMeta
 from bkaio.stream.opening import undo_if_namespace_closed
 from bkaio.stream.segments import (
     SPARK_JOB_KEY,
+    SPARK_JOBS_PREFIX,
     STREAM_PASSWORD,
     seal_open_segment,
     stream_ledger_metadata,
@@ -60,7 +61,7 @@ from bkaio.stream.store import StreamStore, metadata_of, now_ms
 log = structlog.get_logger(__name__)
 
 SINKS_PREFIX = "/spark/sinks/"
-JOBS_PREFIX = "/spark/jobs/"  # /spark/jobs/<job id>/<ledger id>: ledgers a job's tasks created.
+JOBS_PREFIX = SPARK_JOBS_PREFIX  # /spark/jobs/<job id>/<ledger id>: ledgers a job's tasks created.
 JOB_METADATA_KEY = SPARK_JOB_KEY
 # /spark/aborted/<job id>: the job was aborted. Bound to a lease that nobody keeps alive, so it
 # expires on its own once the job's cancelled tasks are long gone.

@@ -11,7 +11,10 @@ creation time in their metadata) are orphans.
 `find_orphans` walks the cluster's ledger ids a page at a time and reads each one's metadata;
 it keeps only the set of ledger ids each stream of the namespace names that it has seen.
 `delete_orphans` re-reads the stream's record right before each delete and keeps a ledger the
-record names by then (a compare-and-swap may have named it since the listing).
+record names by then (a compare-and-swap may have named it since the listing). It also keeps a
+Spark task's ledger that its job's registry still lists: the job may still commit it, however
+long it has run. A job that died leaves its registry behind, and its ledgers stay listed until
+an operator removes that registry (`/spark/jobs/<job id>/`) after checking the job is gone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import structlog
 
 from bkaio.errors import NoSuchLedgerError
 from bkaio.stream.errors import InvalidStreamArgumentError
-from bkaio.stream.segments import SPARK_JOB_KEY, STREAM_EPOCH_KEY, STREAM_KEY
+from bkaio.stream.segments import SPARK_JOB_KEY, SPARK_JOBS_PREFIX, STREAM_EPOCH_KEY, STREAM_KEY
 from bkaio.stream.store import StreamStore, metadata_of, now_ms
 
 if TYPE_CHECKING:
@@ -135,12 +138,20 @@ async def delete_orphans(
     """Delete each of `orphans` unless its stream's record, read again right before, names it
     now; one outcome per orphan, in order."""
     store = StreamStore(metadata_of(bk))
+    registry = metadata_of(bk).store
     for orphan in orphans:
         ids = await _named_ledgers(store, namespace, orphan.stream)
+        kept = None
         if ids is not None and orphan.ledger_id in ids:
+            kept = "the stream's record names it now"
+        elif orphan.job is not None:
+            key = f"{SPARK_JOBS_PREFIX}{orphan.job}/{orphan.ledger_id}"
+            if await registry.get(key) is not None:
+                kept = f"Spark job {orphan.job} still lists it ({key}): it may commit it yet"
+        if kept is not None:
             log.info("stream_orphan_kept", stream=f"{namespace}/{orphan.stream}",
-                     ledger_id=orphan.ledger_id)  # fmt: skip
-            yield OrphanOutcome(orphan, False, "the stream's record names it now")
+                     ledger_id=orphan.ledger_id, reason=kept)  # fmt: skip
+            yield OrphanOutcome(orphan, False, kept)
             continue
         try:
             await bk.delete_ledger(orphan.ledger_id)

@@ -28,6 +28,9 @@ STREAM_PASSWORD = b"bkaio-stream"  # Guards stream ledgers against stray ledger-
 STREAM_KEY = "bkaio.stream"
 STREAM_EPOCH_KEY = "bkaio.epoch"
 SPARK_JOB_KEY = "bkaio.spark.job"
+# The Spark sink's job registry: /spark/jobs/<job id>/<ledger id> for each ledger a job's tasks
+# created, until the job commits or aborts (bkaio/spark/sink.py).
+SPARK_JOBS_PREFIX = "/spark/jobs/"
 
 
 async def seal_open_segment(bk: BookKeeper, meta: StreamMeta, where: str) -> StreamMeta:

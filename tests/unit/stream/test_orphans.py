@@ -18,6 +18,7 @@ from bkaio.stream.model import Segment, SegmentState
 from bkaio.stream.orphans import OrphanLedger, OrphanOutcome, delete_orphans, find_orphans
 from bkaio.stream.segments import (
     SPARK_JOB_KEY,
+    SPARK_JOBS_PREFIX,
     STREAM_PASSWORD,
     stream_ledger_metadata,
 )
@@ -132,3 +133,20 @@ async def test_bad_input_is_refused_naming_it(make_client: ClientFactory) -> Non
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InvalidStreamArgumentError, match="older_than_seconds"):
             await orphans_of(bk, bad)
+
+
+async def test_delete_keeps_a_spark_jobs_ledger_its_registry_still_lists(
+    make_client: ClientFactory,
+) -> None:
+    """A job running longer than --older-than has task ledgers no record names yet: while its
+    registry lists one, the job may still publish it, so it is not deleted."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    await ns.create_stream("live")
+    running = await crash_between_create_and_cas(bk, "live", 0, job="job-8")
+    dead = await crash_between_create_and_cas(bk, "live", 0, job="job-9")
+    await metadata_of(bk).store.put(f"{SPARK_JOBS_PREFIX}job-8/{running}", b"")
+    done = {o.orphan.ledger_id: o for o in await outcomes(bk, await orphans_of(bk))}
+    assert not done[running].deleted and "job-8 still lists it" in done[running].reason
+    assert done[dead].deleted
+    await bk.get_ledger_metadata(running)
