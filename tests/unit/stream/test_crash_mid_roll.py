@@ -42,14 +42,18 @@ async def test_crash_between_sealing_and_recording_a_roll(
     ns = await open_namespace(first_client, "tenant", create=True)
     crashed = await ns.open_writer("s", roll_bytes=25)
     reader = await ns.open_reader("s", long_poll_seconds=0.2)
-    never = asyncio.Event()
+    reached, never = asyncio.Event(), asyncio.Event()
 
     async def stuck(self: StreamWriter, *args: object) -> None:
+        reached.set()
         await never.wait()  # The writer dies here: ledger sealed, next created, no CAS.
 
     monkeypatch.setattr(StreamWriter, "_cas_segments", stuck)
     acked = [await crashed.write(b"%010d" % i) for i in range(3)]  # The third starts the roll.
     held = crashed.write(b"held, never sent")
+    # The roll runs as a job of its own: the second writer opens once it sealed the ledger and
+    # created the next (had it opened first, its recovery would fence the roll's seal).
+    await reached.wait()
     new = await (await open_namespace(second_client, "tenant")).open_writer("s")
     later = await new.write(b"after")
     assert later.seq == 3
