@@ -195,18 +195,21 @@ class StreamReader:
         while not self._buffer:
             if self._watch_error is not None:
                 raise self._watch_error
-            meta = self._meta
+            # A change of the record after this view sets `changed`: the waits below return
+            # at once for a change that came while this view was being acted on (a ledger
+            # opened, a long poll set up), instead of waiting for the change after it.
+            meta, changed = self._meta, self._meta_changed
             seq = self._next_seq
             if seq < meta.first_seq:
                 raise truncated_error(self._where, seq, meta)
             index = meta.segment_index_for(seq)
             if index is None:
-                await self._wait_meta_change()  # Past the end of a stream with no writer.
+                await changed.wait()  # Past the end of a stream with no writer.
                 continue
             segment = meta.segments[index]
             assert segment.first_seq <= seq, (segment, seq)
             try:
-                await self._fill_from(segment, seq)
+                await self._fill_from(segment, seq, changed)
             except (NoSuchLedgerError, NoSuchEntryError) as error:
                 # The segment may have been truncated away under us: the record decides.
                 fresh = await self._read_record()
@@ -226,7 +229,9 @@ class StreamReader:
             segment,
         )
 
-    async def _fill_from(self, segment: Segment, seq: int) -> None:
+    async def _fill_from(self, segment: Segment, seq: int, changed: asyncio.Event) -> None:
+        """Buffer records of `segment` from `seq`; `changed` is set once the record changed
+        after the view `segment` came from."""
         handle = await self._open(segment)
         entry_id = seq - segment.first_seq
         if not segment.is_open:
@@ -246,9 +251,9 @@ class StreamReader:
         if handle.is_closed:
             # The ledger was sealed (a roll, or a new writer's recovery) but the record does
             # not say so yet: the watch brings the next segment.
-            await self._wait_meta_change()
+            await changed.wait()
             return
-        await self._tail(segment, handle, entry_id)
+        await self._tail(segment, handle, entry_id, changed)
 
     async def _read_range(self, segment: Segment, first_entry_id: int, last_entry_id: int) -> None:
         """Buffer the next batch of first..last, from the read-ahead over that range (started
@@ -285,10 +290,11 @@ class StreamReader:
         if batches is not None:
             await batches.aclose()
 
-    async def _tail(self, segment: Segment, handle: ReadHandle, entry_id: int) -> None:
+    async def _tail(
+        self, segment: Segment, handle: ReadHandle, entry_id: int, changed: asyncio.Event
+    ) -> None:
         """Long-poll the open ledger for `entry_id` and whatever follows it, cut short by a
         change of the record; the poll's answer carries the entries themselves."""
-        changed = self._meta_changed
         poll = asyncio.ensure_future(
             handle.wait_for_entries(entry_id, timeout=self._options.long_poll_seconds)
         )
@@ -335,10 +341,6 @@ class StreamReader:
     def _adopt(self, meta: StreamMeta) -> None:
         if meta.version >= self._meta.version:
             self._meta = meta
-
-    async def _wait_meta_change(self) -> None:
-        changed = self._meta_changed
-        await changed.wait()
 
     async def _watch(self, start_revision: int) -> None:
         revision, restarts = start_revision, 0

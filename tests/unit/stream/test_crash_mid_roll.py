@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from bkaio.errors import LedgerFencedError
+from bkaio.ledger_client import ReadHandle
 from bkaio.stream import open_namespace
+from bkaio.stream.model import StreamMeta
+from bkaio.stream.reader import StreamReader
 from bkaio.stream.writer import StreamWriter
 from tests.unit.stream.conftest import ClientFactory
 from tests.unit.stream.test_streams import take
@@ -82,3 +86,45 @@ async def test_two_writers_opening_at_once_leave_one_owner_and_dense_seqs(
     async with await spaces[0].open_reader("s") as reader:
         records = await take(reader, 2)
     assert [r.position.seq for r in records] == [0, 1]
+
+
+async def test_a_reader_opening_the_open_ledger_as_a_new_writer_seals_it_carries_on(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader picks the open segment from its view of the record and opens its ledger;
+    meanwhile a new writer recovers (seals) that ledger, records the next segment, and the
+    watch brings that change. The reader then finds the ledger sealed and waits for a change
+    of the record: it waited for the change after that one, which never came."""
+    reader_client, first_client, second_client = [await make_client() for _ in range(3)]
+    await (await open_namespace(first_client, "tenant", create=True)).open_writer("s")
+    ns = await open_namespace(reader_client, "tenant")
+    reader = await ns.open_reader("s", long_poll_seconds=0.2)
+    opening, opened = asyncio.Event(), asyncio.Event()
+    real_open = reader_client.open_ledger
+
+    async def open_after_the_change(ledger_id: int, **options: Any) -> ReadHandle:
+        opening.set()
+        await opened.wait()
+        return await real_open(ledger_id, **options)
+
+    monkeypatch.setattr(reader_client, "open_ledger", open_after_the_change)
+    real_seen = StreamReader._seen
+    seen_new_writer = asyncio.Event()
+
+    def seen(self: StreamReader, meta: StreamMeta | None) -> None:
+        real_seen(self, meta)
+        if meta is not None and meta.epoch == 2:
+            seen_new_writer.set()
+
+    monkeypatch.setattr(StreamReader, "_seen", seen)
+    reading = asyncio.create_task(take(reader, 1))
+    await opening.wait()  # The reader's view: the first writer's segment, open.
+    new = await (await open_namespace(second_client, "tenant")).open_writer("s")
+    written = await new.write(b"after")
+    await seen_new_writer.wait()  # The watch brought the sealed segment and the next.
+    opened.set()
+    [record] = await reading
+    assert (record.position, record.payload) == (written, b"after")
+    monkeypatch.undo()
+    await new.close()
+    await reader.close()
