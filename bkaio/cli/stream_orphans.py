@@ -44,7 +44,10 @@ def _row(orphan: Any) -> dict[str, Any]:
 @click.option(
     "--delete",
     is_flag=True,
-    help="Delete each one its stream's record, read again just before, still does not name.",
+    help=(
+        "Delete each one that its stream's record, read again just before, still does not name"
+        " and no Spark job's registry lists."
+    ),
 )
 @metadata_option
 @json_option
