@@ -10,7 +10,8 @@
     PUT  /api/v1/bookie/state             {"read_only": bool}: force read-only on/off (token)
     GET  /api/v1/bookie/state/readonly    {"readOnly": bool}
     PUT  /api/v1/bookie/state/readonly    {"readOnly": bool} (token)
-    GET  /api/v1/bookie/is_ready          200 when every shard listens and it is registered; 503
+    GET  /api/v1/bookie/is_ready          200 when every shard listens and it is registered
+                                          (its lease confirmed or in doubt); 503
     GET  /api/v1/bookie/gc                {"is_in_force_gc": bool}
     PUT  /api/v1/bookie/gc                garbage collection on every shard now (token)
     GET  /api/v1/bookie/gc_details        per shard: GC and compaction runs, times, in progress
@@ -36,6 +37,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bkaio.errors import BKError
+from bkaio.meta.bookies import RegistrationState
 from bkaio.meta.cluster_admin import describe_cluster
 from bkaio.security.tls import bookie_client_tls_context
 from bkaio.security.tokens import redact_uri
@@ -54,6 +56,10 @@ from .offline import FILE_KINDS, last_marks, list_files
 from .probe import probe_bookie
 
 PROBE_CONCURRENCY = 16  # list_bookie_info asks this many bookies at a time.
+# The registration states (the admin state's "registration") in which the bookie is ready.
+READY_REGISTRATIONS = frozenset(
+    {RegistrationState.REGISTERED.value, RegistrationState.UNCONFIRMED.value}
+)
 _SECRET = "***"
 
 
@@ -135,7 +141,10 @@ class _BookieRoutes:
 
     async def is_ready(self, request: web.Request) -> web.Response:
         state = self._state()
-        ready = state["running"] and state["registered"] and not state["shutting_down"]
+        # A registration whose lease is in doubt is still ready: the bookie serves its clients
+        # as before, and the store settles the doubt within one refresh attempt.
+        advertised = state["registration"] in READY_REGISTRATIONS
+        ready = state["running"] and advertised and not state["shutting_down"]
         return web.json_response(state, status=200 if ready else 503)
 
     async def gc_running(self, request: web.Request) -> web.Response:

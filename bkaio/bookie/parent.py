@@ -50,6 +50,7 @@ from bkaio.config import BookieConfig, load_bookie_config
 from bkaio.errors import BKError
 from bkaio.fault_switches import fault_switch_refusal
 from bkaio.logs import configure_logging
+from bkaio.meta.bookies import RegistrationState
 from bkaio.process_metrics import ProcessesCollector
 from bkaio.security.tls import server_tls_context
 from bkaio.supervision import EXIT_TASK_FAILED, FatalTaskFailure, Restart, Supervisor, bounded
@@ -98,14 +99,20 @@ class BookieParent(ShardWorkers, RegistrationAndHealth, RecoveryServices, AdminV
         self._aggregate = AggregatingCollector()
         self.metrics_registry.register(self._aggregate)
         self.metrics_registry.register(ProcessesCollector(self._process_ids))
-        self._registered_gauge = Gauge(
+        registered = RegistrationState.REGISTERED.value
+        Gauge(
             "bkaio_bookie_registered",
-            "1 while the bookie holds its registration in metadata",
+            "1 while the bookie holds its registration in metadata under a lease the store "
+            "confirmed within its TTL; 0 while that lease is in doubt, lost, or not yet granted",
             registry=self.metrics_registry,
-        )
-        self._registered_gauge.set_function(
-            lambda: 1.0 if self.registration is not None and self.registration.registered else 0.0
-        )
+        ).set_function(lambda: 1.0 if self.registration_state == registered else 0.0)
+        unconfirmed = RegistrationState.UNCONFIRMED.value
+        Gauge(
+            "bkaio_bookie_registration_unconfirmed",
+            "1 while the registration's lease is in doubt: no refresh confirmed within its TTL "
+            "(a stalled event loop, a slow or unreachable store) and the store not asked again yet",
+            registry=self.metrics_registry,
+        ).set_function(lambda: 1.0 if self.registration_state == unconfirmed else 0.0)
         # Every shard's journal is built from the one [journal] section: one answer per bookie.
         self.journal_sync = all(storage.journal.sync for storage in config.storage)
         Gauge(

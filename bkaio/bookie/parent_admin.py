@@ -17,6 +17,7 @@ import prometheus_client
 import bkaio
 from bkaio.errors import BKError
 from bkaio.meta import Metadata
+from bkaio.meta.bookies import RegistrationState
 from bkaio.metric_snapshots import BkaioOnly, snapshot_registry
 
 from .parent_state import ParentState
@@ -38,9 +39,13 @@ class AdminView(ParentState):
             "forced_read_only": self.forced_read_only,
             "decommissioned": self.decommissioned,
             "shutting_down": self.shutting_down,
-            # Not just started: a lost lease leaves the bookie out of the registry until the
-            # registration is back (is_ready answers 503 meanwhile).
-            "registered": self.registration is not None and self.registration.registered,
+            # "registered", "unconfirmed" (its lease in doubt: the store may have dropped it),
+            # "lost" (out of the registry until the registration is back), "deregistered" or
+            # "none" (not yet registered, or let go). is_ready answers 503 unless it is
+            # registered or unconfirmed.
+            "registration": self.registration_state,
+            # True only while the store confirmed the lease within its TTL.
+            "registered": self.registration_state == RegistrationState.REGISTERED.value,
             "shards_read_only": [w.read_only for w in self.workers],
             "journal_sync": self.journal_sync,
             "limbo": self.limbo.summary(),

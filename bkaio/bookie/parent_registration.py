@@ -7,7 +7,8 @@ parent_state.py) that says whether the bookie is read-only (a shard says so, or 
 and moves the registration between /bookies and /bookies/readonly as the mode changes (retried
 with backoff until it is done). `mark_unhealthy` is how a failure the bookie cannot recover from
 is reported: `/health` 503, systemd STATUS=, the registration removed (clients change ensembles
-away from the bookie), then a stop (exit 3).
+away from the bookie), then a stop (exit 3). `registration_state` is what the admin state and the
+registration gauges show of the registration.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 
 from bkaio.backoff import Backoff
 from bkaio.errors import BKError
+from bkaio.meta.bookies import RegistrationState
 from bkaio.supervision import Once
 
 from .parent_state import ParentState
@@ -32,6 +34,17 @@ class RegistrationAndHealth(ParentState):
     @property
     def read_only_by_operator(self) -> bool:
         return self.forced_read_only or self.decommissioned
+
+    @property
+    def registration_state(self) -> str:
+        """A `RegistrationState` value ("registered", "unconfirmed" while its lease is in doubt,
+        "lost", "deregistered"), or "none" before the bookie registered and once it let its
+        registration go."""
+        registration = self.registration
+        if registration is None:
+            return "none"
+        state: RegistrationState = registration.state
+        return state.value
 
     @property
     def healthy(self) -> bool:

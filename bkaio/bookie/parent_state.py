@@ -62,6 +62,10 @@ class ParentState:
     def healthy(self) -> bool:
         raise NotImplementedError
 
+    @property
+    def registration_state(self) -> str:
+        raise NotImplementedError
+
     def mark_unhealthy(self, reason: str) -> None:
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +154,22 @@ class _HeldWait:
         return now >= self._deadline
 
 
+class RegistrationState(enum.Enum):
+    """What a bookie knows of its registration, as its admin state and metrics show it."""
+
+    # The record is in place under a lease the store confirmed within its TTL.
+    REGISTERED = "registered"
+    # The record is in place, but no refresh of its lease was confirmed within the TTL by this
+    # process's clock (an event-loop stall, a slow or unreachable store) and the keep-alive's late
+    # refresh has not answered yet: the store may have dropped the lease and the record with it.
+    # Settled within one attempt timeout, to REGISTERED or LOST.
+    UNCONFIRMED = "unconfirmed"
+    # The lease is lost (the store dropped the record, or may have): re-registering until the
+    # record is back under a new lease, or for good once another process kept the bookie's id.
+    LOST = "lost"
+    DEREGISTERED = "deregistered"  # Removed on purpose (the bookie stops).
+
+
 class BookieRegistration:
     """A live registration: kept alive in the background, re-created if its lease lapses.
 
@@ -205,6 +222,18 @@ class BookieRegistration:
             and not self._deregistered
             and not self._lost_for_good
         )
+
+    @property
+    def state(self) -> RegistrationState:
+        """`registered` told apart by whether the store confirmed the lease within its TTL: what
+        an operator is shown (a lease in doubt is not yet known lost, `registered` stays true)."""
+        if self._deregistered:
+            return RegistrationState.DEREGISTERED
+        if not self.registered:
+            return RegistrationState.LOST
+        if self._lease.in_doubt:
+            return RegistrationState.UNCONFIRMED
+        return RegistrationState.REGISTERED
 
     async def set_read_only(self, read_only: bool) -> None:
         """Move the registration to /bookies/readonly (or back) under the same lease.

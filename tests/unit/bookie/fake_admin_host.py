@@ -54,6 +54,7 @@ class FakeAdminHost:
             "running": True,
             "read_only": bool(self.forced and self.forced[-1]),
             "shutting_down": False,
+            "registration": "registered",
             "registered": True,
             "healthy": True,
             "unhealthy_reason": None,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bkaio.meta import sqlite_database
-from bkaio.meta.bookies import BookieInfo, BookieRegistry, registration_key
+from bkaio.meta.bookies import BookieInfo, BookieRegistry, RegistrationState, registration_key
 from bkaio.meta.errors import LeaseExpiredError
 from bkaio.meta.sqlite_driver import SqliteMetadataStore
 from bkaio.meta.store import EventKind
@@ -44,6 +44,7 @@ async def test_a_mode_move_on_a_lease_the_store_dropped_is_refused_by_the_store(
     _stall_loop(3 * TTL)
     clock.now += 3 * TTL  # The store's clock passed the lease's expiry too.
     assert registration.registered and dropped.in_doubt  # Not known lost yet.
+    assert registration.state.value == "unconfirmed"  # As an operator is shown it.
     with pytest.raises(LeaseExpiredError):
         await registration.set_read_only(True)
     async with asyncio.timeout(LIVENESS):  # Back under a new lease, read-only.
@@ -53,4 +54,5 @@ async def test_a_mode_move_on_a_lease_the_store_dropped_is_refused_by_the_store(
     kv = await metadata.get(READ_ONLY)
     assert kv is not None and dropped.lost
     assert kv.lease == registration.lease.id != dropped.id
+    assert registration.state is RegistrationState.REGISTERED
     await registration.deregister()
