@@ -5,18 +5,20 @@ creates none), closes (seals) it and reports `(ledger_id, last_entry_id, bytes)`
 driver publishes them, those ledgers are invisible: no stream record names them. A task that
 fails deletes its own ledger before re-raising; `abort` deletes whatever the successful tasks
 reported, and every ledger the job registry names, except those the stream record names (a
-commit that failed after its CAS landed is aborted too). A task still running when its job is
-aborted (Spark cancels it, and may start it late) can register its ledger after the abort read
-the registry: so the abort first leaves a tombstone, and a task that finds it right after
-registering deletes its ledger and fails. A task killed outright between creating its ledger and
-that check leaves an unnamed ledger behind, tagged with `bkaio.spark.job` in its custom metadata
-so an operator (or GC) can find it. Readers never see any of it.
+commit that failed after its CAS landed is aborted too); first it fences any CAS of the commit
+still on its way (`fence_late_writes`), so what it deletes can never be named later. A task
+still running when its job is aborted (Spark cancels it, and may start it late) can register
+its ledger after the abort read the registry: so the abort first leaves a tombstone, and a task
+that finds it right after registering deletes its ledger and fails. A task killed outright
+between creating its ledger and that check leaves an unnamed ledger behind, tagged with
+`bkaio.spark.job` in its custom metadata so an operator (or GC) can find it. Readers never see
+any of it.
 
 `publish` appends the sealed ledgers as closed segments at the end of the stream in one
-compare-and-swap of the stream record, in task order. Like `open_writer`, it first recovers
-and seals the stream's open segment and bumps the writer epoch, so a live `StreamWriter` on
-the same stream is fenced: a stream has one writer at a time, and a committing Spark job is
-that writer for an instant.
+compare-and-swap of the stream record, in task order (a missing stream is created empty
+first). Like `open_writer`, it first recovers and seals the stream's open segment and bumps the
+writer epoch, so a live `StreamWriter` on the same stream is fenced: a stream has one writer at
+a time, and a committing Spark job is that writer for an instant.
 
 Streaming sinks with a `sink_id` are idempotent per batch id: a marker under
 `/spark/sinks/<ns>/<stream>/<id>` records the batch and its ledgers *before* the stream CAS,
@@ -48,6 +50,7 @@ from bkaio.spark.errors import SparkJobAbortedError, SparkOptionError
 from bkaio.spark.options import WriteOptions
 from bkaio.stream.errors import InvalidStreamArgumentError
 from bkaio.stream.model import Segment, SegmentState, StreamMeta
+from bkaio.stream.namespace import Namespace
 from bkaio.stream.opening import undo_if_namespace_closed
 from bkaio.stream.segments import (
     SPARK_JOB_KEY,
@@ -245,12 +248,53 @@ async def abort_job(
     except those the stream record names. Spark aborts a job whose commit raised, also when
     the raise came after the stream CAS landed (a later clean-up step failed, or the CAS's
     reply was lost and the re-read failed): those ledgers are the stream's records now.
-    Raises (deleting nothing) when the stream record cannot be read."""
+
+    A commit's CAS whose answer was lost may also land later than this (a store member that
+    was paused or cut off forwards it when it comes back): before deleting anything, the abort
+    fences such writes (`fence_late_writes`), so what it keeps and deletes is final. Raises
+    (deleting nothing) when the stream record cannot be read or fenced."""
     await mark_aborted(bk, job_id)  # Before reading the registry.
-    stream = await StreamStore(metadata_of(bk)).find_stream(options.namespace, options.stream)
-    published = {s.ledger_id for s in stream.segments} if stream is not None else set()
+    store = StreamStore(metadata_of(bk))
+    stream = await store.find_stream(options.namespace, options.stream)
+    unnamed = {*reported, *await job_ledgers(bk, job_id)} - _named(stream)
+    if unnamed and stream is not None:
+        stream = await fence_late_writes(store, options, stream)
+    published = _named(stream)
     await discard_ledgers(bk, [i for i in reported if i not in published])
     await finish_job(bk, job_id, keep=sorted(published))
+
+
+def _named(stream: StreamMeta | None) -> set[int]:
+    return {s.ledger_id for s in stream.segments} if stream is not None else set()
+
+
+async def fence_late_writes(
+    store: StreamStore, options: WriteOptions, read: StreamMeta
+) -> StreamMeta | None:
+    """The stream record once no write sent before `read` was read can land any more.
+
+    Every write of the record is a CAS on the version its sender read (`publish` creates a
+    missing stream empty first, so the ledgers always go in under the version of an existing
+    record), and versions only grow: a write still on its way was sent on `read.version` or
+    an older one, and fails once the record is past it. So `read` is written back unchanged
+    under a CAS on its version. When something else moved the record first (a late write of
+    the commit, the stream's writer), the record as read again is past it too. A live
+    `StreamWriter` meeting the new version reads the record again, finds its epoch and
+    segment, and goes on. At most MAX_METADATA_ATTEMPTS writes (lost answers), then
+    MetadataError."""
+    namespace, stream = options.namespace, options.stream
+    for _attempt in range(MAX_METADATA_ATTEMPTS):
+        try:
+            return await store.put_stream(namespace, stream, read)
+        except MetadataVersionError:
+            return await store.find_stream(namespace, stream)
+        except MetadataOutcomeUnknownError:
+            current = await store.find_stream(namespace, stream)
+            if current is None or current.version != read.version:
+                return current
+    raise metadata_attempts_exhausted(
+        f"stream {options.full_name}", "fencing a failed commit's writes before its abort"
+    )
 
 
 def appended(meta: StreamMeta, written: Sequence[WrittenLedger], ctime_ms: int) -> StreamMeta:
@@ -276,31 +320,38 @@ def appended(meta: StreamMeta, written: Sequence[WrittenLedger], ctime_ms: int) 
 
 
 async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[WrittenLedger]) -> int:
-    """Append `written` to the stream in one CAS (creating the stream); the first new seq.
+    """Append `written` to the stream in one CAS; the first new seq.
+
+    A missing stream is created empty first (`Namespace.create_stream`: its limits and
+    checks), so the CAS that names the ledgers is always on an existing record's version and
+    an abort can fence it when its answer was lost (`fence_late_writes`).
 
     NamespaceNotFoundError (NamespaceDeletingError) when the namespace is gone (being
-    deleted), also when found once the record landed and this publish created the stream:
-    the stream is then removed whole, its new ledgers with it (`undo_if_namespace_closed`, as
-    for a stream writer's open)."""
+    deleted), also when found once a record landed: a stream this publish created in a
+    namespace being deleted, or any in one that is gone, is then removed whole, with the
+    job's ledgers if the CAS named them (`undo_if_namespace_closed`, as for a stream writer's
+    open); ledgers no record named are the abort's to delete."""
     store = StreamStore(metadata_of(bk))
-    await store.get_live_namespace(options.namespace)  # NamespaceNotFoundError, clearly.
+    settings = await store.get_live_namespace(options.namespace)  # Clearly, if absent.
     where = options.full_name
     written = [w for w in written if w.last_entry_id >= 0]
     if not written:
         return -1  # Nothing to add: leave the stream (and its writer) alone.
     ids = {w.ledger_id for w in written}
-    created = False  # Whether the last write sent would have created the stream.
     for _attempt in range(MAX_METADATA_ATTEMPTS):
         meta = await store.find_stream(options.namespace, options.stream)
         if meta is None:
-            meta = StreamMeta(ctime_ms=now_ms())
-        if ids <= {s.ledger_id for s in meta.segments}:
+            namespace = Namespace(bk, store, options.namespace, settings)
+            try:
+                meta = await namespace.create_stream(options.stream)
+            except MetadataOutcomeUnknownError:
+                continue  # The next round re-reads and sees whether it landed.
+        if ids <= _named(meta):
             # A retried commit whose first attempt landed.
             await undo_if_namespace_closed(
-                bk, store, options.namespace, options.stream, created=created
+                bk, store, options.namespace, options.stream, created=False
             )
             return -1
-        created = meta.version == 0
         meta = await seal_open_segment(bk, meta, where)
         target = appended(meta, written, now_ms())
         try:
@@ -309,9 +360,9 @@ async def publish(bk: BookKeeper, options: WriteOptions, written: Sequence[Writt
             continue
         except MetadataOutcomeUnknownError:
             continue  # The next round re-reads and sees whether it landed.
-        await undo_if_namespace_closed(
-            bk, store, options.namespace, options.stream, created=created
-        )
+        # The stream existed before this CAS: one created meanwhile in a namespace being
+        # deleted is the deletion's (its creation checked, so the listing finds it).
+        await undo_if_namespace_closed(bk, store, options.namespace, options.stream, created=False)
         first_seq = meta.end_seq_if_closed
         log.info(
             "spark_sink_published",
