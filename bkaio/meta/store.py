@@ -173,8 +173,9 @@ class Lease(abc.ABC):
         on what the lease guards where the store does not check the lease (a compare-and-swap
         of another key, a write outside the store) calls this first and acts only on True.
 
-        Bounded: the keep-alive settles a doubt within its interval and one attempt timeout,
-        so after a TTL and one attempt timeout without either this returns False too (the
+        Bounded: the keep-alive settles a doubt within its interval (at most half a TTL:
+        `start_keep_alive` refuses more) and one attempt timeout, so after a TTL and one attempt
+        timeout without either this returns False too (the
         keep-alive is not running, or stuck): the holder must not act then either."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ttl_seconds + self.attempt_timeout_seconds
@@ -194,10 +195,21 @@ class Lease(abc.ABC):
         return True
 
     def start_keep_alive(self, interval_seconds: float | None = None) -> None:
-        """Refresh in the background every `interval_seconds` (default: a third of the TTL)."""
+        """Refresh in the background every `interval_seconds` (default: a third of the TTL).
+
+        ValueError unless 0 < interval <= half the TTL: `wait_confirmed`'s bound counts on a
+        doubt being settled within an interval and one attempt timeout, which holds only while
+        the interval is at most a TTL, and also after a refresh that failed on a bug (the
+        restart waits up to another interval); a longer one would also let every refresh come
+        after the deadline."""
+        interval = interval_seconds if interval_seconds is not None else self.ttl_seconds / 3
+        if not 0 < interval <= self.ttl_seconds / 2:  # False for NaN too.
+            raise ValueError(
+                f"lease {self.id}: keep-alive interval {interval} s must be more than 0 "
+                f"and at most half the lease's TTL ({self.ttl_seconds} s)"
+            )
         if self._keep_alive_task is not None:
             return
-        interval = interval_seconds if interval_seconds is not None else self.ttl_seconds / 3
         self._keep_alive_task = loop_supervisor().spawn(
             "lease_keep_alive",
             partial(self._keep_alive_forever, interval),

@@ -75,3 +75,18 @@ def test_a_doubt_nothing_settles_ends_in_no_after_a_ttl_and_an_attempt_timeout()
         loop.close()
     assert not confirmed and not lost and in_doubt
     assert waited == pytest.approx(TTL + 1.0, abs=0.01)  # A TTL and one attempt timeout.
+
+
+@pytest.mark.parametrize("interval", [0.0, -TTL, float("nan"), 0.75 * TTL, TTL, 3 * TTL])
+async def test_a_keep_alive_interval_beyond_half_the_ttl_is_refused(interval: float) -> None:
+    """The bound above counts on the keep-alive coming round within a TTL: an interval past it
+    (or one a restart after a failed refresh would double past it) is refused, not started."""
+    lease = FakeStoreLease()
+    with pytest.raises(
+        ValueError, match=r"lease 9: keep-alive interval .* at most half the lease's TTL \(0\.1 s\)"
+    ):
+        lease.start_keep_alive(interval_seconds=interval)
+    assert lease.calls == 0
+    lease.start_keep_alive(interval_seconds=TTL / 2)  # At most half the TTL: kept alive.
+    await asyncio.wait_for(lease.confirmed.wait(), LIVENESS)
+    await lease.stop_keep_alive()
