@@ -23,8 +23,9 @@ a time, and a committing Spark job is that writer for an instant.
 Streaming sinks with a `sink_id` are idempotent per batch id: a marker under
 `/spark/sinks/<ns>/<stream>/<id>` records the batch and its ledgers *before* the stream CAS,
 and is marked done after it. A batch replayed after a driver crash finds the marker: if the
-marked ledgers are already segments, the replay is dropped; if not, the old ledgers are
-deleted and the batch is published. A batch id below the marker's is no replay (Spark re-runs
+marked ledgers are already segments, the replay is dropped; if not, the first run's CAS is
+fenced as an abort fences it (it may still land), then the old ledgers are deleted and the
+batch is published. A batch id below the marker's is no replay (Spark re-runs
 only a query's last batch): batch 0 is a new query reusing the sink id and fails; any other is
 skipped as already written, with a WARNING (`_refuse_or_skip_older_batch`).
 """
@@ -405,9 +406,14 @@ async def publish_batch(
         log.info("spark_sink_batch_replayed", stream=options.full_name, batch_id=batch_id)
         return False
     if marked_batch == batch_id:
-        stream = await StreamStore(metadata_of(bk)).find_stream(options.namespace, options.stream)
-        segment_ids = {s.ledger_id for s in stream.segments} if stream is not None else set()
+        streams = StreamStore(metadata_of(bk))
+        stream = await streams.find_stream(options.namespace, options.stream)
         old_ids = [int(i) for i in marker.get("ledgers", [])]
+        if old_ids and stream is not None and not set(old_ids) <= _named(stream):
+            # The first run's CAS may still be on its way (its driver died waiting for the
+            # reply): fenced before its ledgers are judged unpublished and deleted.
+            stream = await fence_late_writes(streams, options, stream)
+        segment_ids = _named(stream)
         if old_ids and set(old_ids) <= segment_ids:
             await discard_ledgers(bk, [w.ledger_id for w in written if w.ledger_id not in old_ids])
             await store.put(key, _pack_marker(batch_id, old_ids, done=True))

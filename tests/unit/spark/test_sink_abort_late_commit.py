@@ -3,7 +3,8 @@ the metadata store only after the abort did its work (an etcd member paused or c
 request buffered forwards it when it comes back). Spark aborts the job once the commit raised:
 the abort must leave no way for that late write to land, or the stream would name ledgers the
 abort deleted (every reader failing with NoSuchLedger there) and Spark's retry would write the
-batch's rows a second time.
+batch's rows a second time. Likewise a streaming batch replayed after its driver died while
+its first run's CAS was on its way.
 
 Also what the abort changes when nothing of the job can land: a job with nothing to delete
 leaves the stream record as it is, and a live StreamWriter of the stream carries on."""
@@ -64,7 +65,9 @@ class FakeLateCasStore(SqliteMetadataStore):
         )
 
     async def land_late(self) -> list[str]:
-        """Apply the kept writes; what became of each ('landed' or 'refused')."""
+        """Apply the kept writes; what became of each ('landed' or 'refused'). Later writes
+        go through."""
+        self.ledger_id = None
         outcomes = []
         for value, expected_version in self.held:
             try:
@@ -221,3 +224,46 @@ async def test_a_publish_creating_its_stream_counts_against_max_streams(
     with pytest.raises(TooManyStreamsError, match="max_streams=1"):
         await sink.publish(client, options(), [await task_ledger(client, [b"row"])])
     assert await ns.list_streams() == ["other"]
+
+
+@pytest.mark.parametrize("stream_exists", [True, False], ids=["append", "create"])
+async def test_a_replayed_batch_fences_its_first_commit_before_deleting_its_ledgers(
+    make_client: ClientFactory,
+    driver: tuple[BookKeeper, FakeLateCasStore],
+    monkeypatch: pytest.MonkeyPatch,
+    stream_exists: bool,
+) -> None:
+    """A streaming batch's commit lost its CAS's reply and the driver died (no abort ran); the
+    restarted query replays the batch, finds the marker not done and the stream not naming the
+    marked ledgers, deletes them and publishes its own. The first commit's CAS, applied late
+    (here: just after that deletion), must not land."""
+    bk, late = driver
+    executor = await make_client()
+    await open_namespace(executor, "tenant", create=True)
+    streaming = replace(options(), sink_id="/ckpt/q")
+    if stream_exists:
+        earlier = await task_ledger(executor, [b"batch 0"], job="job-0")
+        assert await sink.publish_batch(executor, streaming, 0, [earlier])
+    first = await task_ledger(executor, [b"batch 1, first run"])
+    late.ledger_id = first.ledger_id
+    with pytest.raises(MetadataError):
+        await sink.publish_batch(bk, streaming, 1, [first])
+    assert late.held  # The driver dies here.
+    replayed = await task_ledger(executor, [b"batch 1, replayed"], job="job-2")
+    real_put = FakeLateCasStore.put
+    landed: list[str] = []
+
+    async def land_after_the_deletion(
+        self: FakeLateCasStore, key: str, value: bytes, *, lease: Lease | None = None
+    ) -> int:
+        if key.startswith(sink.SINKS_PREFIX) and not landed:  # The replay's marker.
+            landed.extend(await late.land_late())
+        return await real_put(self, key, value, lease=lease)
+
+    monkeypatch.setattr(FakeLateCasStore, "put", land_after_the_deletion)
+    assert await sink.publish_batch(bk, streaming, 1, [replayed])
+    meta = await StreamStore(metadata_of(executor)).get_stream("tenant", "out")
+    assert await missing_ledgers(executor, meta) == []
+    assert landed == ["refused"] * len(late.held)
+    before = [earlier.ledger_id] if stream_exists else []
+    assert [s.ledger_id for s in meta.segments] == [*before, replayed.ledger_id]
