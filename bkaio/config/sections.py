@@ -290,10 +290,13 @@ class AutorecoveryConfig:
         for name in non_negative:
             if not getattr(self, name) >= 0:  # Written so that NaN fails it too.
                 raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be >= 0")
+        # As metadata.registration_ttl_seconds: a lease is refreshed every third of its TTL
+        # and waited for (Lease.wait_confirmed) up to a TTL and a refresh attempt.
+        for name in ("auditor_lease_ttl_seconds", "worker_lease_ttl_seconds"):
+            if not 1.0 <= getattr(self, name) <= 3600.0:
+                raise ConfigError(f"autorecovery.{name}={getattr(self, name)} must be in [1, 3600]")
         positive = (
             "audit_interval_seconds",
-            "auditor_lease_ttl_seconds",
-            "worker_lease_ttl_seconds",
             "retry_backoff_seconds",
             "retry_backoff_max_seconds",
             "poll_interval_seconds",

@@ -141,6 +141,18 @@ def test_environment_overrides_the_file() -> None:
             "bookie.advertised_host='a/b' must not contain '/'",
         ),
         ({"bookie": {"host": ""}}, {}, "bookie.host is empty"),
+        # A lease's keep-alive runs every third of its TTL: not hundreds of times a second.
+        (
+            {"autorecovery": {"auditor_lease_ttl_seconds": 0.01}},
+            {},
+            "autorecovery.auditor_lease_ttl_seconds=0.01 must be in [1, 3600]",
+        ),
+        (
+            {},
+            {"BKAIO_AUTORECOVERY_WORKER_LEASE_TTL_SECONDS": "86400"},
+            "autorecovery.worker_lease_ttl_seconds=86400.0 must be in [1, 3600]",
+        ),
+        ({"metadata": {"registration_ttl_seconds": 0.5}}, {}, "must be in [1, 3600]"),
         ({"bookie": {"host": " "}}, {}, "bookie.host is empty"),
         # An entry and its envelope (4 KiB) must fit one frame.
         (
