@@ -86,6 +86,45 @@ def check_range(first: int | None, last: int | None, *, what: str = "entry") -> 
         raise click.BadParameter(f"last {what} {last} is before first {what} {first}")
 
 
+def split_stream_name(name: str, *, stream_required: bool) -> tuple[str, str | None]:
+    """NS (unless `stream_required`) or NS/STREAM, each part a good name by the metadata's rules
+    (`bkaio.meta.records.name_problem`: not empty, at most 255 characters, no '/', printable),
+    else a usage error saying which rule it breaks. "ns/" is no name for namespace ns: `stream
+    delete "ns/$STREAM" --force` with $STREAM empty must not delete the whole namespace."""
+    namespace, slash, stream = name.partition("/")
+    if stream_required and not slash:
+        raise click.BadParameter(f"{name!r} is not NAMESPACE/STREAM")
+    check_name_argument("namespace", namespace, whole=name)
+    if not slash:
+        return namespace, None
+    check_name_argument("stream", stream, whole=name)
+    return namespace, stream
+
+
+def check_name_argument(kind: str, name: str, *, whole: str | None = None) -> str:
+    """`name` as a `kind` name ("namespace", "stream", "cursor"), or a usage error (exit 2)
+    saying which rule it breaks, quoting `whole` (the argument it came from) when given."""
+    from bkaio.meta.records import name_problem
+
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise click.BadParameter(problem if whole is None else f"{whole!r}: {problem}")
+    return name
+
+
+def name_argument(kind: str) -> Any:
+    """A click callback checking a `kind` name argument or option (None passes)."""
+
+    def callback(context: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, tuple):  # nargs=-1
+            return tuple(check_name_argument(kind, item) for item in value)
+        return check_name_argument(kind, value)
+
+    return callback
+
+
 def stream_position(context: click.Context, param: click.Parameter, value: Any) -> Any:
     """A click callback: `value` must be a seq, LEDGER:ENTRY@SEQ, or (for --from) earliest or
     latest; returned unchanged, the command parses it."""

@@ -29,7 +29,12 @@ import click
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, render_human, table, write_and_flush
-from bkaio.cli.params import POSITIVE_SECONDS, stream_position
+from bkaio.cli.params import (
+    POSITIVE_SECONDS,
+    name_argument,
+    split_stream_name,
+    stream_position,
+)
 
 if TYPE_CHECKING:
     from bkaio.ledger_client import BookKeeper
@@ -42,14 +47,6 @@ DEFAULT_WRITE_WINDOW = 1000
 # Lines `write` and `tail` print in one write at most (those at hand: acknowledged positions,
 # records the reader has read ahead), so a fast stream is not printed one thread hop per line.
 _PRINT_BATCH_LINES = 1000
-
-
-def split_name(name: str, *, stream_required: bool) -> tuple[str, str | None]:
-    namespace, _, stream = name.partition("/")
-    if not namespace or (stream_required and not stream) or "/" in stream:
-        wanted = "NAMESPACE/STREAM" if stream_required else "NAMESPACE or NAMESPACE/STREAM"
-        raise click.BadParameter(f"{name!r} is not {wanted}")
-    return namespace, stream or None
 
 
 @asynccontextmanager
@@ -116,7 +113,7 @@ def stream() -> None:
 @json_option
 def create(metadata_uri: str, as_json: bool, name: str, **options: Any) -> None:
     """Create namespace NS (with its settings), or stream NS/STREAM in an existing namespace."""
-    namespace_name, stream_name = split_name(name, stream_required=False)
+    namespace_name, stream_name = split_stream_name(name, stream_required=False)
 
     async def go() -> dict[str, Any]:
         from bkaio.stream import create_namespace
@@ -136,7 +133,7 @@ def create(metadata_uri: str, as_json: bool, name: str, **options: Any) -> None:
 
 
 @stream.command("list")
-@click.argument("namespace", required=False)
+@click.argument("namespace", required=False, callback=name_argument("namespace"))
 @metadata_option
 @json_option
 def list_command(metadata_uri: str, as_json: bool, namespace: str | None) -> None:
@@ -193,7 +190,7 @@ def write(
 ) -> None:
     """Append PAYLOADs (default: each line of stdin, sent as it arrives) to NS/STREAM, becoming
     its writer; print each record's position once it is acknowledged. EOF flushes and closes."""
-    namespace_name, stream_name = split_name(name, stream_required=True)
+    namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
 
     async def go() -> None:
@@ -322,7 +319,8 @@ async def _print_lines(lines: list[str]) -> None:
 @click.argument("name")
 @click.option("--from", "start", default="earliest", show_default=True, callback=stream_position,
               help="earliest, latest, a seq, or LEDGER:ENTRY@SEQ.")  # fmt: skip
-@click.option("--cursor", help="Durable cursor: resume after its last ack; ack what is shown.")
+@click.option("--cursor", callback=name_argument("cursor"),
+              help="Durable cursor: resume after its last ack; ack what is shown.")  # fmt: skip
 @click.option("--count", "max_count", type=click.IntRange(min=1), help="Stop after N records.")
 @click.option("--no-follow", is_flag=True, help="Stop at the end instead of waiting (tail -f).")
 @click.option("--hex", "as_hex", is_flag=True, help="Show payloads in hex.")
@@ -343,7 +341,7 @@ def tail(
     With --no-follow: every record acknowledged before the command started, then exit 0;
     exit 1 naming the segment when one cannot be read.
     """
-    namespace_name, stream_name = split_name(name, stream_required=True)
+    namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
     parsed = _parse_start(start)
 
@@ -423,7 +421,7 @@ def truncate(metadata_uri: str, as_json: bool, name: str, before: str, force: bo
     """Delete the sealed segments of NS/STREAM that end before a position."""
     from bkaio.stream import StreamPosition
 
-    namespace_name, stream_name = split_name(name, stream_required=True)
+    namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
 
     async def go() -> dict[str, Any]:
@@ -449,7 +447,7 @@ def truncate(metadata_uri: str, as_json: bool, name: str, before: str, force: bo
 @json_option
 def delete(metadata_uri: str, as_json: bool, name: str, force: bool) -> None:
     """Delete stream NS/STREAM (its ledgers and cursors), or namespace NS."""
-    namespace_name, stream_name = split_name(name, stream_required=False)
+    namespace_name, stream_name = split_stream_name(name, stream_required=False)
 
     async def go() -> None:
         from bkaio.stream import delete_namespace
@@ -470,7 +468,7 @@ def delete(metadata_uri: str, as_json: bool, name: str, force: bool) -> None:
 @json_option
 def cursors(metadata_uri: str, as_json: bool, name: str) -> None:
     """The durable cursors of NS/STREAM, with their lag behind the end."""
-    namespace_name, stream_name = split_name(name, stream_required=True)
+    namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
 
     async def go() -> list[dict[str, Any]]:
@@ -492,7 +490,7 @@ def cursors(metadata_uri: str, as_json: bool, name: str) -> None:
 
 
 @stream.command("retain")
-@click.argument("namespaces", nargs=-1)
+@click.argument("namespaces", nargs=-1, callback=name_argument("namespace"))
 @click.option("--every", "interval", type=POSITIVE_SECONDS,
               help="Keep running, one pass every this many seconds.")  # fmt: skip
 @metadata_option
@@ -507,6 +505,8 @@ def retain(
 
         async with connected(metadata_uri) as bk:
             names = list(namespaces) or None
+            for name in namespaces:  # A mistyped one: NamespaceNotFoundError, not "nothing".
+                await _namespace(bk, name)
             if interval is not None:
                 await run_retention(bk, interval_seconds=interval, namespaces=names)
             reports = await apply_retention(bk, names)
@@ -542,7 +542,7 @@ def info(metadata_uri: str, as_json: bool, name: str) -> None:
 
     `bytes` counts sealed segments; the open segment's size is known once it is sealed.
     """
-    namespace_name, stream_name = split_name(name, stream_required=True)
+    namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
 
     async def go() -> dict[str, Any]:

@@ -13,7 +13,7 @@ import click
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, table
-from bkaio.cli.params import FiniteFloat
+from bkaio.cli.params import FiniteFloat, name_argument
 from bkaio.cli.stream_cmd import connected
 from bkaio.stream.orphans import DEFAULT_ORPHAN_AGE_SECONDS
 
@@ -33,7 +33,7 @@ def _row(orphan: Any) -> dict[str, Any]:
 
 
 @click.command("orphans")
-@click.argument("namespace")
+@click.argument("namespace", callback=name_argument("namespace"))
 @click.option(
     "--older-than",
     type=FiniteFloat(min=0),
