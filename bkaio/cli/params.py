@@ -31,6 +31,10 @@ class FiniteFloat(click.FloatRange):
 LEDGER_ID = click.IntRange(0, MAX_ID)
 ENTRY_ID = click.IntRange(0, MAX_ID)
 POSITIVE_INT = click.IntRange(min=1)
+# `simpletest` and `bookiesanity` append one entry at a time and keep one latency each: a
+# million takes minutes and tens of MB; with no bound a mistyped count ate the host's memory.
+MAX_TEST_ENTRIES = 1_000_000
+TEST_ENTRIES = click.IntRange(1, MAX_TEST_ENTRIES)
 POSITIVE_SECONDS = FiniteFloat(min=0, min_open=True)
 
 

@@ -6,6 +6,9 @@
 On the way out, whatever happened, the ledger is closed (if still open) and deleted. A delete
 that fails is never silent: it becomes the command's error (naming the ledger left behind),
 chained to the failure that was in flight, if any.
+
+Entry i's payload is `scratch_payload(tag, i)`, made when it is sent and again when it is checked
+(`check_read_back`, as the entries stream in): memory does not grow with the entry count.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from bkaio.errors import BKError
+from bkaio.errors import BKError, NoSuchEntryError
 
 
 class LedgerLeftBehindError(BKError):
@@ -37,6 +40,37 @@ class ScratchClient(Protocol):
     """What cleaning up needs of a client (bkaio.ledger_client.BookKeeper)."""
 
     async def delete_ledger(self, ledger_id: int) -> None: ...
+
+
+class ScratchEntry(Protocol):
+    @property
+    def entry_id(self) -> int: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+
+class ScratchReader(Protocol):
+    """What checking the read-back needs of a read handle (bkaio.ledger_client.ReadHandle)."""
+
+    def read_iter(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[ScratchEntry]: ...
+
+
+def scratch_payload(tag: str, index: int) -> bytes:
+    return f"{tag} entry {index}".encode()
+
+
+async def check_read_back(reader: ScratchReader, tag: str, entries: int, where: str) -> None:
+    """Entries 0..entries-1 read back are `scratch_payload(tag, i)`, else NoSuchEntryError."""
+    expected = 0
+    async for entry in reader.read_iter(0, entries - 1):
+        if entry.entry_id != expected or entry.payload != scratch_payload(tag, expected):
+            raise NoSuchEntryError(
+                f"{where}: read-back differs from what was written at entry {expected}"
+            )
+        expected += 1
+    if expected != entries:
+        raise NoSuchEntryError(f"{where}: read back {expected} of {entries} entries")
 
 
 async def discard(bk: ScratchClient, handle: ScratchHandle) -> list[str]:

@@ -25,9 +25,9 @@ from bkaio.cli.common import (
     run_with_timeout,
 )
 from bkaio.cli.output import emit, table
-from bkaio.cli.params import BOOKIE_ID, POSITIVE_INT, POSITIVE_SECONDS
-from bkaio.cli.scratch_ledger import scratch_ledger
-from bkaio.errors import BKError, NoSuchEntryError
+from bkaio.cli.params import BOOKIE_ID, POSITIVE_SECONDS, TEST_ENTRIES
+from bkaio.cli.scratch_ledger import check_read_back, scratch_ledger, scratch_payload
+from bkaio.errors import BKError
 
 PROBE_CONCURRENCY = 16
 
@@ -155,7 +155,7 @@ def bookie_info(bookie_id: str | None, metadata_uri: str, as_json: bool) -> None
 
 @click.command("bookiesanity")
 @click.argument("bookie_id", type=BOOKIE_ID)
-@click.option("--entries", default=10, show_default=True, type=POSITIVE_INT)
+@click.option("--entries", default=10, show_default=True, type=TEST_ENTRIES)
 @click.option(
     "--check-timeout",
     "timeout_seconds",
@@ -183,7 +183,7 @@ async def _sanity(metadata_uri: str, bookie_id: str, entries: int) -> dict[str, 
     from bkaio.ledger_client import BookKeeper
 
     password = b"bookiesanity"
-    payloads = [f"bookiesanity {bookie_id} entry {i}".encode() for i in range(entries)]
+    tag = f"bookiesanity {bookie_id}"
     async with BookKeeper.connect(
         metadata_uri, client_id="bkaio-bookiesanity", **client_options()
     ) as bk:
@@ -199,8 +199,8 @@ async def _sanity(metadata_uri: str, bookie_id: str, entries: int) -> dict[str, 
         async with scratch_ledger(bk, handle):
             if handle.metadata is None or handle.metadata.ensembles[0][1] != (bookie_id,):
                 raise SanityCheckError(f"the ledger was not placed on {bookie_id} alone")
-            for payload in payloads:
-                await handle.append(payload)
+            for index in range(entries):
+                await handle.append(scratch_payload(tag, index))
             await handle.close()
             metadata = await bk.get_ledger_metadata(handle.ledger_id)
             others = {b for _, ensemble in metadata.ensembles for b in ensemble} - {bookie_id}
@@ -209,9 +209,7 @@ async def _sanity(metadata_uri: str, bookie_id: str, entries: int) -> dict[str, 
                     f"{bookie_id} failed a write: the client moved the ledger to {sorted(others)}"
                 )
             reader = await bk.open_ledger(handle.ledger_id, password=password, recovery=False)
-            read_back = await reader.read(0, entries - 1)
-            if [entry.payload for entry in read_back] != payloads:
-                raise NoSuchEntryError(f"{bookie_id}: read-back differs from what was written")
+            await check_read_back(reader, tag, entries, bookie_id)
     return {"bookie_id": bookie_id, "ledger_id": handle.ledger_id, "entries": entries, "ok": True}
 
 

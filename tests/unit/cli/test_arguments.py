@@ -62,6 +62,9 @@ def bookie_config(tmp_path: Path) -> str:
         ("shell", "bookiesanity", "127.0.0.1:1", "--check-timeout", "-1"),
         ("shell", "bookiesanity", "127.0.0.1:1", "--timeout", "0"),
         ("shell", "simpletest", "--entries", "0"),
+        # One latency kept per entry: no bound let a mistyped count eat the host's memory.
+        ("shell", "simpletest", "--entries", "1000001"),
+        ("shell", "bookiesanity", "127.0.0.1:1", "--entries", "1000001"),
         ("shell", "simpletest", "-e", "2", "-w", "3"),
         ("shell", "simpletest", "-w", "1", "-a", "2"),
         ("shell", "nukeexistingcluster"),

@@ -4,11 +4,17 @@ and a cleanup that fails is the command's error, naming the ledger left behind."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from bkaio.cli.scratch_ledger import LedgerLeftBehindError, scratch_ledger
-from bkaio.errors import BKError, NotEnoughBookiesError
+from bkaio.cli.scratch_ledger import (
+    LedgerLeftBehindError,
+    check_read_back,
+    scratch_ledger,
+    scratch_payload,
+)
+from bkaio.errors import BKError, NoSuchEntryError, NotEnoughBookiesError
 
 
 class FakeHandle:
@@ -95,3 +101,30 @@ async def test_a_delete_that_fails_after_success_is_the_error() -> None:
     with pytest.raises(LedgerLeftBehindError, match="test ledger 7 was not cleaned up"):
         async with scratch_ledger(client, handle):
             pass
+
+
+class FakeEntry:
+    def __init__(self, entry_id: int, payload: bytes) -> None:
+        self.entry_id = entry_id
+        self.payload = payload
+
+
+class FakeReader:
+    """The ScratchReader protocol: hands out the entries it was given, in order."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self._payloads = payloads
+
+    async def read_iter(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[FakeEntry]:
+        for entry_id in range(first_entry_id, min(last_entry_id + 1, len(self._payloads))):
+            yield FakeEntry(entry_id, self._payloads[entry_id])
+
+
+async def test_the_read_back_is_checked_entry_by_entry() -> None:
+    written = [scratch_payload("simpletest", i) for i in range(5)]
+    await check_read_back(FakeReader(written), "simpletest", 5, "ledger 7")
+    changed = [*written[:3], b"other", written[4]]
+    with pytest.raises(NoSuchEntryError, match=r"ledger 7: read-back differs .* at entry 3"):
+        await check_read_back(FakeReader(changed), "simpletest", 5, "ledger 7")
+    with pytest.raises(NoSuchEntryError, match="ledger 7: read back 4 of 5 entries"):
+        await check_read_back(FakeReader(written[:4]), "simpletest", 5, "ledger 7")
