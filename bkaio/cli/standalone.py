@@ -79,8 +79,15 @@ class DataDirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:  # A read-only place, a path through a file: a bad --data-dir.
+            raise click.BadParameter(
+                f"{str(self.path.parent)!r} cannot hold a cluster: "
+                f"{error.strerror or error} ({error.filename})",
+                param_hint="'--data-dir'",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -482,9 +489,15 @@ def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool, metrics_port
     if metrics_port:
         from prometheus_client import start_http_server
 
-        metrics_server, _ = start_http_server(
-            metrics_port, LOOPBACK, registry=cluster.metrics.registry
-        )
+        try:
+            metrics_server, _ = start_http_server(
+                metrics_port, LOOPBACK, registry=cluster.metrics.registry
+            )
+        except OSError as error:  # Before any process starts: nothing to stop.
+            raise StandaloneError(
+                f"--metrics-port {metrics_port}: cannot listen on {LOOPBACK}:{metrics_port}: "
+                f"{error.strerror or error}"
+            ) from error
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
