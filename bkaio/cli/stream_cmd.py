@@ -222,19 +222,22 @@ def _stdin_lines(max_line_bytes: int) -> AsyncIterator[bytes]:
 
 
 async def _records(lines: AsyncIterable[bytes], as_hex: bool) -> AsyncIterator[bytes]:
-    """The records to write: the lines as they are, or decoded from hex."""
-    number = 0
-    async for line in lines:
-        number += 1
-        if not as_hex:
-            yield line
-            continue
-        try:
-            yield bytes.fromhex(line.decode("ascii"))
-        except ValueError as error:  # UnicodeDecodeError included.
-            raise click.BadParameter(
-                f"record {number} is not hex ({error}); the records before it were written"
-            ) from None
+    """The records to write: the lines as they are, or decoded from hex. A line too long or
+    not hex is a usage error (exit 2) once the records before it are written."""
+    from bkaio.cli.stdin_lines import LineTooLongError
+
+    number, written = 0, "the records before it were written"
+    try:
+        async for line in lines:
+            number += 1
+            try:
+                yield bytes.fromhex(line.decode("ascii")) if as_hex else line
+            except ValueError as error:  # UnicodeDecodeError included.
+                raise click.BadParameter(
+                    f"record {number} is not hex ({error}); {written}"
+                ) from None
+    except LineTooLongError as error:
+        raise click.BadParameter(f"{error}; {written}") from None
 
 
 async def _write_pipelined(

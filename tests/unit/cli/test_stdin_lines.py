@@ -6,9 +6,11 @@ import asyncio
 import io
 import os
 
+import click
 import pytest
 
 from bkaio.cli.stdin_lines import LineTooLongError, lines_of
+from bkaio.cli.stream_cmd import _records
 
 
 async def test_lines_come_as_they_arrive_not_at_eof() -> None:
@@ -62,3 +64,17 @@ async def test_an_oserror_of_the_reading_thread_fails_the_lines() -> None:
     async with asyncio.timeout(10):
         with pytest.raises(OSError, match="Input/output error"):
             await anext(lines)
+
+
+@pytest.mark.parametrize("as_hex", [False, True])
+async def test_stream_write_refuses_a_long_line_as_it_refuses_a_bad_hex_one(as_hex: bool) -> None:
+    """Both are a usage error (exit 2) naming the line, after the records before it: the
+    long line was a LineTooLongError (exit 1) while docs/streams.md said exit 2."""
+    source = io.BytesIO(b"6f6b\n" + b"x" * 50 + b"\n")
+    records = _records(lines_of(source, max_line_bytes=10), as_hex)
+    assert await anext(records) == (b"ok" if as_hex else b"6f6b")
+    with pytest.raises(click.BadParameter) as refused:
+        await anext(records)
+    assert refused.value.format_message() == (
+        "Invalid value: line 2 is longer than 10 bytes; the records before it were written"
+    )
