@@ -29,7 +29,8 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from bkaio.errors import InvalidArgumentError, MetadataVersionError
-from bkaio.meta.errors import InvalidMetadataError, MetadataOutcomeUnknownError
+from bkaio.meta.conditional import compare_and_swap_resolved, delete_resolved
+from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.ledger_metadata import now_ms
 from bkaio.meta.store import (
     MAX_METADATA_ATTEMPTS,
@@ -215,8 +216,9 @@ class UnderReplicationManager:
         """Record that `ledger_id` lost copies on `bookies` (merged with earlier marks).
         `forced`: an operator asked to move off them even if they are alive. `incomplete`:
         they are alive but lack entries of their fragments; fill them in place. At most
-        MAX_METADATA_ATTEMPTS compare-and-swaps (each lost one reads and merges again), then
-        MetadataError, the mark as it was: the auditor or operator marks it again later.
+        MAX_METADATA_ATTEMPTS compare-and-swaps (each lost to another writer reads and merges
+        again), then MetadataError, the mark as it was: the auditor or operator marks it again
+        later; MetadataOutcomeUnknownError when the store lost every answer of one.
         InvalidMetadataError (reported as `list` does) when the ledger's record does not
         decode: nothing is merged into it or written over it; an operator deletes it."""
         added = set(bookies)
@@ -247,13 +249,14 @@ class UnderReplicationManager:
                 return MarkResult(old, created=False, changed=False)
             ctime_ms = old.ctime_ms if old else now_ms()
             try:
-                version = await self._store.compare_and_swap(
+                version = await compare_and_swap_resolved(
+                    self._store,
                     key,
                     _encode_mark(new[0], ctime_ms, new[1], new[2]),
                     expected_version=0 if kv is None else kv.version,
                 )
-            except (MetadataVersionError, MetadataOutcomeUnknownError):
-                continue  # Marked concurrently (or we do not know): read and merge again.
+            except MetadataVersionError:
+                continue  # Marked concurrently: read and merge again.
             record = UnderreplicatedLedger(ledger_id, new[0], ctime_ms, version, new[1], new[2])
             return MarkResult(record, created=old is None, changed=True)
         raise metadata_attempts_exhausted(f"ledger {ledger_id}", "marking it under-replicated")
@@ -268,7 +271,8 @@ class UnderReplicationManager:
         when none is left.
 
         Compare-and-swap on the record's version: False (nothing written) when it changed
-        since it was read, so a concurrent mark is never lost."""
+        since it was read, so a concurrent mark is never lost. A lost answer is resolved by
+        reading the record back (bkaio/meta/conditional.py)."""
         keep = tuple(b for b in record.missing_bookies if b in still_missing)
         keep_incomplete = tuple(b for b in record.incomplete_bookies if b in still_incomplete)
         if keep == record.missing_bookies and keep_incomplete == record.incomplete_bookies:
@@ -276,10 +280,11 @@ class UnderReplicationManager:
         key = _ur_key(record.ledger_id)
         try:
             if not keep and not keep_incomplete:
-                await self._store.delete(key, expected_version=record.version)
+                await delete_resolved(self._store, key, expected_version=record.version)
             else:
                 forced = [b for b in record.forced_bookies if b in keep]
-                await self._store.compare_and_swap(
+                await compare_and_swap_resolved(
+                    self._store,
                     key,
                     _encode_mark(keep, record.ctime_ms, forced, keep_incomplete),
                     expected_version=record.version,
@@ -344,21 +349,12 @@ class UnderReplicationManager:
         another task holding the same lease took meanwhile."""
         key = _lock_key(ledger_id)
         value = f"{owner} {secrets.token_hex(8)}".encode()
-        for _attempt in range(MAX_METADATA_ATTEMPTS):
-            try:
-                return await self._store.compare_and_swap(
-                    key, value, expected_version=0, lease=lease
-                )
-            except MetadataVersionError:
-                return None
-            except MetadataOutcomeUnknownError as error:
-                log.warning(
-                    "underreplication_lock_unconfirmed", ledger_id=ledger_id, error=str(error)
-                )
-                kv = await self._store.get(key)
-            if kv is not None:
-                return kv.version if kv.value == value else None
-        raise metadata_attempts_exhausted(f"ledger {ledger_id}", "taking its lock")
+        try:
+            return await compare_and_swap_resolved(
+                self._store, key, value, expected_version=0, lease=lease
+            )
+        except MetadataVersionError:
+            return None
 
     async def claim(
         self, ledger_id: int, lease: Lease, *, owner: str = ""
@@ -404,33 +400,27 @@ class UnderReplicationManager:
         released; still that lock: released again), as `lock` does: left in place under the
         holder's live lease, it would keep every worker off the ledger."""
         key = _lock_key(ledger_id)
-        for _attempt in range(MAX_METADATA_ATTEMPTS):
-            try:
-                return await self._store.delete(key, expected_version=lock_version)
-            except MetadataVersionError:
-                log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
-                return False
-            except MetadataOutcomeUnknownError as error:
-                log.warning(
-                    "underreplication_unlock_unconfirmed", ledger_id=ledger_id, error=str(error)
-                )
-                kv = await self._store.get(key)
-            if kv is None:
-                return True
-            if kv.version != lock_version:
-                log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
-                return False
-        raise metadata_attempts_exhausted(f"ledger {ledger_id}", "releasing its lock")
+        if lock_version is None:
+            return await self._store.delete(key)  # Retried by the driver whatever happened.
+        try:
+            return await delete_resolved(self._store, key, expected_version=lock_version)
+        except MetadataVersionError:
+            log.info("underreplication_lock_taken_over", ledger_id=ledger_id)
+            return False
 
     async def complete(self, claimed: UnderreplicatedLedger) -> bool:
         """The ledger is fully replicated again: drop it from the queue and release the lock.
-        False (and the record stays) if it was marked again since it was claimed."""
+        False (and the record stays) if it was marked again since it was claimed. A lost answer
+        is resolved by reading the record back; the lock is released whatever the delete did."""
         try:
-            await self._store.delete(_ur_key(claimed.ledger_id), expected_version=claimed.version)
+            await delete_resolved(
+                self._store, _ur_key(claimed.ledger_id), expected_version=claimed.version
+            )
             done = True
         except MetadataVersionError:
             done = False
-        await self.release(claimed.ledger_id, claimed.lock_version or None)
+        finally:  # Also when the store lost every answer: the lock would keep workers off.
+            await self.release(claimed.ledger_id, claimed.lock_version or None)
         return done
 
     async def is_enabled(self) -> bool:
@@ -501,9 +491,10 @@ class AuditorElection:
         # not found"), SQLite checks the lease's row (expired ones reaped first) in the write's
         # transaction; so the election needs no wait for an in-doubt lease. The elected
         # auditor's own writes are not bound: it waits for the lease's confirmation before each.
+        # A lost answer is resolved by reading the key back: this bookie's id under this lease.
         try:
-            await self._store.compare_and_swap(
-                AUDITOR_KEY, bookie_id.encode(), expected_version=0, lease=lease
+            await compare_and_swap_resolved(
+                self._store, AUDITOR_KEY, bookie_id.encode(), expected_version=0, lease=lease
             )
         except MetadataVersionError:
             return False

@@ -20,6 +20,7 @@ import structlog
 
 from bkaio.backoff import Backoff
 from bkaio.errors import MetadataError, MetadataVersionError
+from bkaio.meta.conditional import compare_and_swap_resolved, delete_resolved
 from bkaio.meta.errors import InvalidMetadataError, LeaseExpiredError
 from bkaio.meta.store import EventKind, KeyValue, Lease, MetadataStore
 from bkaio.supervision import Restart, loop_supervisor
@@ -347,7 +348,8 @@ class BookieRegistration:
         key = registration_key(bookie_id, read_only=read_only)
         current = own.get(key)
         # The new key first: the bookie is never missing from the list during a move.
-        await self._store.compare_and_swap(
+        await compare_and_swap_resolved(
+            self._store,
             key,
             encode_bookie_info(self._info),
             expected_version=0 if current is None else current.version,
@@ -355,7 +357,7 @@ class BookieRegistration:
         )
         stale = own.get(registration_key(bookie_id, read_only=not read_only))
         if stale is not None:  # The other mode's record, of this or an old lease of ours.
-            await self._store.delete(stale.key, expected_version=stale.version)
+            await delete_resolved(self._store, stale.key, expected_version=stale.version)
         return None
 
     async def deregister(self) -> None:
@@ -388,8 +390,8 @@ class BookieRegistry:
         lease = await self._store.grant_lease(ttl_seconds)
         key = registration_key(info.bookie_id, read_only=info.read_only)
         try:
-            await self._store.compare_and_swap(
-                key, encode_bookie_info(info), expected_version=0, lease=lease
+            await compare_and_swap_resolved(  # A lost answer: read back, under this lease.
+                self._store, key, encode_bookie_info(info), expected_version=0, lease=lease
             )
         except MetadataVersionError:
             await lease.revoke()

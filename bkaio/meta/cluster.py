@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 
 from bkaio.errors import BKError, ConfigError, MetadataVersionError
-from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.conditional import compare_and_swap_resolved
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, MetadataStore, metadata_attempts_exhausted
 from bkaio.meta.uri import shown_uri
 
@@ -72,17 +72,18 @@ async def require_initialised(store: MetadataStore) -> str:
 
 async def _create_if_absent(store: MetadataStore, key: str, value: bytes) -> tuple[bytes, bool]:
     """The value of `key`, writing `value` first if the key does not exist yet; and whether this
-    call wrote it (False when unsure: a write whose outcome is unknown counts as someone else's).
-    At most MAX_METADATA_ATTEMPTS creations, then MetadataError (the key still absent).
+    call wrote it (a lost answer is resolved by reading the key back: our value there counts
+    as ours). At most MAX_METADATA_ATTEMPTS creations, then MetadataError (the key still
+    absent), or MetadataOutcomeUnknownError when the store lost every answer.
     """
     for _attempt in range(MAX_METADATA_ATTEMPTS):
         kv = await store.get(key)
         if kv is not None:
             return kv.value, False
         try:
-            await store.compare_and_swap(key, value, expected_version=0)
-        except (MetadataVersionError, MetadataOutcomeUnknownError):
-            continue  # Someone else created it first (or maybe we did): read what is there.
+            await compare_and_swap_resolved(store, key, value, expected_version=0)
+        except MetadataVersionError:
+            continue  # Someone else created it first: read what is there.
         return value, True
     raise metadata_attempts_exhausted(f"metadata key {key}", "creating it")
 

@@ -20,6 +20,7 @@ from bkaio.errors import (
     MetadataVersionError,
     NoSuchLedgerError,
 )
+from bkaio.meta.conditional import compare_and_swap_resolved, delete_resolved
 from bkaio.meta.errors import LedgerExistsError, MetadataOutcomeUnknownError
 from bkaio.meta.ledger_metadata import (
     MAX_LEDGER_ID,
@@ -189,30 +190,23 @@ class LedgerManager:
         return metadata.with_version(version)
 
     async def _compare_and_swap(self, key: str, data: bytes, expected_version: int) -> int:
-        """The store's CAS, with an unknown outcome resolved by reading the key back: our bytes
-        at a newer version mean it was applied; the old version means it was not (try again);
-        anything else means another writer won (MetadataVersionError). At most
-        MAX_METADATA_ATTEMPTS sends, then MetadataError (a store losing every answer)."""
-        for _attempt in range(MAX_METADATA_ATTEMPTS):
-            try:
-                return await self._store.compare_and_swap(
-                    key, data, expected_version=expected_version
-                )
-            except MetadataOutcomeUnknownError as error:
-                log.warning("ledger_metadata_write_unconfirmed", key=key, error=str(error))
-                current = await self._store.get(key)
-            current_version = 0 if current is None else current.version
-            if current is not None and current.value == data and current_version > expected_version:
-                return current_version
-            if current_version != expected_version:
-                raise MetadataVersionError(
-                    f"metadata key {key}: version is {current_version}, expected {expected_version}"
-                )
-        raise metadata_attempts_exhausted(f"metadata key {key}", "writing it")
+        """The store's CAS, with a lost answer resolved by reading the key back
+        (bkaio/meta/conditional.py): the new version, MetadataVersionError when another writer
+        won, MetadataOutcomeUnknownError when the store lost every answer (the last copy may
+        still land)."""
+        return await compare_and_swap_resolved(
+            self._store, key, data, expected_version=expected_version
+        )
 
     async def delete(self, ledger_id: int, *, expected_version: int | None = None) -> None:
-        """NoSuchLedgerError if absent; MetadataVersionError if `expected_version` is stale."""
-        if not await self._store.delete(ledger_key(ledger_id), expected_version=expected_version):
+        """NoSuchLedgerError if absent; MetadataVersionError if `expected_version` is stale
+        (a lost answer of a versioned delete is resolved by reading the key back)."""
+        key = ledger_key(ledger_id)
+        if expected_version is None:
+            deleted = await self._store.delete(key)
+        else:
+            deleted = await delete_resolved(self._store, key, expected_version=expected_version)
+        if not deleted:
             raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
 
     async def list_ids(
