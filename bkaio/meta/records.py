@@ -2,7 +2,10 @@
 
 Cookies are opaque bytes (their format belongs to the bookie); namespace and stream records
 are msgpack maps whose fields belong to `bkaio.stream`. Every write is a compare-and-swap on
-the version the caller read (0: create if absent).
+the version the caller read (0: create if absent), and every versioned delete checks it; an
+answer the store lost is resolved here by reading the record back (bkaio/meta/conditional.py),
+so callers see success or MetadataVersionError, and MetadataOutcomeUnknownError only when the
+store lost every answer of MAX_METADATA_ATTEMPTS copies (the last may still land).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import msgpack
 
 from bkaio.errors import InvalidArgumentError
+from bkaio.meta.conditional import compare_and_swap_resolved, delete_resolved
 from bkaio.meta.errors import InvalidMetadataError
 from bkaio.meta.store import MetadataStore
 
@@ -79,12 +83,19 @@ class CookieStore:
     async def put(self, bookie_id: str, data: bytes, *, expected_version: int) -> int:
         """Write if the stored cookie is at `expected_version` (0: none yet); the new version.
         MetadataVersionError otherwise."""
-        return await self._store.compare_and_swap(
-            self.key(bookie_id), data, expected_version=expected_version
+        return await compare_and_swap_resolved(
+            self._store, self.key(bookie_id), data, expected_version=expected_version
         )
 
     async def delete(self, bookie_id: str, *, expected_version: int | None = None) -> bool:
-        return await self._store.delete(self.key(bookie_id), expected_version=expected_version)
+        return await _delete(self._store, self.key(bookie_id), expected_version)
+
+
+async def _delete(store: MetadataStore, key: str, expected_version: int | None) -> bool:
+    """A plain delete (retried by the driver whatever happened), or a versioned one resolved."""
+    if expected_version is None:
+        return await store.delete(key)
+    return await delete_resolved(store, key, expected_version=expected_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +149,17 @@ class NamespaceStore:
     async def put_namespace(
         self, namespace: str, value: dict[str, Any], *, expected_version: int
     ) -> int:
-        return await self._store.compare_and_swap(
-            self.namespace_key(namespace), _encode(value), expected_version=expected_version
+        return await compare_and_swap_resolved(
+            self._store,
+            self.namespace_key(namespace),
+            _encode(value),
+            expected_version=expected_version,
         )
 
     async def delete_namespace(
         self, namespace: str, *, expected_version: int | None = None
     ) -> bool:
-        return await self._store.delete(
-            self.namespace_key(namespace), expected_version=expected_version
-        )
+        return await _delete(self._store, self.namespace_key(namespace), expected_version)
 
     async def list_namespaces(self) -> list[str]:
         return [
@@ -161,16 +173,17 @@ class NamespaceStore:
     async def put_stream(
         self, namespace: str, stream: str, value: dict[str, Any], *, expected_version: int
     ) -> int:
-        return await self._store.compare_and_swap(
-            self.stream_key(namespace, stream), _encode(value), expected_version=expected_version
+        return await compare_and_swap_resolved(
+            self._store,
+            self.stream_key(namespace, stream),
+            _encode(value),
+            expected_version=expected_version,
         )
 
     async def delete_stream(
         self, namespace: str, stream: str, *, expected_version: int | None = None
     ) -> bool:
-        return await self._store.delete(
-            self.stream_key(namespace, stream), expected_version=expected_version
-        )
+        return await _delete(self._store, self.stream_key(namespace, stream), expected_version)
 
     async def list_streams(self, namespace: str) -> list[str]:
         prefix = f"{STREAMS_PREFIX}{namespace}/"

@@ -286,11 +286,14 @@ class Namespace:
             target = truncated(meta, count)
             try:
                 await self._store.put_stream(self.name, stream, target)
-            except MetadataVersionError:
-                continue
-            except MetadataOutcomeUnknownError:
+            except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
+                # Refused, or every answer lost: ours (a copy landed before the record changed
+                # again) or another truncation's may have dropped the segments already; then
+                # no record names them and they are deleted here (both may try: one does).
                 fresh = await self._store.get_stream(self.name, stream)
                 if fresh.first_seq < target.first_seq:
+                    if isinstance(error, MetadataOutcomeUnknownError):
+                        raise  # The store gave up; its last copy may still land.
                     continue
             removed = meta.segments[:count]
             where = f"stream {self.name}/{stream}"

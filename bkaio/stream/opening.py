@@ -83,7 +83,7 @@ async def open_writer(
     stream removed whole (`undo_if_namespace_closed`).
     """
     where = f"{namespace}/{stream}"
-    for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each lost CAS deletes its new ledger.
+    for _attempt in range(MAX_METADATA_ATTEMPTS):  # Each CAS lost to a rival drops its ledger.
         meta = await store.find_stream(namespace, stream)
         if meta is None:
             if on_create is not None:
@@ -103,21 +103,23 @@ async def open_writer(
         target = replace(meta, epoch=epoch, segments=(*meta.segments, segment))
         try:
             meta = await store.put_stream(namespace, stream, target)
-        except (MetadataVersionError, MetadataOutcomeUnknownError) as error:
+        except MetadataVersionError:
+            # Usually another writer won; but a copy of ours whose answer was lost may have
+            # landed before the record changed again (a truncation): the new segment tells.
             current = await store.find_stream(namespace, stream)
-            won = (
-                isinstance(error, MetadataOutcomeUnknownError)
-                and current is not None
-                and current.epoch == epoch
-                and current.open_segment == segment
-            )
-            if not won:
+            if not (
+                current is not None and current.epoch == epoch and current.open_segment == segment
+            ):
                 log.info("stream_writer_open_raced", stream=where, epoch=epoch)
                 with contextlib.suppress(BKError):
                     await bk.delete_ledger(handle.ledger_id)
                 continue
-            assert current is not None
             meta = current
+        except MetadataOutcomeUnknownError:
+            # The store lost every answer, and the last copy may still land naming the new
+            # ledger: it is kept (an orphan at worst, found by `bkaio stream orphans`).
+            log.warning("stream_open_ledger_kept", stream=where, ledger_id=handle.ledger_id)
+            raise
         except BKError:
             # Not applied (a write whose outcome is unknown raises the error above): the
             # record does not name the new ledger, which would be left behind.

@@ -76,11 +76,13 @@ async def remove_stream(
         except MetadataVersionError:
             continue
         except MetadataOutcomeUnknownError:
-            # Landed unless the record is still there: raising would leave its ledgers
-            # and cursors behind for good (a second call finds no stream to delete).
+            # The store lost every answer (each one resolved below this). Landed unless the
+            # record is still there: raising then would leave its ledgers and cursors behind
+            # for good (a second call finds no stream to delete). Still there: the store gave
+            # up, and the last copy may still land; a second call finishes the deletion.
             fresh = await store.find_stream(namespace, stream)
             if fresh is not None and fresh.ctime_ms == meta.ctime_ms:
-                continue
+                raise
             deleted = True
         if not deleted:
             return None  # Deleted by another since it was read: its ledgers are theirs to drop.

@@ -396,7 +396,10 @@ class StreamWriter:
             new_handle = await self._create_ledger()
             meta = await self._cas_segments(sealed, new_handle.ledger_id)
         except BKError as error:
-            if new_handle is not None:
+            if isinstance(error, MetadataOutcomeUnknownError) and new_handle is not None:
+                # The last copy of the CAS may still land naming it: kept (an orphan at worst).
+                self._log.warning("stream_roll_ledger_kept", ledger_id=new_handle.ledger_id)
+            elif new_handle is not None:
                 await self._drop_unrecorded(new_handle.ledger_id)
             self._fail(error)
             self._roll_task = None
@@ -484,7 +487,11 @@ class StreamWriter:
 
     async def _cas_segments(self, sealed: Segment, next_ledger_id: int | None) -> StreamMeta:
         """Write `sealed` (and a new open segment on `next_ledger_id`) into the stream record,
-        in at most MAX_METADATA_ATTEMPTS CASes (then MetadataError: the writer fails)."""
+        in at most MAX_METADATA_ATTEMPTS CASes (then MetadataError: the writer fails). A lost
+        answer is resolved below this by reading the record back, which takes only our very
+        bytes for ours: a version conflict may still be our write, landed and then changed by
+        a truncation, which `_landed` tells. MetadataOutcomeUnknownError (the store lost every
+        answer; the last copy may still land) fails the writer."""
         meta = self._meta
         for _attempt in range(MAX_METADATA_ATTEMPTS):
             self._check_owner(meta, sealed.ledger_id)
@@ -499,18 +506,17 @@ class StreamWriter:
                 return self._meta
             except MetadataVersionError:
                 meta = await self._reread()
-            except MetadataOutcomeUnknownError:
-                meta = await self._reread()
                 if self._landed(meta, target):
                     self._meta = meta
                     return meta
         raise metadata_attempts_exhausted(f"stream {self._where}", "recording its segments")
 
     def _landed(self, meta: StreamMeta, target: StreamMeta) -> bool:
-        """Whether `meta`, read after a write of `target` whose outcome is unknown, shows it
-        applied. Only this writer closes its segment or opens the next one in its epoch, so the
-        open segment tells (the new one, whose ledger no other write names, or none after a
-        close); the sealed segment may be gone already, truncated after the write landed."""
+        """Whether `meta`, read after a write of `target` was refused, shows it applied (a
+        lost answer's copy that landed before the record changed again). Only this writer
+        closes its segment or opens the next one in its epoch, so the open segment tells (the
+        new one, whose ledger no other write names, or none after a close); the sealed segment
+        may be gone already, truncated after the write landed."""
         return (
             meta.epoch == self.epoch
             and meta.ctime_ms == self._meta.ctime_ms  # Not a new stream of the same name.

@@ -1,4 +1,8 @@
-"""A writer's roll whose record write lost its reply, while the record changed after it."""
+"""A writer's roll whose record write lost its reply, while the record changed after it.
+
+The answer is lost in the metadata store (below StreamStore, which reads the record back): the
+record then holds other bytes than the write's, a version conflict, which the writer tells from
+another writer's by its new open segment."""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from bkaio.meta import Lease
 from bkaio.meta.errors import MetadataOutcomeUnknownError
+from bkaio.meta.sqlite_driver import SqliteMetadataStore
 from bkaio.stream import StreamPosition, open_namespace
-from bkaio.stream.model import StreamMeta
 from bkaio.stream.store import StreamStore
 from tests.unit.stream.conftest import ClientFactory
 from tests.unit.stream.test_streams import take
@@ -24,20 +29,27 @@ async def test_a_landed_write_with_a_lost_reply_then_a_truncation_is_not_a_fence
     for i in range(3):
         await writer.write(b"%010d" % i)  # Each write fills a segment: three rolls.
     await writer.wait_for_capacity()
-    real_put = StreamStore.put_stream
+    real_cas = SqliteMetadataStore.compare_and_swap
     armed = True
 
-    async def lost_reply(self: StreamStore, namespace: str, stream: str, meta: StreamMeta) -> Any:
+    async def lost_reply(
+        self: SqliteMetadataStore,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int,
+        lease: Lease | None = None,
+    ) -> Any:
         nonlocal armed
-        if not armed:
-            return await real_put(self, namespace, stream, meta)
+        if not armed or key != StreamStore.stream_key("tenant", "s"):
+            return await real_cas(self, key, value, expected_version=expected_version, lease=lease)
         armed = False
-        await real_put(self, namespace, stream, meta)  # Landed...
+        await real_cas(self, key, value, expected_version=expected_version)  # Landed...
         # ...then retention removed every sealed segment, the one it sealed too...
         await ns.truncate("s", before=StreamPosition(0, 0, 1000))
         raise MetadataOutcomeUnknownError("connection lost")  # ...and the reply was lost.
 
-    monkeypatch.setattr(StreamStore, "put_stream", lost_reply)
+    monkeypatch.setattr(SqliteMetadataStore, "compare_and_swap", lost_reply)
     if closing:
         await writer.write(b"last")
         await writer.close()
