@@ -23,9 +23,12 @@ nothing; gRPC's keepalive cannot notice it sooner than etcd lets clients ping (5
 faster pings get the connection closed), so only a deadline does. A request that may be
 repeated (`idempotent`) gives its member the URI's `attempt_timeout` (2 s) before it moves on,
 and each later attempt twice as long, up to the operation `timeout`: a silent member is left
-after 2 s, a slow one still gets the time to answer. A conditional write waits the whole
-operation timeout: cut off, it would only end as MetadataOutcomeUnknownError sooner, and its
-callers would re-read and send it again while the first may still be applied.
+after 2 s, a slow one still gets the time to answer. A conditional write gets the same first
+attempt, and unanswered by then it ends as MetadataOutcomeUnknownError, the connection moved
+to the next member: the member may still apply it later, when it comes back, and every caller
+resolves that by reading the key back and, only if the key is still at the version the write
+expected, sending the same write again (bkaio/meta/conditional.py): both copies are
+conditioned on that version, so at most one lands.
 
 A member that failed a request is remembered for a cool-down (the URI's `retry_seconds`) by every
 connection of the process (`MemberHealth`): a request or a watch opening (or re-opening) whose
@@ -267,6 +270,8 @@ class EtcdConnection:
         An `idempotent` call's attempt that its member leaves unanswered is cut off and the call
         moves on to the next member: after the URI's attempt_timeout at first, then twice as
         long each time, up to the operation timeout (with one member, the operation timeout).
+        Any other call's (a conditional write's) is cut off after the first attempt's bound
+        too, and raises MetadataOutcomeUnknownError, the connection on the next member.
         With `retry_seconds` (first contact: connecting, logging in), that bound instead, and
         every attempt's bound is the members' share of it: a silent cluster is reported in time.
         """
@@ -279,14 +284,18 @@ class EtcdConnection:
             if self.closed:
                 raise MetadataError(f"metadata store {shown_uri(self.uri)} is closed")
             used = self.choose_member()
+            assert idempotent or retry_seconds is None, what  # First contact only reads.
             try:
-                if idempotent:
-                    async with asyncio.timeout_at(min(deadline, loop.time() + attempt_seconds)):
-                        result = await call()
-                else:
-                    assert retry_seconds is None, what  # First contact only reads.
-                    result = await call()  # Its gRPC timeout, the operation timeout, ends it.
+                async with asyncio.timeout_at(min(deadline, loop.time() + attempt_seconds)):
+                    result = await call()
             except TimeoutError:
+                if not idempotent:  # It may still be applied: the caller reads the key back.
+                    self.fail_over(used, rpc.StatusCode.DEADLINE_EXCEEDED)
+                    raise MetadataOutcomeUnknownError(
+                        f"etcd {what}: no answer from {self.members[used].address} within"
+                        f" {attempt_seconds:g} s while the write was in flight; re-read the key"
+                        " to learn the outcome"
+                    ) from None
                 if loop.time() < deadline - 0.01:
                     log.warning(
                         "etcd_retrying", operation=what, delay_seconds=0.0,
@@ -336,7 +345,7 @@ class EtcdConnection:
                 return result
 
     def _first_attempt_seconds(self, retry_seconds: float | None) -> float:
-        """How long an idempotent call's first attempt waits for its member."""
+        """How long a call's first attempt waits for its member."""
         if retry_seconds is not None:
             return retry_seconds / len(self.members)
         if len(self.members) == 1:

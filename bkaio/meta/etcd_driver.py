@@ -10,9 +10,10 @@ uses aetcd's generated stubs (`aetcd.rpc`) directly.
 
 A write that etcd may or may not have applied (the connection broke while a compare-and-swap
 or a versioned delete was in flight) raises MetadataOutcomeUnknownError: re-read the key and
-decide. A member that is partitioned or stopped answers nothing, which only a deadline
-notices: every request but a conditional write is `idempotent`, so the connection gives its
-member the URI's attempt_timeout before it moves on (bkaio/meta/etcd_connection.py), and lease
+decide (bkaio/meta/conditional.py). A member that is partitioned or stopped answers nothing,
+which only a deadline notices: the connection gives its member the URI's attempt_timeout before
+it moves on (bkaio/meta/etcd_connection.py; a conditional write then ends as
+MetadataOutcomeUnknownError, every other request, `idempotent`, is sent again), and lease
 keep-alives use at most a quarter of the lease's TTL (at least 1 s), so a bookie keeps its
 registration while the connection moves to another member (tests/integration/meta/
 test_etcd_cluster.py kills the leader and stops a member mid-write).
