@@ -8,26 +8,31 @@ command to its bkaio one.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import enum
+import json
 import statistics
 import time
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterable
+from typing import Any, Protocol, cast
 
 import click
 from rich.progress import Progress
 
 from bkaio.cli import shell_bookies, shell_cluster
 from bkaio.cli.common import client_options, json_option, metadata_option, run
-from bkaio.cli.output import emit, payload_text
+from bkaio.cli.output import emit, payload_text, write_and_flush
 from bkaio.cli.params import ENTRY_ID, LEDGER_ID, TEST_ENTRIES, check_range
 from bkaio.cli.scratch_ledger import check_read_back, scratch_ledger, scratch_payload
 from bkaio.cli.shell_autorecovery import add_autorecovery_commands
 from bkaio.display import ledger_metadata_dict
-from bkaio.errors import UnauthorizedError
+from bkaio.errors import BKError, UnauthorizedError
 
 PASSWORD_HELP = "Ledger password (default: empty)."
 PROGRESS_THRESHOLD = 1000  # Below this many entries a progress bar is only noise.
+PRINT_BATCH_ENTRIES = 1000  # Entries `readledger` prints in one write at most.
 # "-1" reaches the id's range check ("-1 is not in the range x>=0") instead of being taken
 # for an unknown option.
 NEGATIVE_NUMBERS_AS_ARGUMENTS = {"ignore_unknown_options": True}
@@ -109,7 +114,7 @@ def read_ledger(
     """Entries FIRST..LAST (inclusive; default all), unfenced: UTF-8 when printable, else hex."""
     check_range(first, last)
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> None:
         async with _client(metadata_uri) as bk:
             try:
                 handle = await bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
@@ -123,21 +128,59 @@ def read_ledger(
             )
             start = 0 if first is None else first
             stop = end if last is None else last
-            if stop < start:
-                return []
-            rows: list[dict[str, Any]] = []
-            with Progress(
-                disable=as_json or stop - start < PROGRESS_THRESHOLD, transient=True
-            ) as bar:
-                task = bar.add_task(f"ledger {ledger_id}", total=stop - start + 1)
-                async for entry in handle.read_iter(start, stop):
-                    rows.append({"entry_id": entry.entry_id, "payload": entry.payload})
-                    bar.advance(task)
-            return rows
+            # An async generator (typed AsyncIterator): closed here when printing stops early
+            # (`| head`), not by the loop's shutdown while it is still reading ahead.
+            entries = cast(
+                "AsyncGenerator[ShownEntry, None]",
+                handle.read_iter(start, stop) if start <= stop else _no_entries(),
+            )
+            async with contextlib.aclosing(entries):
+                await print_entries(entries, as_json=as_json)
 
-    rows = run(go())
-    human = "\n".join(f"{row['entry_id']}\t{payload_text(row['payload'])}" for row in rows)
-    emit(rows, as_json=as_json, human=human or "(no entries)")
+    run(go())
+
+
+async def _no_entries() -> AsyncGenerator[ShownEntry, None]:  # An open ledger before its first.
+    none: tuple[ShownEntry, ...] = ()
+    for entry in none:
+        yield entry
+
+
+class ShownEntry(Protocol):
+    @property
+    def entry_id(self) -> int: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+
+async def print_entries(entries: AsyncIterable[ShownEntry], *, as_json: bool) -> int:
+    """Print entries as they come, PRINT_BATCH_ENTRIES lines per write (off the event loop):
+    memory holds a batch, not the ledger (a whole ledger is `readledger`'s default). The same
+    text as one document would be: `ID<TAB>payload` lines or "(no entries)"; with `as_json` one
+    JSON list. A read failing part-way leaves the entries before it printed. The count."""
+    count, pending = 0, []
+    try:
+        async for entry in entries:
+            shown = payload_text(entry.payload)
+            if as_json:
+                row = json.dumps({"entry_id": entry.entry_id, "payload": shown}, sort_keys=True)
+                pending.append(("[" if count == 0 else ", ") + row)
+            else:
+                pending.append(f"{entry.entry_id}\t{shown}\n")
+            count += 1
+            if len(pending) >= PRINT_BATCH_ENTRIES:
+                await asyncio.to_thread(write_and_flush, "".join(pending))
+                pending.clear()
+    except BKError:
+        await asyncio.to_thread(write_and_flush, "".join(pending))  # What was read, shown.
+        raise
+    if as_json:
+        pending.append("]\n" if count else "[]\n")
+    elif not count:
+        pending.append("(no entries)\n")
+    await asyncio.to_thread(write_and_flush, "".join(pending))
+    return count
 
 
 @shell.command("deleteledger", context_settings=NEGATIVE_NUMBERS_AS_ARGUMENTS)
