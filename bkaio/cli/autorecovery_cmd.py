@@ -8,7 +8,7 @@ import signal
 import click
 import structlog
 
-from bkaio.cli.common import client_options, metadata_option, run
+from bkaio.cli.common import client_options, metadata_option, run, start_metrics_server
 from bkaio.cli.params import FiniteFloat
 from bkaio.fault_switches import fault_switch_refusal
 
@@ -48,7 +48,7 @@ def autorecovery(
     refusal = fault_switch_refusal()
     if refusal is not None:
         raise click.UsageError(refusal)  # Exit 2: its recoveries must fence as in production.
-    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     from bkaio.autorecovery import run_autorecovery
     from bkaio.autorecovery.metrics import metrics_page
@@ -66,7 +66,7 @@ def autorecovery(
     ProcessCollector(registry=registry)
     if metrics_port:
         # With the default registry's bkaio_* families (lease late refreshes, library jobs).
-        start_http_server(metrics_port, metrics_host, registry=metrics_page(registry))
+        start_metrics_server(metrics_port, metrics_host, metrics_page(registry))
     config = AutorecoveryConfig(
         lost_bookie_delay_seconds=lost_bookie_delay, auditor_enabled=not no_auditor
     )

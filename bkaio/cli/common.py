@@ -90,3 +90,20 @@ def client_tls_from_env() -> ssl.SSLContext | None:
 def client_options() -> dict[str, Any]:
     """BookKeeper.connect options the environment asks for: TLS files and an auth token."""
     return {"tls": client_tls_from_env(), "auth_token": os.environ.get("BKAIO_AUTH_TOKEN") or None}
+
+
+def start_metrics_server(port: int, host: str, registry: Any) -> Any:
+    """prometheus_client's HTTP server for `registry` on host:port (`--metrics-port`), its
+    server object; ConfigError naming the option, the address and why it cannot listen there
+    (a port another process holds, a host that does not resolve)."""
+    from prometheus_client import start_http_server
+
+    from bkaio.errors import ConfigError
+
+    try:
+        server, _thread = start_http_server(port, host, registry=registry)
+    except OSError as error:  # socket.gaierror included.
+        raise ConfigError(
+            f"--metrics-port {port}: cannot listen on {host}:{port}: {error.strerror or error}"
+        ) from error
+    return server

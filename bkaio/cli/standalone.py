@@ -33,7 +33,7 @@ import click
 import structlog
 
 from bkaio.backoff import Backoff
-from bkaio.cli.common import run
+from bkaio.cli.common import run, start_metrics_server
 from bkaio.cli.output import emit
 from bkaio.cli.standalone_layout import (
     BASE_PORT,
@@ -487,17 +487,8 @@ def _serve(data_dir: Path, layout: StandaloneLayout, as_json: bool, metrics_port
     cluster = StandaloneCluster(data_dir, layout)
     metrics_server = None
     if metrics_port:
-        from prometheus_client import start_http_server
-
-        try:
-            metrics_server, _ = start_http_server(
-                metrics_port, LOOPBACK, registry=cluster.metrics.registry
-            )
-        except OSError as error:  # Before any process starts: nothing to stop.
-            raise StandaloneError(
-                f"--metrics-port {metrics_port}: cannot listen on {LOOPBACK}:{metrics_port}: "
-                f"{error.strerror or error}"
-            ) from error
+        # Before any process starts: one it cannot serve stops nothing.
+        metrics_server = start_metrics_server(metrics_port, LOOPBACK, cluster.metrics.registry)
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

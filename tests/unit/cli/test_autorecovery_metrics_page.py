@@ -28,8 +28,11 @@ class FakeMetricsServer:
     def __init__(self) -> None:
         self.registries: list[CollectorRegistry] = []
 
-    def __call__(self, port: int, addr: str = "0.0.0.0", registry: Any = REGISTRY) -> None:
+    def __call__(
+        self, port: int, addr: str = "0.0.0.0", registry: Any = REGISTRY
+    ) -> tuple[None, None]:
         self.registries.append(registry)
+        return None, None  # The server and its thread, as the real one gives.
 
 
 def test_the_page_shows_the_default_registrys_bkaio_families_once(

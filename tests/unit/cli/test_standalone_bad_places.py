@@ -36,6 +36,6 @@ def test_a_metrics_port_in_use_is_named(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(
-        f"bkaio: StandaloneError: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: "
+        f"bkaio: ConfigError: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: "
     ), err
     assert not list((tmp_path / "sa").glob("bookie-*")), "no bookie was started"
