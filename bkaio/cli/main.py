@@ -23,6 +23,7 @@ from bkaio.cli.output import StdoutClosed, emit_error
 from bkaio.cli.shell import shell
 from bkaio.cli.standalone import standalone
 from bkaio.cli.stream_cmd import stream
+from bkaio.cli.stream_info import info as stream_info
 from bkaio.cli.stream_orphans import orphans
 from bkaio.errors import BKError
 from bkaio.logs import configure_logging
@@ -42,6 +43,7 @@ cli.add_command(standalone)
 cli.add_command(bookie)
 cli.add_command(shell)
 cli.add_command(autorecovery)
+stream.add_command(stream_info)
 stream.add_command(orphans)
 cli.add_command(stream)
 cli.add_command(bench)

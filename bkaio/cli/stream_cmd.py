@@ -7,7 +7,7 @@
     bkaio stream tail NS/STREAM [--from earliest|latest|LEDGER:ENTRY@SEQ|SEQ] [--cursor NAME]
     bkaio stream truncate NS/STREAM --before POSITION [--force]
     bkaio stream cursors NS/STREAM                    bkaio stream retain [NS ...] [--every S]
-    bkaio stream info NS/STREAM                       (segments, seqs, bytes, retention, cursors)
+    bkaio stream info NS/STREAM                       (bkaio/cli/stream_info.py)
     bkaio stream orphans NS [--older-than S] [--delete]  (bkaio/cli/stream_orphans.py)
 
 Positions print as LEDGER:ENTRY@SEQ. Every command takes --metadata (or $BKAIO_METADATA) and
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import click
 
 from bkaio.cli.common import json_option, metadata_option, run
-from bkaio.cli.output import emit, payload_text, render_human, table, write_and_flush
+from bkaio.cli.output import emit, payload_text, table, write_and_flush
 from bkaio.cli.params import (
     POSITIVE_SECONDS,
     name_argument,
@@ -522,78 +522,3 @@ def retain(
     rows = run(go())
     human = table(rows, ["namespace", "stream", "removed_ledgers"]) if rows else "nothing to remove"
     emit(rows, as_json=as_json, human=human)
-
-
-def _segment_row(segment: Any) -> dict[str, Any]:
-    return {
-        "ledger_id": segment.ledger_id,
-        "state": segment.state.value,
-        "first_seq": segment.first_seq,
-        "last_seq": None if segment.is_open else segment.last_seq,
-        "bytes": None if segment.is_open else segment.bytes,
-        "ctime_ms": segment.ctime_ms,
-        "closed_ms": segment.closed_ms or None,
-    }
-
-
-@stream.command("info")
-@click.argument("name")
-@metadata_option
-@json_option
-def info(metadata_uri: str, as_json: bool, name: str) -> None:
-    """NS/STREAM at a glance: segments, first and last seq, bytes, retention, cursors.
-
-    `bytes` counts sealed segments; the open segment's size is known once it is sealed.
-    """
-    namespace_name, stream_name = split_stream_name(name, stream_required=True)
-    assert stream_name is not None
-
-    async def go() -> dict[str, Any]:
-        async with connected(metadata_uri) as bk:
-            namespace = await _namespace(bk, namespace_name)
-            meta = await namespace.stream_metadata(stream_name)
-            end_seq = await namespace.end_seq(stream_name)
-            settings = namespace.settings
-            cursor_rows = [
-                {"cursor": c.name, "position": str(c.position), "seq": c.position.seq,
-                 "lag": c.lag, "mtime_ms": c.mtime_ms}
-                for c in await namespace.cursors(stream_name)
-            ]  # fmt: skip
-        return {
-            "stream": name,
-            "epoch": meta.epoch,
-            "ctime_ms": meta.ctime_ms,
-            "first_seq": meta.first_seq,
-            "last_seq": end_seq - 1 if end_seq > meta.first_seq else None,
-            "records": end_seq - meta.first_seq,
-            "bytes": meta.sealed_bytes,
-            "writer_open": meta.open_segment is not None,
-            "segments": [_segment_row(segment) for segment in meta.segments],
-            "retention": {
-                "seconds": settings.retention_seconds,
-                "bytes": settings.retention_bytes,
-                "ignores_cursors": settings.retention_ignores_cursors,
-            },
-            "cursors": cursor_rows,
-        }
-
-    report = run(go())
-    retention = report["retention"]
-    summary = {
-        "stream": name,
-        "records": f"{report['records']} (seq {report['first_seq']}..{report['last_seq']})",
-        "bytes": f"{report['bytes']} in sealed segments",
-        "writer": "open" if report["writer_open"] else "none",
-        "retention": (
-            f"{retention['seconds'] or '-'} s, {retention['bytes'] or '-'} bytes"
-            + (", ignores cursors" if retention["ignores_cursors"] else "")
-        ),
-    }
-    human = "\n\n".join(
-        [
-            render_human(summary),
-            table(report["segments"], ["ledger_id", "state", "first_seq", "last_seq", "bytes"]),
-            table(report["cursors"], ["cursor", "position", "lag"]),
-        ]
-    )
-    emit(report, as_json=as_json, human=human)
