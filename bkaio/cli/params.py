@@ -130,17 +130,26 @@ def name_argument(kind: str) -> Any:
 
 
 def stream_position(context: click.Context, param: click.Parameter, value: Any) -> Any:
-    """A click callback: `value` must be a seq, LEDGER:ENTRY@SEQ, or (for --from) earliest or
-    latest; returned unchanged, the command parses it."""
+    """A click callback: `value` must be a seq, LEDGER:ENTRY@SEQ with each field in
+    [0, 2^63), or (for --from) earliest or latest; returned unchanged, the command parses it.
+    The message names every form the option takes."""
     from bkaio.errors import BKError
     from bkaio.stream import StreamPosition
 
     if value is None or str(value).isdigit():
         return value
-    if value in ("earliest", "latest") and param.name == "start":
+    start = param.name == "start"
+    if value in ("earliest", "latest") and start:
         return value
     try:
-        StreamPosition.parse(str(value))
-    except BKError as error:
-        raise click.BadParameter(str(error)) from None
+        position = StreamPosition.parse(str(value))
+    except BKError:
+        position = None
+    fields = () if position is None else (position.ledger_id, position.entry_id, position.seq)
+    if position is None or not all(0 <= field <= MAX_ID for field in fields):
+        wanted = "earliest, latest, a seq" if start else "a seq"
+        raise click.BadParameter(
+            f"{value!r} is not {wanted} or LEDGER:ENTRY@SEQ (for example 12:0@4000; "
+            f"each a whole number in [0, {MAX_ID}])"
+        )
     return value

@@ -269,3 +269,24 @@ def test_usage_errors_under_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.out == ""
     error = json.loads(captured.err)
     assert error["kind"] == "UsageError" and "-1 is not in the range" in error["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "wanted"),
+    [
+        (("tail", "ns/s", "--from", "-3"), "is not earliest, latest, a seq or LEDGER:ENTRY@SEQ"),
+        (("tail", "ns/s", "--from=-1:0@5"), "is not earliest, latest, a seq or LEDGER:ENTRY@SEQ"),
+        (("tail", "ns/s", "--from", f"{2**63}:0@1"), "each a whole number in [0, "),
+        (("truncate", "ns/s", "--before", "-1"), "'-1' is not a seq or LEDGER:ENTRY@SEQ"),
+        (("truncate", "ns/s", "--before=-1:-1@-1"), "is not a seq or LEDGER:ENTRY@SEQ"),
+    ],
+)
+def test_a_bad_stream_position_names_every_form_it_may_take(
+    args: tuple[str, ...], wanted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--from -3` was refused as "not LEDGER:ENTRY@SEQ", as if that were the only form, and
+    negative fields in LEDGER:ENTRY@SEQ reached the stream layer (`truncate --before=-1:-1@-1`
+    removed nothing and exited 0)."""
+    assert main(["stream", *args, "--metadata", SQLITE]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and wanted in err, err
