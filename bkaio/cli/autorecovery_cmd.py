@@ -9,7 +9,7 @@ import click
 import structlog
 
 from bkaio.cli.common import client_options, metadata_option, run, start_metrics_server
-from bkaio.cli.params import FiniteFloat
+from bkaio.cli.params import FiniteFloat, Int
 from bkaio.fault_switches import fault_switch_refusal
 
 
@@ -32,7 +32,7 @@ from bkaio.fault_switches import fault_switch_refusal
 @click.option(
     "--metrics-port",
     default=0,
-    type=click.IntRange(0, 65535),
+    type=Int(0, 65535),
     help="Serve Prometheus metrics (autorecovery and process_*) on this port (0: off).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from bkaio.cli.params import Int
 from bkaio.errors import BKError
 
 TABLE_WIDTH = 150
@@ -59,7 +60,7 @@ class BenchFailedError(BKError):
     metavar="WORKLOAD",
     help="Run only these workloads of the suite (repeatable).",
 )
-@click.option("--repeats", type=click.IntRange(1, 100), default=None, help="Override the suite's.")
+@click.option("--repeats", type=Int(1, 100), default=None, help="Override the suite's.")
 @click.option(
     "--results-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -24,13 +24,13 @@ import click
 
 from bkaio.cli.common import json_option, run
 from bkaio.cli.output import emit, emit_stream, payload_text, table
-from bkaio.cli.params import BOOKIE_ID, ENTRY_ID, LEDGER_ID
+from bkaio.cli.params import BOOKIE_ID, ENTRY_ID, LEDGER_ID, Int
 from bkaio.errors import BKError, BookieIOError, ConfigError
 from bkaio.journal.errors import JournalError
 
 CONFIG_HELP = "The bookie's TOML configuration file."
 CONFIG_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
-SHARD = click.IntRange(min=0)
+SHARD = Int(0)
 
 
 class InconsistentStorageError(BKError):

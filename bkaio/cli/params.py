@@ -28,13 +28,25 @@ class FiniteFloat(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
-LEDGER_ID = click.IntRange(0, MAX_ID)
-ENTRY_ID = click.IntRange(0, MAX_ID)
-POSITIVE_INT = click.IntRange(min=1)
+class Int(click.IntRange):
+    """click's IntRange, bounded above (by 2^63 - 1 unless less): the type of every integer
+    option of `bkaio`. Unbounded, a huge number went through to the library (a namespace's
+    `--quota-bytes 10**23` ended in msgpack with a traceback). Named "integer": a non-number
+    reads "'x' is not a valid integer." (IntRange's name, "integer range", misleads)."""
+
+    name = "integer"
+
+    def __init__(self, min: int | None = None, max: int = MAX_ID) -> None:
+        super().__init__(min, max)
+
+
+LEDGER_ID = Int(0)
+ENTRY_ID = Int(0)
+POSITIVE_INT = Int(1)
 # `simpletest` and `bookiesanity` append one entry at a time and keep one latency each: a
 # million takes minutes and tens of MB; with no bound a mistyped count ate the host's memory.
 MAX_TEST_ENTRIES = 1_000_000
-TEST_ENTRIES = click.IntRange(1, MAX_TEST_ENTRIES)
+TEST_ENTRIES = Int(1, MAX_TEST_ENTRIES)
 POSITIVE_SECONDS = FiniteFloat(min=0, min_open=True)
 
 

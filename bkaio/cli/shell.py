@@ -24,7 +24,7 @@ from rich.progress import Progress
 from bkaio.cli import shell_bookies, shell_cluster
 from bkaio.cli.common import client_options, json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, write_and_flush
-from bkaio.cli.params import ENTRY_ID, LEDGER_ID, TEST_ENTRIES, check_range
+from bkaio.cli.params import ENTRY_ID, LEDGER_ID, POSITIVE_INT, TEST_ENTRIES, check_range
 from bkaio.cli.scratch_ledger import check_read_back, scratch_ledger, scratch_payload
 from bkaio.cli.shell_autorecovery import add_autorecovery_commands
 from bkaio.display import ledger_metadata_dict
@@ -234,9 +234,9 @@ async def _refuse_a_stream_segment(bk: Any, ledger_id: int) -> None:
 
 @shell.command("simpletest")
 @click.option("--entries", default=100, show_default=True, type=TEST_ENTRIES)
-@click.option("--ensemble-size", "-e", default=None, type=click.IntRange(min=1))
-@click.option("--write-quorum", "-w", default=None, type=click.IntRange(min=1))
-@click.option("--ack-quorum", "-a", default=None, type=click.IntRange(min=1))
+@click.option("--ensemble-size", "-e", default=None, type=POSITIVE_INT)
+@click.option("--write-quorum", "-w", default=None, type=POSITIVE_INT)
+@click.option("--ack-quorum", "-a", default=None, type=POSITIVE_INT)
 @metadata_option
 @json_option
 def simple_test(

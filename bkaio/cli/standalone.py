@@ -35,6 +35,7 @@ import structlog
 from bkaio.backoff import Backoff
 from bkaio.cli.common import run, start_metrics_server
 from bkaio.cli.output import emit
+from bkaio.cli.params import Int
 from bkaio.cli.standalone_layout import (
     BASE_PORT,
     LOOPBACK,
@@ -417,7 +418,7 @@ def _client_env(description: dict[str, Any]) -> str:
 
 
 @click.command()
-@click.option("--bookies", default=3, show_default=True, type=click.IntRange(1, 32))
+@click.option("--bookies", default=3, show_default=True, type=Int(1, 32))
 @click.option(
     "--data-dir",
     default=".standalone",
@@ -446,7 +447,7 @@ def _client_env(description: dict[str, Any]) -> str:
 @click.option(
     "--metrics-port",
     default=0,
-    type=click.IntRange(0, 65535),
+    type=Int(0, 65535),
     help="Serve the standalone's own metrics (bookie restarts, process_*) on this loopback port.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster description as JSON.")

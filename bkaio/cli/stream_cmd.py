@@ -30,6 +30,7 @@ import click
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, table, write_and_flush
 from bkaio.cli.params import (
+    POSITIVE_INT,
     POSITIVE_SECONDS,
     name_argument,
     split_stream_name,
@@ -100,14 +101,14 @@ def stream() -> None:
 
 @stream.command("create")
 @click.argument("name")
-@click.option("--quota-bytes", type=click.IntRange(min=1), help="Namespace byte quota.")
-@click.option("--max-streams", type=click.IntRange(min=1), help="Namespace stream limit.")
+@click.option("--quota-bytes", type=POSITIVE_INT, help="Namespace byte quota.")
+@click.option("--max-streams", type=POSITIVE_INT, help="Namespace stream limit.")
 @click.option("--retention-seconds", type=POSITIVE_SECONDS)
-@click.option("--retention-bytes", type=click.IntRange(min=1))
+@click.option("--retention-bytes", type=POSITIVE_INT)
 @click.option("--retention-ignores-cursors", is_flag=True, help="Retention may pass cursors.")
-@click.option("--ensemble-size", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--write-quorum", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--ack-quorum", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--ensemble-size", type=POSITIVE_INT, default=3, show_default=True)
+@click.option("--write-quorum", type=POSITIVE_INT, default=2, show_default=True)
+@click.option("--ack-quorum", type=POSITIVE_INT, default=2, show_default=True)
 @click.option("--rack", "racks", multiple=True, help="Placement rack label (repeatable).")
 @metadata_option
 @json_option
@@ -173,7 +174,7 @@ def list_command(metadata_uri: str, as_json: bool, namespace: str | None) -> Non
 @click.option("--hex", "as_hex", is_flag=True, help="PAYLOADs (or stdin lines) are hex.")
 @click.option(
     "--window",
-    type=click.IntRange(min=1),
+    type=POSITIVE_INT,
     default=DEFAULT_WRITE_WINDOW,
     show_default=True,
     help="Records in flight at most (sent, not yet acknowledged).",
@@ -324,7 +325,7 @@ async def _print_lines(lines: list[str]) -> None:
               help="earliest, latest, a seq, or LEDGER:ENTRY@SEQ.")  # fmt: skip
 @click.option("--cursor", callback=name_argument("cursor"),
               help="Durable cursor: resume after its last ack; ack what is shown.")  # fmt: skip
-@click.option("--count", "max_count", type=click.IntRange(min=1), help="Stop after N records.")
+@click.option("--count", "max_count", type=POSITIVE_INT, help="Stop after N records.")
 @click.option("--no-follow", is_flag=True, help="Stop at the end instead of waiting (tail -f).")
 @click.option("--hex", "as_hex", is_flag=True, help="Show payloads in hex.")
 @metadata_option

@@ -14,7 +14,7 @@ import click
 import pytest
 
 from bkaio.cli.main import cli, main
-from bkaio.cli.params import FiniteFloat
+from bkaio.cli.params import MAX_ID, FiniteFloat, Int
 
 # Never opened: validation comes first. Under /proc, where nothing can create the directory
 # (tests run as root: a store path in a creatable place would exist once some run made it).
@@ -214,6 +214,44 @@ def test_every_float_option_refuses_nan_and_inf() -> None:
     assert {
         name for name, param in found.items() if not isinstance(param.type, FiniteFloat)
     } == set()
+
+
+def _int_params(command: click.Command, path: str) -> Iterator[tuple[str, click.Parameter]]:
+    for param in command.params:
+        if isinstance(param.type, click.types.IntParamType):
+            yield f"{path} {param.name}", param
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _int_params(sub, f"{path} {name}")
+
+
+def test_every_integer_option_is_bounded() -> None:
+    """One integer type for the whole CLI (params.Int): an option typed click.IntRange without
+    a maximum (or int) let 10**23 through to the library."""
+    found = dict(_int_params(cli, "bkaio"))
+    assert "bkaio shell readledger ledger_id" in found
+    assert "bkaio stream create quota_bytes" in found
+    assert {name for name, param in found.items() if not isinstance(param.type, Int)} == set()
+    for param in found.values():
+        assert isinstance(param.type, Int) and param.type.max is not None
+        assert param.type.max <= MAX_ID
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("stream", "create", "ns", "--quota-bytes", str(10**23)), "--quota-bytes"),
+        (("stream", "create", "ns", "--ensemble-size", str(10**23)), "--ensemble-size"),
+        (("stream", "tail", "ns/s", "--count", str(10**23)), "--count"),
+        (("shell", "ledgermetadata", "abc"), "'abc' is not a valid integer."),
+    ],
+)
+def test_a_huge_or_non_numeric_integer_is_a_usage_error(
+    args: tuple[str, ...], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*args, "--metadata", SQLITE]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and complaint in err and "Traceback" not in err, err
 
 
 def test_format_names_the_key_of_a_directory_it_cannot_make(
