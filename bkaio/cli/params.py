@@ -92,7 +92,21 @@ class MetadataUriType(click.ParamType):  # type: ignore[type-arg]  # generic onl
         return text
 
 
+class InstanceIdType(click.ParamType):  # type: ignore[type-arg]  # generic only in click>=8.2
+    """A new cluster's instance id: 1 to 64 hex digits or '-' (a UUID, with or without its
+    dashes). Cookies name it: an empty one reads as "stamped before clusters were named"."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not 0 < len(text) <= 64 or set(text) - set("-0123456789abcdefABCDEF"):
+            self.fail(f"{value!r} is not an instance id (1 to 64 hex digits or '-')", param, ctx)
+        return text
+
+
 BOOKIE_ID = BookieIdType()
+INSTANCE_ID = InstanceIdType()
 METADATA_URI = MetadataUriType()
 
 

@@ -17,6 +17,7 @@ import click
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit
+from bkaio.cli.params import INSTANCE_ID
 
 
 async def _with_store(uri: str, work: Any, *, create: bool = True) -> Any:
@@ -34,7 +35,8 @@ async def _with_store(uri: str, work: Any, *, create: bool = True) -> Any:
 @click.option(
     "--instance-id",
     default=None,
-    help="The new cluster's instance id (default: a random one).",
+    type=INSTANCE_ID,
+    help="The new cluster's instance id: hex digits or '-' (default: a random one).",
 )
 @metadata_option
 @json_option

@@ -328,3 +328,20 @@ def test_a_bad_stream_position_names_every_form_it_may_take(
     assert main(["stream", *args, "--metadata", SQLITE]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and wanted in err, err
+
+
+@pytest.mark.parametrize("instance_id", ["", "bad id/x", "x" * 10, "a" * 65, "é"])
+def test_a_new_clusters_instance_id_is_hex(
+    instance_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`initnewcluster --instance-id ""` created a cluster whose id was empty, which cookies
+    read as "stamped before clusters were named"; any text was taken."""
+    store = tmp_path / "meta.db"
+    args = ["--metadata", f"sqlite://{store}", "--instance-id", instance_id]
+    assert main(["shell", "initnewcluster", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not an instance id" in err, err
+    assert not store.exists()
+    uuid_id = "0f477eab-45c5-4bfd-8373-02cb68f56b6a"
+    assert main(["shell", "initnewcluster", *args[:2], "--instance-id", uuid_id]) == 0
+    assert uuid_id in capsys.readouterr().out
