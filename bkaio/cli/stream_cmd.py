@@ -189,8 +189,9 @@ def write(
     as_hex: bool,
     window: int,
 ) -> None:
-    """Append PAYLOADs (default: each line of stdin, sent as it arrives) to NS/STREAM, becoming
-    its writer; print each record's position once it is acknowledged. EOF flushes and closes."""
+    """Append PAYLOADs (default: each line of stdin, sent as it arrives) to NS/STREAM (created
+    if it does not exist), becoming its writer; print each record's position once it is
+    acknowledged. EOF flushes and closes."""
     namespace_name, stream_name = split_stream_name(name, stream_required=True)
     assert stream_name is not None
 
