@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import click
+from click.core import ParameterSource
 
 from bkaio.cli.common import json_option, metadata_option, run
 from bkaio.cli.output import emit, payload_text, table, write_and_flush
@@ -115,6 +116,19 @@ def stream() -> None:
 def create(metadata_uri: str, as_json: bool, name: str, **options: Any) -> None:
     """Create namespace NS (with its settings), or stream NS/STREAM in an existing namespace."""
     namespace_name, stream_name = split_stream_name(name, stream_required=False)
+    context = click.get_current_context()
+    given = [p.opts[0] for p in context.command.params if p.name in options
+             and context.get_parameter_source(p.name) is not ParameterSource.DEFAULT]  # fmt: skip
+    if stream_name is not None and given:  # Taken in silence, they set nothing.
+        raise click.UsageError(
+            f"only a namespace takes {', '.join(given)}: give it when namespace "
+            f"{namespace_name} is created; a stream has no settings of its own"
+        )
+    if (
+        options["ack_quorum"] > options["write_quorum"]
+        or options["write_quorum"] > options["ensemble_size"]
+    ):
+        raise click.BadParameter("need --ensemble-size >= --write-quorum >= --ack-quorum")
 
     async def go() -> dict[str, Any]:
         from bkaio.stream import create_namespace

@@ -74,3 +74,24 @@ async def test_retain_refuses_an_unknown_namespace(
     captured = capsys.readouterr()
     assert captured.out == "" and "NamespaceNotFoundError" in captured.err, captured
     assert "'tenat'" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("tenant/s", "--retention-seconds", "60", "--rack", "r1"),
+         "only a namespace takes --retention-seconds, --rack: give it when namespace tenant"),
+        (("tenant/s", "--ensemble-size", "3"), "only a namespace takes --ensemble-size"),
+        (("tenant", "--write-quorum", "3", "--ensemble-size", "2"),
+         "need --ensemble-size >= --write-quorum >= --ack-quorum"),
+        (("tenant", "--ack-quorum", "3"), "need --ensemble-size >= --write-quorum"),
+    ],
+)  # fmt: skip
+def test_create_refuses_settings_it_would_not_apply(
+    args: tuple[str, ...], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Namespace settings given with NS/STREAM were dropped in silence (the stream created, its
+    namespace unchanged), and quorums out of order failed only after connecting (exit 1)."""
+    assert main(["stream", "create", *args, "--metadata", SQLITE]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and complaint in captured.err, captured.err
