@@ -164,7 +164,9 @@ async def test_the_cli_judges_a_start_seq_as_the_api_does(
         "'latest'"
     ]
     code, err = await asyncio.to_thread(bkaio, "tail", "ns/s", "--cursor", "c/1", "--no-follow")
+    # A bad cursor name is a usage error (exit 2), refused before connecting (8c471a1),
+    # by the rule the stream layer states.
     assert (code, err.splitlines()) == (
-        1,
-        ["bkaio: InvalidStreamArgumentError: cursor name 'c/1' must not contain '/'"],
+        2,
+        ["bkaio: UsageError: Invalid value for '--cursor': cursor name 'c/1' must not contain '/'"],
     )
