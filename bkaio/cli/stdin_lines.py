@@ -11,6 +11,8 @@ command must still be able to exit. Works for pipes, terminals and regular files
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -25,6 +27,26 @@ class ReadsChunks(Protocol):
     """A binary input (`sys.stdin.buffer`, an io.BytesIO): `read1` returns what is there."""
 
     def read1(self, size: int = ..., /) -> bytes: ...
+
+
+class DescriptorInput:
+    """Reads a file descriptor with os.read: the stdin `lines_of` reads. Not sys.stdin.buffer:
+    its reader thread, blocked in BufferedReader.read1 on a pipe that stays open, holds the
+    buffer's lock, and the interpreter's shutdown then dies on it ("Fatal Python error:
+    _enter_buffered_busy: could not acquire lock for <_io.BufferedReader name='<stdin>'>",
+    SIGABRT) when the command ends before its input does (Ctrl-C on `tail -f log | bkaio
+    stream write`, a failed write)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read1(self, size: int = _CHUNK_BYTES, /) -> bytes:
+        return os.read(self._fd, size if size > 0 else _CHUNK_BYTES)
+
+
+def stdin_input() -> ReadsChunks:
+    """This process's stdin, for `lines_of`."""
+    return DescriptorInput(sys.stdin.fileno())
 
 
 class LineTooLongError(BKError):

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -231,10 +230,9 @@ async def _given(payloads: tuple[str, ...]) -> AsyncIterator[bytes]:
 
 
 def _stdin_lines(max_line_bytes: int) -> AsyncIterator[bytes]:
-    from bkaio.cli.stdin_lines import ReadsChunks, lines_of
+    from bkaio.cli.stdin_lines import lines_of, stdin_input
 
-    # sys.stdin.buffer is a BufferedReader (or click's test BytesIO): both have read1.
-    return lines_of(cast(ReadsChunks, sys.stdin.buffer), max_line_bytes=max_line_bytes)
+    return lines_of(stdin_input(), max_line_bytes=max_line_bytes)
 
 
 async def _records(lines: AsyncIterable[bytes], as_hex: bool) -> AsyncIterator[bytes]:

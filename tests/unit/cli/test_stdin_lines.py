@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import subprocess
+import sys
 
 import click
 import pytest
@@ -78,3 +80,38 @@ async def test_stream_write_refuses_a_long_line_as_it_refuses_a_bad_hex_one(as_h
     assert refused.value.format_message() == (
         "Invalid value: line 2 is longer than 10 bytes; the records before it were written"
     )
+
+
+CHILD = """
+import asyncio
+from bkaio.cli.stdin_lines import lines_of, stdin_input
+
+async def main() -> None:
+    lines = lines_of(stdin_input(), max_line_bytes=100)
+    print((await anext(lines)).decode(), flush=True)
+    await asyncio.sleep(0.2)  # The reader thread is back in its read of the open pipe.
+
+asyncio.run(main())
+"""
+
+
+def test_a_command_can_end_while_its_stdin_stays_open() -> None:
+    """The reader thread read sys.stdin.buffer: blocked in read1 on a pipe still open, it held
+    the BufferedReader's lock, and the interpreter's shutdown died on it (SIGABRT, "Fatal
+    Python error: _enter_buffered_busy") when a command ended before its input did, as
+    `tail -f log | bkaio stream write` does on Ctrl-C."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"first\n")  # The write end stays open: no EOF.
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD],
+            stdin=read_end,
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            check=False,
+        )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert (child.returncode, child.stdout) == (0, b"first\n"), child.stderr.decode()
