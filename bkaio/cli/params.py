@@ -8,6 +8,7 @@ reaches the library (where it would be an assertion or a late, confusing failure
 from __future__ import annotations
 
 import math
+import string
 from typing import Any
 
 import click
@@ -93,18 +94,24 @@ class MetadataUriType(click.ParamType):  # type: ignore[type-arg]  # generic onl
 
 
 class InstanceIdType(click.ParamType):  # type: ignore[type-arg]  # generic only in click>=8.2
-    """A new cluster's instance id: 1 to 64 hex digits or '-' (a UUID, with or without its
-    dashes). Cookies name it: an empty one reads as "stamped before clusters were named"."""
+    """A new cluster's instance id: 1 to 64 ASCII letters, digits, '-', '_' or '.' (a UUID, with
+    or without its dashes, as the random ones are). Cookies name it: an empty one reads as
+    "stamped before clusters were named"."""
 
     name = "ID"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
-        if not 0 < len(text) <= 64 or set(text) - set("-0123456789abcdefABCDEF"):
-            self.fail(f"{value!r} is not an instance id (1 to 64 hex digits or '-')", param, ctx)
+        if not 0 < len(text) <= 64 or set(text) - INSTANCE_ID_CHARACTERS:
+            self.fail(
+                f"{value!r} is not an instance id (1 to 64 ASCII letters, digits, '-', '_', '.')",
+                param,
+                ctx,
+            )
         return text
 
 
+INSTANCE_ID_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-_.")
 BOOKIE_ID = BookieIdType()
 INSTANCE_ID = InstanceIdType()
 METADATA_URI = MetadataUriType()

@@ -36,7 +36,7 @@ async def _with_store(uri: str, work: Any, *, create: bool = True) -> Any:
     "--instance-id",
     default=None,
     type=INSTANCE_ID,
-    help="The new cluster's instance id: hex digits or '-' (default: a random one).",
+    help="The new cluster's instance id: letters, digits, '-', '_', '.' (default: a random one).",
 )
 @metadata_option
 @json_option
