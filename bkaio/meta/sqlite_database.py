@@ -89,13 +89,12 @@ class SqliteDatabase:
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             target, as_uri = self._path, False
         else:  # mode=rw: a missing file is an error, not a new empty database.
-            # One leading slash: "//dir" (sqlite:////dir/meta.db) would read as an authority.
-            absolute = "/" + self._path.lstrip("/")
-            target, as_uri = f"file:{urllib.parse.quote(absolute)}?mode=rw", True
+            # The path has one leading slash (parse_sqlite_uri): "//dir" would be an authority.
+            target, as_uri = f"file:{urllib.parse.quote(self._path)}?mode=rw", True
             if not Path(self._path).is_file():
                 raise ClusterNotInitialisedError(
                     f"no bkaio cluster at metadata {shown_uri(self.uri)}: "
-                    f"{absolute} does not exist; {HOW_TO_INITIALISE}"
+                    f"{self._path} does not exist; {HOW_TO_INITIALISE}"
                 )
         conn = sqlite3.connect(
             target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,

@@ -74,6 +74,7 @@ _FILE_OPTIONS = ("ca", "cert", "key")
 # One query option: `?name=` or `&name=` (group 1, the name alone group 2), then its value.
 _QUERY_VALUE = re.compile(r"([?&]([^=&#]*)=)([^&]*)")
 _USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#]*@")
+_SLASHES = re.compile(r"/{2,}")  # A run of slashes in a path: one, to the file system.
 
 
 def shown_uri(uri: str) -> str:
@@ -240,6 +241,9 @@ def parse_sqlite_uri(uri: str) -> SqliteUri:
         )
     if "\x00" in path:  # %00: no file system path holds one (open() raises ValueError).
         raise ConfigError(f"metadata URI {shown!r}: the path holds a NUL byte (%00)")
+    # As the file system reads it: sqlite:////dir/meta.db (what f"sqlite:///{path}" gives for an
+    # absolute path) names /dir/meta.db, and errors and logs must show it so, not as //dir.
+    path = _SLASHES.sub("/", path)
     options = _options(parts.query, _SQLITE_OPTIONS, shown)
     synchronous = options.get("synchronous", "full").lower()
     if synchronous not in ("full", "normal"):
