@@ -5,6 +5,8 @@ admin modules never import the parent). Errors are JSON `{"error": ..., "kind": 
 status that says whose fault it is: 400 a bad parameter, 401 no admin token, 403 a wrong one (or
 none configured), 404 no such thing, 503 not ready, 500 only for a failure of ours. Parameters
 are parsed by `query_int` / `query_bool` / `query_choice`, which raise `BadRequest` (a 400).
+aiohttp's own errors (404 an unknown path, 405 a wrong method, 413 a body too large) and a
+handler's unexpected exception (500, logged and counted) are JSON too (`json_errors`).
 
 A request naming the bookie it is meant for (header `X-Bkaio-Bookie-Id`, as every bkaio caller
 sends it) that names another bookie is refused on every route, 409 `WrongBookie` naming both ids
@@ -39,6 +41,7 @@ from bkaio.security.admin_client import (
     WRONG_BOOKIE_KIND,
     WRONG_BOOKIE_STATUS,
 )
+from bkaio.supervision import task_failures_counter
 
 from .admin_jobs import AdminJobs
 
@@ -129,6 +132,48 @@ def bookie_id_check(bookie_id: str) -> Middleware:
         return web.json_response(body, status=WRONG_BOOKIE_STATUS)
 
     return check
+
+
+def json_errors(registry: CollectorRegistry) -> Middleware:
+    """aiohttp middleware, the outermost: every error answer is JSON `{"error", "kind"}`, also
+    aiohttp's own (404 for an unknown path, 405 for a method the path does not take, with its
+    `Allow` header, 413 for a body too large). An exception a handler did not expect is logged
+    at ERROR, counted in `registry` (`bkaio_task_failures_total{task="admin_http"}`) and
+    answered 500 `InternalError`."""
+
+    @web.middleware
+    async def answer(request: web.Request, handler: StreamHandler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise  # A redirect or a success raised as an exception: aiohttp answers it.
+            response = json_error(
+                error.status, _http_error_message(request, error), "".join(error.reason.split())
+            )
+            if "Allow" in error.headers:
+                response.headers["Allow"] = error.headers["Allow"]
+            return response
+        except Exception as error:
+            log.error("admin_request_crashed", method=request.method, path=request.path,
+                      error=repr(error), exc_info=True)  # fmt: skip
+            task_failures_counter(registry).labels(task="admin_http").inc()
+            return json_error(
+                500, f"the bookie failed to answer {request.method} {request.path}: {error!r}",
+                "InternalError",
+            )  # fmt: skip
+
+    return answer
+
+
+def _http_error_message(request: web.Request, error: web.HTTPException) -> str:
+    if isinstance(error, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(error.allowed_methods))
+        return f"{request.path} does not take {request.method} (it takes {allowed})"
+    if isinstance(error, web.HTTPNotFound) and request.match_info.http_exception is not None:
+        return f"no admin path {request.path} (docs/operations.md lists them)"
+    text = error.text or ""
+    return text if text and not text.startswith(f"{error.status}: ") else error.reason
 
 
 def _status_of(error: BKError) -> int:
