@@ -452,7 +452,8 @@ def _refuse_not_empty(name: str, streams: list[str]) -> None:
     if streams:
         raise NamespaceNotEmptyError(
             f"namespace {name!r} still has {len(streams)} streams ({', '.join(streams[:5])}"
-            f"{', ...' if len(streams) > 5 else ''}); delete them or pass force"
+            f"{', ...' if len(streams) > 5 else ''}); delete them first, or delete the "
+            "namespace with force=True (the CLI's --force) to delete its streams with it"
         )
 
 
