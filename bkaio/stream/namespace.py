@@ -494,12 +494,23 @@ async def _delete_marked(store: StreamStore, name: str, version: int) -> bool:
 async def apply_retention(
     bk: BookKeeper, namespaces: list[str] | None = None
 ) -> list[RetentionReport]:
-    """One retention pass over `namespaces` (default: all)."""
-    names = namespaces if namespaces is not None else await list_namespaces(bk)
+    """One retention pass over `namespaces` (default: all). A namespace named in `namespaces`
+    that does not exist is NamespaceNotFoundError, raised before any is touched, as the other
+    namespace calls do; with the default, one deleted since the listing is skipped."""
+    if namespaces is None:
+        opened = []
+        for name in await list_namespaces(bk):
+            with contextlib.suppress(NamespaceNotFoundError):  # Deleted since the listing.
+                opened.append(await open_namespace(bk, name))
+    else:
+        opened = [await open_namespace(bk, name) for name in namespaces]
     reports = []
-    for name in names:
-        with contextlib.suppress(NamespaceNotFoundError):
-            reports.append(await (await open_namespace(bk, name)).apply_retention())
+    for namespace in opened:
+        try:
+            reports.append(await namespace.apply_retention())
+        except NamespaceNotFoundError:
+            if namespaces is not None:
+                raise
     return reports
 
 
@@ -511,20 +522,27 @@ async def run_retention(
     on_report: Callable[[RetentionReport], Awaitable[None] | None] | None = None,
 ) -> None:
     """Apply retention every `interval_seconds`, forever (cancel to stop). The background task
-    a standalone or bookie process runs; a failed pass is logged and retried next interval."""
+    a standalone or bookie process runs. Each namespace of `namespaces` is a pass of its own: one
+    that fails (deleted since: NamespaceNotFoundError) is logged and retried next interval, and
+    does not hold back the others."""
+    targets: list[list[str] | None] = (
+        [None] if namespaces is None else [[name] for name in namespaces]
+    )
     while True:
-        try:
-            for report in await apply_retention(bk, namespaces):
-                if report.removed and on_report is not None:
-                    outcome = on_report(report)
-                    if outcome is not None:
-                        await outcome
-                if report.removed:
-                    log.info(
-                        "retention_applied",
-                        namespace=report.namespace,
-                        removed_ledgers=report.removed_ledgers,
-                    )
-        except BKError as error:
-            log.warning("retention_pass_failed", error=str(error))
+        for target in targets:
+            try:
+                for report in await apply_retention(bk, target):
+                    if report.removed and on_report is not None:
+                        outcome = on_report(report)
+                        if outcome is not None:
+                            await outcome
+                    if report.removed:
+                        log.info(
+                            "retention_applied",
+                            namespace=report.namespace,
+                            removed_ledgers=report.removed_ledgers,
+                        )
+            except BKError as error:
+                shown = "all" if target is None else target[0]
+                log.warning("retention_pass_failed", namespaces=shown, error=str(error))
         await asyncio.sleep(interval_seconds)
