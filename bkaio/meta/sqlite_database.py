@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from bkaio.errors import BKError, MetadataError, MetadataVersionError
+from bkaio.errors import BKError, ConfigError, MetadataError, MetadataVersionError
 from bkaio.meta.cluster import HOW_TO_INITIALISE, ClusterNotInitialisedError
 from bkaio.meta.errors import LeaseExpiredError
 from bkaio.meta.store import EventKind, KeyValue, PrefixSnapshot, WatchEvent, prefix_end
@@ -85,6 +85,11 @@ class SqliteDatabase:
         self._conn: sqlite3.Connection | None = None
 
     def open_sync(self) -> None:
+        if Path(self._path).is_dir():  # Else "does not exist", or SQLite's "unable to open".
+            raise ConfigError(
+                f"metadata {shown_uri(self.uri)}: {self._path} is a directory, not a database "
+                f"file; name a file in it (sqlite://{self._path}/meta.db) or check the path"
+            )
         if self._create:
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             target, as_uri = self._path, False

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from bkaio.errors import MetadataError
+from bkaio.errors import ConfigError, MetadataError
 from bkaio.meta import open_store
 from bkaio.meta.uri import parse_sqlite_uri
 
@@ -28,3 +29,13 @@ async def test_a_file_that_is_no_database_is_shown_with_its_path(
     assert f"{junk}: file is not a database" in str(refused.value)
     assert "//" not in str(refused.value)
     assert junk.read_text() == "not a database\n"
+
+
+@pytest.mark.parametrize("create", [False, True])
+async def test_a_directory_is_said_to_be_one(tmp_path: Path, create: bool) -> None:
+    # It was "does not exist" without create, SQLite's "unable to open database file" with.
+    with pytest.raises(ConfigError) as refused:
+        await open_store(f"sqlite:///{tmp_path}", create=create)
+    assert f"{tmp_path} is a directory, not a database file" in str(refused.value)
+    assert "does not exist" not in str(refused.value)
+    assert os.listdir(tmp_path) == []  # Nothing made in it.
