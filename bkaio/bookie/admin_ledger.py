@@ -4,7 +4,12 @@
     GET    /api/v1/ledger/metadata?ledger_id=N                    {"<id>": metadata}
     GET    /api/v1/ledger/read?ledger_id=N&start_entry_id=A&end_entry_id=B&page=P&password=S
                                                                   {"<entry id>": "content"}
-    DELETE /api/v1/ledger/delete?ledger_id=N                      (admin token)
+    DELETE /api/v1/ledger/delete?ledger_id=N&force=true|false     (admin token)
+
+`delete` refuses, 409 `LedgerNamedByStreamError` naming the stream and the segment's seqs, a
+ledger a stream's record names as a segment (its records would be lost and the stream
+unreadable from it on), unless `force=true`: the check `bkaio shell deleteledger` makes
+(bkaio/stream/ledger_owner.py).
 
 Answers are bounded: a page of `list` holds LIST_PAGE ledgers (metadata is only printed for at
 most UNPAGED_METADATA ledgers without `page`), a `read` at most READ_PAGE entries (a longer range
@@ -23,6 +28,7 @@ from aiohttp import web
 from bkaio.display import ledger_metadata_dict, payload_text
 from bkaio.errors import BKError, NoSuchLedgerError
 from bkaio.security.tls import bookie_client_tls_context
+from bkaio.stream.ledger_owner import LedgerNamedByStreamError, stream_naming_ledger
 
 from .admin_http import (
     AdminHost,
@@ -141,5 +147,20 @@ class _LedgerRoutes:
 
     async def delete(self, request: web.Request) -> web.Response:
         ledger_id = query_int(request, "ledger_id")
-        await metadata_of(self.host).ledgers.delete(ledger_id)
+        force = query_bool(request, "force")
+        metadata = metadata_of(self.host)
+        owner = None if force else await stream_naming_ledger(metadata, ledger_id)
+        if owner is not None:
+            return web.json_response(
+                {
+                    "error": owner.refusal("force=true"),
+                    "kind": LedgerNamedByStreamError.__name__,
+                    "ledger_id": ledger_id,
+                    "stream": owner.stream_name,
+                    "first_seq": owner.first_seq,
+                    "last_seq": owner.last_seq,
+                },
+                status=409,
+            )
+        await metadata.ledgers.delete(ledger_id)
         return web.json_response({"deleted": ledger_id})

@@ -183,10 +183,6 @@ async def print_entries(entries: AsyncIterable[ShownEntry], *, as_json: bool) ->
     return count
 
 
-class LedgerNamedByStreamError(BKError):
-    """`deleteledger` without --force of a ledger a stream's record names as a segment."""
-
-
 @shell.command("deleteledger", context_settings=NEGATIVE_NUMBERS_AS_ARGUMENTS)
 @click.argument("ledger_id", type=LEDGER_ID)
 @click.option("--force", is_flag=True, help="Delete it even if a stream names it as a segment.")
@@ -201,35 +197,14 @@ def delete_ledger(ledger_id: int, force: bool, metadata_uri: str, as_json: bool)
     async def go() -> None:
         async with _client(metadata_uri) as bk:
             if not force:
-                await _refuse_a_stream_segment(bk, ledger_id)
+                from bkaio.stream.ledger_owner import refuse_a_stream_segment
+                from bkaio.stream.store import metadata_of
+
+                await refuse_a_stream_segment(metadata_of(bk), ledger_id, override="--force")
             await bk.delete_ledger(ledger_id)
 
     run(go())
     emit({"deleted": ledger_id}, as_json=as_json, human=f"deleted ledger {ledger_id}")
-
-
-async def _refuse_a_stream_segment(bk: Any, ledger_id: int) -> None:
-    """LedgerNamedByStreamError if the stream the ledger is tagged for names it as a segment.
-    (A ledger its stream does not name is an orphan: `bkaio stream orphans` lists those.)"""
-    from bkaio.stream import NamespaceNotFoundError, StreamNotFoundError, open_namespace
-    from bkaio.stream.segments import STREAM_KEY
-
-    tag = (await bk.get_ledger_metadata(ledger_id)).custom_metadata.get(STREAM_KEY)
-    if tag is None:
-        return
-    namespace_name, _, stream = tag.decode(errors="replace").partition("/")
-    try:
-        meta = await (await open_namespace(bk, namespace_name)).stream_metadata(stream)
-    except (NamespaceNotFoundError, StreamNotFoundError):
-        return
-    for segment in meta.segments:
-        if segment.ledger_id == ledger_id:
-            seqs = f"seq {segment.first_seq}.." + ("" if segment.is_open else f"{segment.last_seq}")
-            raise LedgerNamedByStreamError(
-                f"ledger {ledger_id} is a segment of stream {namespace_name}/{stream} ({seqs}): "
-                "deleting it loses its records; use `bkaio stream truncate` or `bkaio stream "
-                "delete`, or pass --force"
-            )
 
 
 @shell.command("simpletest")
