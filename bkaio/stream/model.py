@@ -26,6 +26,7 @@ from bkaio.meta.errors import InvalidMetadataError
 from bkaio.stream.errors import InvalidStreamArgumentError
 
 RECORD_FORMAT = 1
+MAX_SETTING = 2**63 - 1  # The largest int a record holds (msgpack's signed 64 bits).
 
 
 @functools.total_ordering
@@ -259,19 +260,34 @@ class NamespaceSettings:
     version: int = field(default=0, compare=False)  # Metadata store version; not serialized.
 
     def __post_init__(self) -> None:
+        """Refuse what the record could not hold or would hold wrongly (an int past msgpack's
+        range, a bool or a fraction for a count, a str for the rack labels), naming the
+        setting and its range: a bad value never reaches the metadata write."""
+        for name in ("ensemble_size", "write_quorum", "ack_quorum"):
+            _check_setting(name, getattr(self, name), whole=True, optional=False)
+        for name in ("retention_bytes", "quota_bytes", "max_streams"):
+            _check_setting(name, getattr(self, name), whole=True, optional=True)
+        _check_setting("retention_seconds", self.retention_seconds, whole=False, optional=True)
         if not 1 <= self.ack_quorum <= self.write_quorum <= self.ensemble_size:
             raise InvalidStreamArgumentError(
                 f"namespace quorums need ensemble_size ({self.ensemble_size}) >= write_quorum "
                 f"({self.write_quorum}) >= ack_quorum ({self.ack_quorum}) >= 1"
             )
-        for name in ("retention_seconds", "retention_bytes", "quota_bytes", "max_streams"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int | float) or not value > 0):
+        labels = self.rack_labels
+        if not isinstance(labels, tuple | list) or not all(isinstance(x, str) for x in labels):
+            raise InvalidStreamArgumentError(
+                f"namespace rack_labels={labels!r} must be a tuple (or list) of str"
+            )
+        object.__setattr__(self, "rack_labels", tuple(labels))  # frozen: a list becomes one.
+        for name in ("retention_ignores_cursors", "deleting"):
+            if not isinstance(getattr(self, name), bool):
                 raise InvalidStreamArgumentError(
-                    f"namespace {name}={value!r} must be a positive number or None"
+                    f"namespace {name}={getattr(self, name)!r} must be True or False"
                 )
-        if self.retention_seconds is not None and not math.isfinite(self.retention_seconds):
-            raise InvalidStreamArgumentError("namespace retention_seconds must be finite")
+        if type(self.ctime_ms) is not int or not 0 <= self.ctime_ms <= MAX_SETTING:
+            raise InvalidStreamArgumentError(
+                f"namespace ctime_ms={self.ctime_ms!r} must be a whole number in [0, 2**63 - 1]"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -299,9 +315,9 @@ class NamespaceSettings:
                 ack_quorum=int(value["ack_quorum"]),
                 rack_labels=tuple(str(label) for label in value.get("rack_labels", ())),
                 retention_seconds=value.get("retention_seconds"),
-                retention_bytes=value.get("retention_bytes"),
-                quota_bytes=value.get("quota_bytes"),
-                max_streams=value.get("max_streams"),
+                retention_bytes=_stored_count(value.get("retention_bytes")),
+                quota_bytes=_stored_count(value.get("quota_bytes")),
+                max_streams=_stored_count(value.get("max_streams")),
                 retention_ignores_cursors=bool(value.get("retention_ignores_cursors", False)),
                 ctime_ms=int(value.get("ctime_ms", 0)),
                 deleting=bool(value.get("deleting", False)),
@@ -309,6 +325,32 @@ class NamespaceSettings:
             )
         except (KeyError, TypeError, ValueError, InvalidStreamArgumentError) as error:
             raise InvalidMetadataError(f"{where}: bad namespace record: {error}") from None
+
+
+def _stored_count(value: Any) -> Any:
+    """A count as an older build may have stored it (a bool or a fraction, accepted then): its
+    whole part, at least 1, so such a namespace stays readable. Anything else is kept for
+    `_check_setting` to judge."""
+    if isinstance(value, bool | float) and math.isfinite(value) and value > 0:
+        return max(1, math.floor(value))
+    return value
+
+
+def _check_setting(name: str, value: object, *, whole: bool, optional: bool) -> None:
+    """InvalidStreamArgumentError unless `value` is an int in [1, 2**63 - 1] (`whole`) or a
+    number in (0, 2**63 - 1] (seconds), or None when `optional`."""
+    if value is None and optional:
+        return
+    if whole:
+        good = type(value) is int and 1 <= value <= MAX_SETTING
+        wanted = "a whole number in [1, 2**63 - 1]"
+    else:  # NaN and infinities fail the comparison.
+        good = type(value) in (int, float) and 0 < value <= MAX_SETTING  # type: ignore[operator]
+        wanted = "a number of seconds in (0, 2**63 - 1]"
+    if not good:
+        shown = f"{value!r}" if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        none = " or None" if optional else ""
+        raise InvalidStreamArgumentError(f"namespace {name}={shown} must be {wanted}{none}")
 
 
 @dataclass(frozen=True, slots=True)

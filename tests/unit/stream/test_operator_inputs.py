@@ -4,21 +4,43 @@ refused with an error that says what is wrong, and nothing is lost. Fake bookies
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import msgpack
 import pytest
 
 from bkaio.ledger_client.bookkeeper import BookKeeper
 from bkaio.stream import (
+    InvalidStreamArgumentError,
     Namespace,
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
     RetentionReport,
     apply_retention,
+    create_namespace,
     delete_namespace,
     open_namespace,
     run_retention,
 )
+from bkaio.stream.model import NamespaceSettings
 from tests.unit.stream.conftest import ClientFactory
+
+HUGE = 10**23  # A typo's worth of zeros: past the 64 bits a metadata record holds.
+
+# Each bad setting and what the error says of it: the setting's name and its range.
+BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
+    ({"quota_bytes": HUGE}, r"quota_bytes=10+ must be a whole number in \[1, 2\*\*63 - 1\]"),
+    ({"retention_bytes": HUGE}, r"retention_bytes=10+ must be a whole number in \[1, "),
+    ({"max_streams": HUGE}, r"max_streams=10+ must be a whole number in \[1, "),
+    ({"retention_seconds": HUGE}, r"retention_seconds=10+ must be a number of seconds in \(0, "),
+    ({"ensemble_size": HUGE}, r"ensemble_size=10+ must be a whole number in \[1, "),
+    ({"quota_bytes": True}, r"quota_bytes=True must be a whole number"),
+    ({"retention_bytes": 1.5}, r"retention_bytes=1.5 must be a whole number"),
+    ({"ensemble_size": "3"}, r"ensemble_size='3' must be a whole number"),
+    ({"retention_seconds": float("nan")}, r"retention_seconds=nan must be a number of seconds"),
+    ({"rack_labels": "r1"}, r"rack_labels='r1' must be a tuple \(or list\) of str"),
+    ({"retention_ignores_cursors": "no"}, r"retention_ignores_cursors='no' must be True or False"),
+]
 
 
 async def test_a_namespace_not_empty_says_how_to_force_from_the_api_and_the_cli(
@@ -75,3 +97,41 @@ async def test_a_retention_loop_goes_on_past_a_namespace_that_is_gone(
         with pytest.raises(asyncio.CancelledError):
             await loop
     assert report.namespace == "tenant" and report.removed["s"]
+
+
+@pytest.mark.parametrize(("setting", "error"), BAD_SETTINGS, ids=lambda v: str(v)[:30])
+async def test_a_namespace_setting_out_of_range_is_refused_naming_it(
+    make_client: ClientFactory, setting: dict[str, Any], error: str
+) -> None:
+    """Refused when the namespace is created or its settings changed, before the metadata write
+    (which failed with msgpack's OverflowError, or stored 'r1' as the racks 'r' and '1')."""
+    bk = await make_client()
+    with pytest.raises(InvalidStreamArgumentError, match=f"^namespace {error}"):
+        await create_namespace(bk, "a", **setting)
+    with pytest.raises(InvalidStreamArgumentError, match=f"^namespace {error}"):
+        await open_namespace(bk, "b", create=True, **setting)
+    with pytest.raises(NamespaceNotFoundError):
+        await open_namespace(bk, "a")  # Nothing was created.
+    ns = await open_namespace(bk, "c", create=True)
+    with pytest.raises(InvalidStreamArgumentError, match=f"^namespace {error}"):
+        await ns.update_settings(**setting)
+    assert await ns.refresh() == ns.settings  # Nothing was changed.
+
+
+async def test_the_largest_settings_are_stored_and_read_back(make_client: ClientFactory) -> None:
+    bk = await make_client()
+    top = 2**63 - 1
+    wide = {"quota_bytes": top, "retention_bytes": top, "max_streams": top}
+    ns = await open_namespace(bk, "a", create=True, retention_seconds=0.5, **wide)
+    assert await ns.refresh() == ns.settings
+    assert ns.settings.quota_bytes == top and ns.settings.retention_seconds == 0.5
+    listed = await open_namespace(bk, "b", create=True, rack_labels=["r1", "r2"])
+    assert listed.settings.rack_labels == ("r1", "r2")
+
+
+def test_counts_an_older_build_stored_as_fractions_stay_readable() -> None:
+    """Older builds took quota_bytes=1.5 or True; such a record still reads (whole part)."""
+    record = NamespaceSettings().to_dict() | {"quota_bytes": 1.5, "max_streams": True}
+    stored = msgpack.unpackb(msgpack.packb(record))
+    settings = NamespaceSettings.from_dict("/namespaces/old", stored, version=3)
+    assert (settings.quota_bytes, settings.max_streams) == (1, 1)
