@@ -65,21 +65,46 @@ async def check_written(
     With `cursor`, `seq` is where that cursor resumes: past the end, it was written for an
     earlier stream of this name (this stream's readers never ack past its end), and resuming
     there would skip this stream's records before it."""
-    segment = meta.open_segment
-    if segment is not None and seq <= segment.first_seq:
-        return  # Written, or the open segment's first record: the bookies need not be asked.
-    end = meta.end_seq_if_closed if segment is None else await end_seq(bk, meta)
-    if seq > end and cursor is not None:
+    end = await _end_if_past(bk, seq, meta)
+    if end is None:
+        return
+    if cursor is not None:
         raise InvalidStreamArgumentError(
             f"stream {where}: cursor {cursor!r} resumes at seq {seq}, past the end of the "
             f"stream (next seq {end}): it was left by an earlier stream of this name; delete "
             "the cursor to read this stream with it"
         )
-    if seq > end:
-        raise InvalidStreamArgumentError(
-            f"stream {where}: start seq {seq} is past the end of the stream (next seq {end}): "
-            f"no record was written there; start at seq {end} or before, or at 'latest'"
-        )
+    raise InvalidStreamArgumentError(
+        f"stream {where}: start seq {seq} is past the end of the stream (next seq {end}): "
+        f"no record was written there; start at seq {end} or before, or at 'latest'"
+    )
+
+
+async def check_truncation_point(bk: BookKeeper, where: str, seq: int, meta: StreamMeta) -> None:
+    """InvalidStreamArgumentError unless 0 <= `seq` <= the stream's next seq. Truncating before
+    a seq never written would remove every sealed segment, so a mistyped seq (a zero too many)
+    is refused rather than taken as "everything"; truncating before the next seq itself is how
+    every sealed segment is removed on purpose."""
+    if type(seq) is int and seq >= 0:
+        end = await _end_if_past(bk, seq, meta)
+        if end is None:
+            return
+    else:
+        end = await end_seq(bk, meta)
+    raise InvalidStreamArgumentError(
+        f"stream {where}: truncate before seq {seq!r} is outside the stream (next seq {end}): "
+        f"give a seq in [0, {end}]; {end} removes every sealed segment"
+    )
+
+
+async def _end_if_past(bk: BookKeeper, seq: int, meta: StreamMeta) -> int | None:
+    """The stream's next seq when `seq` lies past it, else None. The bookies are asked only
+    when `seq` lies past the open segment's first record."""
+    segment = meta.open_segment
+    if segment is not None and seq <= segment.first_seq:
+        return None  # Written, or the open segment's first record.
+    end = meta.end_seq_if_closed if segment is None else await end_seq(bk, meta)
+    return end if seq > end else None
 
 
 async def end_seq(bk: BookKeeper, meta: StreamMeta) -> int:

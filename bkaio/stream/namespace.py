@@ -19,7 +19,7 @@ from bkaio.errors import BKError, MetadataVersionError
 from bkaio.meta.errors import MetadataOutcomeUnknownError
 from bkaio.meta.records import name_problem
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS, metadata_attempts_exhausted
-from bkaio.stream.ends import end_seq, first_available
+from bkaio.stream.ends import check_truncation_point, end_seq, first_available
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     NamespaceExistsError,
@@ -251,13 +251,18 @@ class Namespace:
         """Remove the whole sealed segments that end before `before` and delete their ledgers.
 
         Never past the slowest durable cursor unless `force` or the namespace allows it
-        (`retention_ignores_cursors`); never the open segment.
+        (`retention_ignores_cursors`); never the open segment. `before.seq` must lie in
+        [0, next seq] (InvalidStreamArgumentError naming the next seq): the next seq removes
+        every sealed segment, a later one is refused as a mistake.
         """
         check_names(stream=stream)
         if not isinstance(before, StreamPosition):
             raise InvalidStreamArgumentError(
                 f"truncate before= must be a StreamPosition, got {type(before).__name__}"
             )
+        where = f"{self.name}/{stream}"
+        meta = await self._store.get_stream(self.name, stream)
+        await check_truncation_point(self._bk, where, before.seq, meta)  # The end only grows.
         keep_from = None if force else await self._cursor_floor(stream)
 
         def plan(meta: StreamMeta) -> int:

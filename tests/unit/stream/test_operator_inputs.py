@@ -4,18 +4,22 @@ refused with an error that says what is wrong, and nothing is lost. Fake bookies
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 
+from bkaio.cli.main import main
 from bkaio.ledger_client.bookkeeper import BookKeeper
+from bkaio.meta import initialise_cluster_at
 from bkaio.stream import (
     InvalidStreamArgumentError,
     Namespace,
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
     RetentionReport,
+    StreamPosition,
     apply_retention,
     create_namespace,
     delete_namespace,
@@ -135,3 +139,75 @@ def test_counts_an_older_build_stored_as_fractions_stay_readable() -> None:
     stored = msgpack.unpackb(msgpack.packb(record))
     settings = NamespaceSettings.from_dict("/namespaces/old", stored, version=3)
     assert (settings.quota_bytes, settings.max_streams) == (1, 1)
+
+
+async def test_truncating_past_the_end_is_refused_naming_the_next_seq(
+    make_client: ClientFactory,
+) -> None:
+    """A seq with a zero too many removed every sealed segment; now nothing is removed."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    writer = await ns.open_writer("s", roll_bytes=1)  # One record per segment.
+    positions = [await writer.write(b"r%d" % i) for i in range(4)]
+    await writer.close()
+    before = await ns.stream_metadata("s")
+    for seq in (5, 40, -1):
+        with pytest.raises(
+            InvalidStreamArgumentError,
+            match=rf"^stream tenant/s: truncate before seq {seq} is outside the stream "
+            r"\(next seq 4\): give a seq in \[0, 4\]; 4 removes every sealed segment$",
+        ):
+            await ns.truncate("s", before=StreamPosition(positions[-1].ledger_id, 0, seq))
+    assert await ns.stream_metadata("s") == before
+    result = await ns.truncate("s", before=positions[2])
+    assert result.first_seq == 2
+    everything = await ns.truncate("s", before=StreamPosition(0, 0, 4))  # The next seq.
+    assert everything.first_seq == 4 and (await ns.stream_metadata("s")).segments == ()
+
+
+async def test_truncating_past_the_acknowledged_end_of_an_open_stream_is_refused(
+    make_client: ClientFactory,
+) -> None:
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    sealing = await ns.open_writer("s", roll_bytes=1)
+    for i in range(2):
+        await sealing.write(b"r%d" % i)
+    await sealing.close()
+    writer = await ns.open_writer("s")  # Sealed segments, then an open one.
+    last = await writer.write(b"r2")
+    before = await ns.stream_metadata("s")
+    assert before.open_segment is not None and before.open_segment.first_seq == last.seq
+    end = last.seq + 1
+    with pytest.raises(
+        InvalidStreamArgumentError, match=rf"before seq {end * 10} .*\(next seq {end}\)"
+    ):
+        await ns.truncate("s", before=StreamPosition(0, 0, end * 10))
+    assert await ns.stream_metadata("s") == before
+    assert (await ns.truncate("s", before=StreamPosition(0, 0, end))).first_seq == last.seq
+    await writer.close()
+
+
+async def test_the_cli_refuses_a_truncation_past_the_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bkaio stream truncate --before SEQ` judges the seq as the API does (no bookie needed)."""
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    await initialise_cluster_at(uri)
+
+    def bkaio(*args: str) -> tuple[int, str]:
+        code = main(["stream", *args, "--metadata", uri])
+        return code, capsys.readouterr().err
+
+    # main() runs its own event loop: off this test's loop, as the console script would.
+    assert await asyncio.to_thread(bkaio, "create", "ns") == (0, "")
+    assert await asyncio.to_thread(bkaio, "create", "ns/s") == (0, "")
+    assert await asyncio.to_thread(bkaio, "truncate", "ns/s", "--before", "0") == (0, "")
+    code, err = await asyncio.to_thread(bkaio, "truncate", "ns/s", "--before", "10")
+    assert (code, err.splitlines()) == (
+        1,
+        [
+            "bkaio: InvalidStreamArgumentError: stream ns/s: truncate before seq 10 is outside "
+            "the stream (next seq 0): give a seq in [0, 0]; 0 removes every sealed segment"
+        ],
+    )

@@ -46,7 +46,7 @@ async def test_a_landed_write_with_a_lost_reply_then_a_truncation_is_not_a_fence
         armed = False
         await real_cas(self, key, value, expected_version=expected_version)  # Landed...
         # ...then retention removed every sealed segment, the one it sealed too...
-        await ns.truncate("s", before=StreamPosition(0, 0, 1000))
+        await ns.truncate("s", before=StreamPosition(0, 0, 4))  # The next seq: all sealed.
         raise MetadataOutcomeUnknownError("connection lost")  # ...and the reply was lost.
 
     monkeypatch.setattr(SqliteMetadataStore, "compare_and_swap", lost_reply)
