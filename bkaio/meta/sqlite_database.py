@@ -43,6 +43,7 @@ CHANGES_KEEP_REVISIONS = 100_000
 CHANGES_KEEP_SECONDS = 600.0
 TRIM_EVERY_REVISIONS = 1000
 
+_TABLES = frozenset({"kv", "changes", "leases", "counters"})  # What makes a file ours.
 _KIND_CODES = {EventKind.PUT: 0, EventKind.DELETE: 1}
 _CODE_KINDS = {code: kind for kind, code in _KIND_CODES.items()}
 
@@ -105,17 +106,44 @@ class SqliteDatabase:
             target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
             check_same_thread=False, uri=as_uri,
         )  # fmt: skip
+        self._conn = conn  # Closed by close_sync should the rest of opening fail.
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # Judged before WAL mode: switching a file to it writes a header even into an empty one.
+        self._check_schema_sync()
         _enable_wal_sync(conn)
         conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
-        self._conn = conn
 
         def create_schema() -> None:
+            self._check_schema_sync()  # Again, in the transaction: another process may create.
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
 
         self._write_sync(create_schema, reap=False)
+
+    def _check_schema_sync(self) -> None:
+        """Refuse a file that holds no bkaio schema unless `create` (and then one holding
+        anything else): only commands that create a cluster make a new database, and a mistyped
+        path, read-only or not, must change nothing in a file that is not one."""
+        names = sorted(
+            name
+            for (name,) in self._connection().execute("SELECT name FROM sqlite_master")
+            if not name.startswith("sqlite_")  # SQLite's own (sqlite_sequence, autoindexes).
+        )
+        if _TABLES.issubset(names):
+            return
+        shown, path = shown_uri(self.uri), self._path
+        if names:
+            listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            raise ConfigError(
+                f"metadata {shown}: {path} is not a bkaio metadata database (it holds {listed});"
+                " nothing was written to it; check the path"
+            )
+        if not self._create:
+            raise ClusterNotInitialisedError(
+                f"no bkaio cluster at metadata {shown}: {path} is not a bkaio metadata database"
+                f" (no schema); nothing was written to it; {HOW_TO_INITIALISE}"
+            )
 
     def _connection(self) -> sqlite3.Connection:
         assert self._conn is not None, "store used before open()"
