@@ -78,18 +78,18 @@ def _parse_start(text: str) -> Literal["earliest", "latest"] | StreamPosition | 
 
 async def _position_for_seq(namespace: Namespace, stream: str, seq: int) -> StreamPosition:
     """The position of record `seq` (StreamTruncatedError if it is gone). Past the end, the
-    position carries `seq` alone: the reader judges a start by its seq (the next seq is a good
-    one, a later one is refused naming it), so the command and the API agree."""
+    position one past the last segment (the reader judges it by its seq: the next seq is a good
+    start, a later one is refused naming it), so the command and the API agree."""
     from bkaio.stream import StreamPosition
     from bkaio.stream.ends import truncated_error
 
     meta = await namespace.stream_metadata(stream)
     if seq < meta.first_seq:
         raise truncated_error(f"{namespace.name}/{stream}", seq, meta)
+    if not meta.segments:
+        return StreamPosition(0, 0, seq)  # No segment: the reader judges the seq alone.
     index = meta.segment_index_for(seq)
-    if index is None:
-        return StreamPosition(0, 0, seq)  # No record has this seq (yet).
-    segment = meta.segments[index]
+    segment = meta.segments[-1 if index is None else index]  # None: one past the last one.
     return StreamPosition(segment.ledger_id, seq - segment.first_seq, seq)
 
 

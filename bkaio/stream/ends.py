@@ -80,6 +80,32 @@ async def check_written(
     )
 
 
+def check_position(where: str, start: StreamPosition, meta: StreamMeta) -> None:
+    """InvalidStreamArgumentError unless `start`'s ledger and entry are where this stream holds
+    its seq: the record's own, or one past the last entry of a sealed segment (the position
+    after a segment's last record, which is how a resume point is often made). A position from
+    another stream or a mistyped ledger would otherwise start wherever its seq falls here. A
+    stream with no segment (nothing written since it was created or emptied) has no ledger to
+    compare: its start is judged by the seq alone (`check_written`)."""
+    if not meta.segments:
+        return
+    for segment in meta.segments:
+        if segment.ledger_id != start.ledger_id:
+            continue
+        at_seq = segment.first_seq + start.entry_id == start.seq
+        if at_seq and (segment.is_open or start.seq <= segment.last_seq + 1):
+            return
+    index = meta.segment_index_for(start.seq)
+    # None: the next seq of a sealed stream, one past its last segment.
+    segment = meta.segments[-1 if index is None else index]
+    here = f"{segment.ledger_id}:{start.seq - segment.first_seq}@{start.seq}"
+    raise InvalidStreamArgumentError(
+        f"stream {where}: start {start} is not a position of this stream (from another "
+        f"stream, or mistyped?): seq {start.seq} is at {here} in it; give that position, or "
+        "the seq alone where a seq is taken"
+    )
+
+
 async def check_truncation_point(bk: BookKeeper, where: str, seq: int, meta: StreamMeta) -> None:
     """InvalidStreamArgumentError unless 0 <= `seq` <= the stream's next seq. Truncating before
     a seq never written would remove every sealed segment, so a mistyped seq (a zero too many)

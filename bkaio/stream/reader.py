@@ -37,7 +37,13 @@ from bkaio.errors import BKError, MetadataError, NoSuchEntryError, NoSuchLedgerE
 from bkaio.ledger_client.errors import copy_error
 from bkaio.meta.errors import WatchCompactedError
 from bkaio.meta.store import MAX_METADATA_ATTEMPTS
-from bkaio.stream.ends import check_start, check_written, end_seq, truncated_error
+from bkaio.stream.ends import (
+    check_position,
+    check_start,
+    check_written,
+    end_seq,
+    truncated_error,
+)
 from bkaio.stream.errors import (
     InvalidStreamArgumentError,
     StreamNotFoundError,
@@ -513,8 +519,9 @@ async def open_reader(
     """A reader from `start`, or from after the cursor's last ack when the cursor exists.
 
     A start before the first available record is StreamTruncatedError; one past the next seq,
-    or with a negative field, InvalidStreamArgumentError (`check_start`, `check_written`), as
-    is a cursor past the next seq (left by an earlier stream of the name)."""
+    with a negative field, or whose ledger and entry are not the stream's at its seq,
+    InvalidStreamArgumentError (`check_start`, `check_written`, `check_position`), as is a
+    cursor past the next seq (left by an earlier stream of the name)."""
     where = f"{namespace}/{stream}"
     check_start(where, start)  # Even when a cursor wins over it: a bad argument either way.
     start_revision = await store.current_revision() + 1
@@ -537,6 +544,7 @@ async def open_reader(
         await check_written(bk, where, next_seq, meta, cursor=cursor)
     elif isinstance(start, StreamPosition):
         await check_written(bk, where, next_seq, meta)
+        check_position(where, start, meta)  # Its ledger and entry, not only its seq.
     reader = StreamReader(
         bk=bk,
         store=store,

@@ -4,6 +4,7 @@ refused with an error that says what is wrong, and nothing is lost. Fake bookies
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from bkaio.cli.main import main
 from bkaio.ledger_client.bookkeeper import BookKeeper
-from bkaio.meta import initialise_cluster_at
+from bkaio.meta import initialise_cluster_at, open_metadata
 from bkaio.stream import (
     InvalidStreamArgumentError,
     Namespace,
@@ -26,8 +27,10 @@ from bkaio.stream import (
     open_namespace,
     run_retention,
 )
-from bkaio.stream.model import NamespaceSettings
+from bkaio.stream.model import NamespaceSettings, Segment, SegmentState
+from bkaio.stream.store import StreamStore
 from tests.unit.stream.conftest import ClientFactory
+from tests.unit.stream.test_streams import take
 
 HUGE = 10**23  # A typo's worth of zeros: past the 64 bits a metadata record holds.
 
@@ -210,4 +213,79 @@ async def test_the_cli_refuses_a_truncation_past_the_end(
             "bkaio: InvalidStreamArgumentError: stream ns/s: truncate before seq 10 is outside "
             "the stream (next seq 0): give a seq in [0, 0]; 0 removes every sealed segment"
         ],
+    )
+
+
+async def test_a_start_whose_ledger_is_not_the_streams_is_refused(
+    make_client: ClientFactory,
+) -> None:
+    """A position of another stream (or a mistyped ledger or entry) started wherever its seq
+    fell in this one; now it is refused, naming this stream's position at that seq."""
+    bk = await make_client()
+    ns = await open_namespace(bk, "tenant", create=True)
+    written: dict[str, list[StreamPosition]] = {}
+    for name in ("a", "b"):
+        writer = await ns.open_writer(name, roll_bytes=4)  # Two records per segment.
+        written[name] = [await writer.write(b"r%d" % i) for i in range(6)]
+        await writer.close()
+    a, b = written["a"], written["b"]
+    assert b[3].ledger_id != a[3].ledger_id and b[3].seq == a[3].seq
+    assert a[1].ledger_id != a[2].ledger_id  # A segment ends at seq 1.
+    mistakes = [
+        b[3],  # Another stream's.
+        StreamPosition(a[0].ledger_id, 3, 3),  # Seq 3 is not in that ledger.
+        StreamPosition(a[3].ledger_id, 0, 3),  # The right ledger, the wrong entry.
+    ]
+    for start in mistakes:
+        with pytest.raises(
+            InvalidStreamArgumentError,
+            match=rf"^stream tenant/a: start {start} is not a position of this stream .*"
+            rf": seq 3 is at {a[3]} in it",
+        ):
+            await ns.open_reader("a", start=start)
+    async with await ns.open_reader("a", start=a[3]) as reader:
+        assert [r.position for r in await take(reader, 3)] == a[3:]
+    # One past the last entry of a sealed segment (a resume point made from the record
+    # before) names the next segment's first record.
+    after = StreamPosition(a[1].ledger_id, a[1].entry_id + 1, a[1].seq + 1)
+    async with await ns.open_reader("a", start=after) as reader:
+        assert [r.position for r in await take(reader, 1)] == [a[2]]
+
+
+async def test_the_cli_refuses_a_start_from_another_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bkaio stream tail --from L:E@S` judges the ledger as the API does, and `--from SEQ` at
+    the next seq of a sealed stream is still a good start (no bookie is needed for either)."""
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    await initialise_cluster_at(uri)
+
+    def bkaio(*args: str) -> tuple[int, str]:
+        code = main(["stream", *args, "--metadata", uri])
+        return code, capsys.readouterr().err
+
+    assert await asyncio.to_thread(bkaio, "create", "ns") == (0, "")
+    assert await asyncio.to_thread(bkaio, "create", "ns/s") == (0, "")
+    metadata = await open_metadata(uri)
+    try:
+        store = StreamStore(metadata)
+        meta = await store.get_stream("ns", "s")
+        closed = SegmentState.CLOSED
+        segments = (Segment(7, 0, 2, closed, 1, 2, 6), Segment(9, 3, 4, closed, 3, 4, 4))
+        await store.put_stream("ns", "s", replace(meta, segments=segments))
+    finally:
+        await metadata.close()
+    code, err = await asyncio.to_thread(bkaio, "tail", "ns/s", "--from", "8:1@4", "--no-follow")
+    assert (code, err.splitlines()) == (
+        1,
+        [
+            "bkaio: InvalidStreamArgumentError: stream ns/s: start 8:1@4 is not a position of "
+            "this stream (from another stream, or mistyped?): seq 4 is at 9:1@4 in it; give that "
+            "position, or the seq alone where a seq is taken"
+        ],
+    )
+    assert await asyncio.to_thread(bkaio, "tail", "ns/s", "--from", "5", "--no-follow") == (0, "")
+    assert await asyncio.to_thread(bkaio, "tail", "ns/s", "--from", "9:2@5", "--no-follow") == (
+        0,
+        "",
     )
