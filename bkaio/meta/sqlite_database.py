@@ -92,7 +92,13 @@ class SqliteDatabase:
                 f"file; name a file in it (sqlite://{self._path}/meta.db) or check the path"
             )
         if self._create:
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:  # A file where a directory should be, no permission.
+                raise ConfigError(
+                    f"metadata {shown_uri(self.uri)}: cannot make the directory of {self._path}:"
+                    f" {error.strerror}: {error.filename}; check the path"
+                ) from error
             target, as_uri = self._path, False
         else:  # mode=rw: a missing file is an error, not a new empty database.
             # The path has one leading slash (parse_sqlite_uri): "//dir" would be an authority.

@@ -84,3 +84,14 @@ async def test_another_programs_database_is_refused_and_left_as_it_was(
     assert f"{other} is not a bkaio metadata database (it holds notes)" in str(refused.value)
     assert other.read_bytes() == before  # No bkaio tables, still not in WAL mode.
     assert os.listdir(tmp_path) == ["app.db"]
+
+
+async def test_a_file_where_the_directory_should_be_is_named(tmp_path: Path) -> None:
+    # It was a bare FileExistsError: "[Errno 17] File exists: '.../notes.txt'".
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    with pytest.raises(ConfigError) as refused:
+        await open_store(f"sqlite:///{notes}/meta.db", create=True)
+    message = str(refused.value)
+    assert f"cannot make the directory of {notes}/meta.db: File exists: {notes}; " in message
+    assert notes.read_text() == "keep me\n"
