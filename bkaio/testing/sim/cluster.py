@@ -23,7 +23,7 @@ from bkaio.ledger_client.recovery import FENCED_RECOVERY_READS, RecoveryReadPoli
 from bkaio.meta.bookies import BookieInfo
 from bkaio.testing.history import History
 from bkaio.testing.sim.disk import DiskModel
-from bkaio.testing.sim.meta import MemoryMetadataServer
+from bkaio.testing.sim.meta import LostAnswer, MemoryMetadataServer
 from bkaio.testing.sim.network import NetworkModel, SimNetwork
 from bkaio.testing.sim.nodes import Environment, SimBookie, SimClient
 
@@ -40,7 +40,8 @@ class SimOptions:
     quorum: tuple[int, int, int] = (3, 3, 2)  # Ensemble, write quorum, ack quorum.
     network: NetworkModel = field(default_factory=NetworkModel)
     disk: DiskModel = field(default_factory=DiskModel)
-    lost_metadata_answers: float = 0.0
+    lost_metadata_answers: float = 0.0  # Chance that a conditional write's answer is lost,
+    lost_metadata_kinds: tuple[LostAnswer, ...] = tuple(LostAnswer)  # and how (drawn evenly).
     journal_ack: JournalAckPolicy = ACK_AFTER_SYNC  # A mutation check passes a broken one.
     recovery_reads: RecoveryReadPolicy = FENCED_RECOVERY_READS  # Likewise.
     add_timeout: float = 1.0
@@ -63,6 +64,7 @@ class SimCluster:
             MemoryMetadataServer(),
             random.Random(rng.random()),
             lost_metadata_answers=options.lost_metadata_answers,
+            lost_metadata_kinds=options.lost_metadata_kinds,
         )
         self.history = History(clock=loop.time)
         self.bookies = [

@@ -9,8 +9,13 @@ simulation, real time elsewhere.
 In the simulation the server belongs to no simulated process (it is the metadata cluster; it
 never crashes), so its timers run in the context it was created in. A connection can be given a
 `StoreFaults`: a seeded delay before a request reaches the server and before its answer returns,
-and a chance that a conditional write's answer is lost after it applied (etcd's indeterminate
-outcome during a leader change: `MetadataOutcomeUnknownError`).
+and a chance that a conditional write's answer (a CAS, a versioned delete) is lost
+(`MetadataOutcomeUnknownError`, etcd's indeterminate outcome: a leader change, or a silent
+member the client leaves after its attempt timeout). A lost answer is of one of three kinds
+(`LostAnswer`): the write applied before the answer was lost, it never applied, or it is held
+and applies at a seeded later virtual time, still conditioned on the version it was sent with
+(so it may then be refused, which nobody hears of), perhaps after the caller re-read the key
+and sent it again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextvars
+import enum
 import random
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -208,6 +214,33 @@ class MemoryMetadataServer:
             self._changed = self._loop.create_future()
         await asyncio.shield(self._changed)
 
+    # ----------------------------------------------------------------- late writes
+
+    def apply_later(
+        self,
+        delay: float,
+        function: Callable[..., object],
+        args: tuple[object, ...],
+        what: str,
+        tell: Callable[[str], None],
+    ) -> None:
+        """Apply a write whose answer was lost `delay` seconds from now, as the server (a
+        crash of the process that sent it does not stop it), conditioned as it was sent."""
+
+        def land() -> None:
+            tell(f"{what}: answer lost, reached the store late: {_outcome(function, *args)}")
+
+        self._loop.call_later(delay, land, context=self._context.copy())
+
+
+class LostAnswer(enum.Enum):
+    """What became of a conditional write whose answer was lost."""
+
+    APPLIED = "applied"  # It reached the store (applied, or refused there), then the answer
+    # was lost.
+    NOT_APPLIED = "not-applied"  # It never reached the store.
+    LATE = "late"  # It reaches the store later, conditioned on the version it was sent with.
+
 
 @dataclass
 class StoreFaults:
@@ -215,10 +248,44 @@ class StoreFaults:
 
     rng: random.Random
     latency: tuple[float, float] = (0.0005, 0.005)
-    lost_answer: float = 0.0  # Chance that a conditional write's answer is lost after it applied.
+    lost_answer: float = 0.0  # Chance that a conditional write's answer is lost.
+    lost_kinds: tuple[LostAnswer, ...] = tuple(LostAnswer)  # Drawn evenly per lost answer.
+    # How long a LATE write is held before it reaches the store: a range drawn evenly, then a
+    # delay in it. The first spans the caller's resolution (it lands before its read-back,
+    # between the read-back and the second copy, or after that copy); the second, up to an
+    # etcd client's attempt timeout, lands long after the caller moved on.
+    late_by: tuple[tuple[float, float], ...] = ((0.0005, 0.02), (0.02, 2.0))
+    note: Callable[[str], None] | None = None  # Told what a lost answer did, for the report.
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.lost_answer <= 1.0:
+            raise ValueError(f"StoreFaults.lost_answer {self.lost_answer} is not in [0, 1]")
+        if self.lost_answer and not self.lost_kinds:
+            raise ValueError("StoreFaults.lost_kinds is empty but lost_answer is not 0")
+        if not self.late_by or any(not 0.0 <= low <= high for low, high in self.late_by):
+            raise ValueError(f"StoreFaults.late_by {self.late_by} is not a list of delay ranges")
 
     async def travel(self) -> None:
         await asyncio.sleep(self.rng.uniform(*self.latency))
+
+    def lose(self) -> LostAnswer | None:
+        """Whether this conditional write's answer is lost, and how."""
+        if not self.lost_answer or self.rng.random() >= self.lost_answer:
+            return None
+        return self.rng.choice(self.lost_kinds)
+
+    def tell(self, text: str) -> None:
+        if self.note is not None:
+            self.note(text)
+
+
+def _outcome(function: Callable[..., object], *args: object) -> str:
+    """Apply a write nobody will hear the answer of: what became of it, in words."""
+    try:
+        function(*args)
+    except (MetadataVersionError, LeaseExpiredError) as refused:
+        return f"refused: {refused}"
+    return "done"
 
 
 class MemoryLease(Lease):
@@ -244,21 +311,37 @@ class MemoryMetadataStore(MetadataStore):
         self._faults = faults
         self._closed = False
 
-    async def _call(
-        self, function: Callable[..., T], *args: object, conditional: bool = False
-    ) -> T:
+    async def _call(self, function: Callable[..., T], *args: object, conditional: str = "") -> T:
+        """`function(*args)` on the server, after the request's travel; `conditional` names a
+        conditional write (whose answer `StoreFaults` may lose) for the report."""
         if self._closed:
             raise MetadataError("metadata connection is closed")
         faults = self._faults
-        if faults is not None:
-            await faults.travel()  # The request on its way.
-        result = function(*args)
-        if faults is not None:
-            if conditional and faults.lost_answer and faults.rng.random() < faults.lost_answer:
-                await faults.travel()
-                raise MetadataOutcomeUnknownError("the answer to an applied write was lost")
+        if faults is None:
+            return function(*args)
+        await faults.travel()  # The request on its way.
+        lost = faults.lose() if conditional else None
+        if lost is None:
+            result = function(*args)
             await faults.travel()  # The answer on its way.
-        return result
+            return result
+        if lost is LostAnswer.APPLIED:
+            outcome = _outcome(function, *args)
+            faults.tell(f"{conditional}: answer lost, reached the store at once: {outcome}")
+        elif lost is LostAnswer.NOT_APPLIED:
+            faults.tell(f"{conditional}: answer lost, never reached the store")
+        else:
+            self._server.apply_later(
+                faults.rng.uniform(*faults.rng.choice(faults.late_by)),
+                function,
+                args,
+                conditional,
+                faults.tell,
+            )
+        await faults.travel()
+        raise MetadataOutcomeUnknownError(
+            f"{conditional}: the answer was lost; the write may or may not have applied"
+        )
 
     async def get(self, key: str) -> KeyValue | None:
         check_key(key)
@@ -276,12 +359,19 @@ class MemoryMetadataStore(MetadataStore):
         assert expected_version >= 0, expected_version
         lease_id = 0 if lease is None else lease.id
         return await self._call(
-            self._server.put, key, value, lease_id, expected_version, conditional=True
+            self._server.put,
+            key,
+            value,
+            lease_id,
+            expected_version,
+            conditional=f"CAS {key} at version {expected_version}",
         )
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
         check_key(key)
-        conditional = expected_version is not None
+        conditional = (
+            "" if expected_version is None else f"delete {key} at version {expected_version}"
+        )
         return await self._call(self._server.delete, key, expected_version, conditional=conditional)
 
     async def list_prefix(

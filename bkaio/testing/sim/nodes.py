@@ -45,7 +45,7 @@ from bkaio.meta import Metadata
 from bkaio.meta.bookies import BookieInfo, BookieRegistration
 from bkaio.security.ledger_keys import KeySource, LedgerKeyVerifier, MetadataKeySource
 from bkaio.testing.sim.disk import DiskModel, SimDisk
-from bkaio.testing.sim.meta import MemoryMetadataServer, StoreFaults
+from bkaio.testing.sim.meta import LostAnswer, MemoryMetadataServer, StoreFaults
 from bkaio.testing.sim.process import SimProcess, outside
 from bkaio.testing.sim.threads import ProcessCrashed, SimThreads
 
@@ -72,6 +72,7 @@ class Environment:
     rng: random.Random
     metadata_latency: tuple[float, float] = (0.0005, 0.005)
     lost_metadata_answers: float = 0.0
+    lost_metadata_kinds: tuple[LostAnswer, ...] = tuple(LostAnswer)
     notes: list[str] = field(default_factory=list)  # What happened, for the seed's report.
 
     def note(self, text: str) -> None:
@@ -82,6 +83,8 @@ class Environment:
             random.Random(self.rng.random()),
             latency=self.metadata_latency,
             lost_answer=self.lost_metadata_answers,
+            lost_kinds=self.lost_metadata_kinds,
+            note=self.note,
         )
         return Metadata(self.metadata.connect(faults), INSTANCE_ID, id_block_size=10)
 

@@ -35,6 +35,7 @@ from bkaio.journal.crash_points import CRASH_POINTS
 from bkaio.protocol import Flag, Op
 from bkaio.testing.sim.cluster import SimCluster, SimOptions
 from bkaio.testing.sim.disk import DiskModel
+from bkaio.testing.sim.meta import LostAnswer
 from bkaio.testing.sim.network import FrameRule, NetworkModel
 from bkaio.testing.sim.nodes import SimBookie, SimClient
 from bkaio.testing.sim.workload import WriterPlan, recoverer, tail_reader, writer
@@ -69,7 +70,12 @@ def options_for(scenario: str, rng: random.Random) -> SimOptions:
         quorum=quorum,
         network=network,
         disk=disk,
-        lost_metadata_answers=rng.choice([0.0, 0.0, 0.1]),
+        # Chaos loses more of them (one draw either way: the seed's other choices stay put).
+        lost_metadata_answers=rng.choice(
+            [0.0, 0.1, 0.3] if scenario == "chaos" else [0.0, 0.0, 0.1]
+        ),
+        # f8 is an exact schedule: its lost answers stay the applied kind, as they were.
+        lost_metadata_kinds=(LostAnswer.APPLIED,) if scenario == "f8" else tuple(LostAnswer),
     )
 
 

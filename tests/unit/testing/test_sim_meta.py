@@ -4,6 +4,7 @@ tests/integration/meta/test_store_contract.py against every driver)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import pytest
@@ -12,13 +13,18 @@ from bkaio.meta.errors import LeaseExpiredError, MetadataOutcomeUnknownError, Wa
 from bkaio.meta.store import EventKind
 from bkaio.testing.sim.guards import sealed
 from bkaio.testing.sim.loop import SimLoop
-from bkaio.testing.sim.meta import MemoryMetadataServer, StoreFaults
+from bkaio.testing.sim.meta import LostAnswer, MemoryMetadataServer, StoreFaults
 
 
 def test_a_lost_answer_leaves_the_write_applied() -> None:
     async def main() -> tuple[bool, bytes | None, float]:
         server = MemoryMetadataServer()
-        faults = StoreFaults(random.Random(1), latency=(0.01, 0.01), lost_answer=1.0)
+        faults = StoreFaults(
+            random.Random(1),
+            latency=(0.01, 0.01),
+            lost_answer=1.0,
+            lost_kinds=(LostAnswer.APPLIED,),
+        )
         store = server.connect(faults)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -37,6 +43,115 @@ def test_a_lost_answer_leaves_the_write_applied() -> None:
     loop.close()
     assert unknown and value == b"v"
     assert elapsed == pytest.approx(0.02, abs=0.001)  # There and (the lost answer) back.
+
+
+def _lose(kind: LostAnswer, notes: list[str]) -> StoreFaults:
+    return StoreFaults(
+        random.Random(1),
+        latency=(0.01, 0.01),
+        lost_answer=1.0,
+        lost_kinds=(kind,),
+        late_by=((0.5, 0.5),),
+        note=notes.append,
+    )
+
+
+def test_a_lost_answer_may_leave_the_write_not_applied() -> None:
+    async def main() -> tuple[int, bytes, list[str]]:
+        server = MemoryMetadataServer()
+        plain = server.connect()
+        assert await plain.put("/k", b"old") == 2  # The key's version (its revision).
+        notes: list[str] = []
+        store = server.connect(_lose(LostAnswer.NOT_APPLIED, notes))
+        with pytest.raises(MetadataOutcomeUnknownError):
+            await store.compare_and_swap("/k", b"new", expected_version=2)
+        with pytest.raises(MetadataOutcomeUnknownError):
+            await store.delete("/k", expected_version=2)
+        await asyncio.sleep(10)  # Nothing lands later either.
+        kv = await plain.get("/k")
+        assert kv is not None
+        return kv.version, kv.value, notes
+
+    loop = SimLoop(random.Random(0))
+    with sealed():
+        version, value, notes = loop.run_until_complete(main())
+    loop.close()
+    assert (version, value) == (2, b"old")
+    assert notes == [
+        "CAS /k at version 2: answer lost, never reached the store",
+        "delete /k at version 2: answer lost, never reached the store",
+    ]
+
+
+def test_a_late_write_lands_after_the_caller_read_back_conditioned_as_sent() -> None:
+    """Held 0.5 s: the caller's read-back finds the old version and sends its copy again
+    (applied); the late first copy then lands on version 2, which is gone: refused, silently.
+    A late versioned delete on the version it expected lands and deletes the key."""
+
+    async def main() -> tuple[list[tuple[float, int, bytes]], bool, list[str]]:
+        loop = asyncio.get_running_loop()
+        server = MemoryMetadataServer()
+        plain = server.connect()
+        assert await plain.put("/k", b"v1") == 2  # The key's version (its revision).
+        notes: list[str] = []
+        store = server.connect(_lose(LostAnswer.LATE, notes))
+        started = loop.time()
+        with pytest.raises(MetadataOutcomeUnknownError):
+            await store.compare_and_swap("/k", b"first", expected_version=2)
+        seen = []
+        kv = await plain.get("/k")
+        assert kv is not None
+        seen.append((loop.time() - started, kv.version, kv.value))  # Not there yet.
+        assert await plain.compare_and_swap("/k", b"again", expected_version=2) == 3
+        await asyncio.sleep(0.6)
+        kv = await plain.get("/k")
+        assert kv is not None
+        seen.append((loop.time() - started, kv.version, kv.value))  # Refused: still "again".
+        with pytest.raises(MetadataOutcomeUnknownError):
+            await store.delete("/k", expected_version=3)
+        there = await plain.get("/k") is not None
+        await asyncio.sleep(0.6)
+        return seen, there and await plain.get("/k") is None, notes
+
+    loop = SimLoop(random.Random(0))
+    with sealed():
+        seen, deleted_late, notes = loop.run_until_complete(main())
+    loop.close()
+    assert [(version, value) for _, version, value in seen] == [(2, b"v1"), (3, b"again")]
+    assert seen[0][0] < 0.5 < seen[1][0]
+    assert deleted_late
+    assert len(notes) == 2
+    assert "CAS /k at version 2: answer lost, reached the store late: refused" in notes[0]
+    assert notes[1] == "delete /k at version 3: answer lost, reached the store late: done"
+
+
+def test_lost_answers_are_drawn_from_the_seed() -> None:
+    """The same seed loses the same answers in the same ways; every kind turns up."""
+
+    async def main(seed: int) -> list[str]:
+        server = MemoryMetadataServer()
+        notes: list[str] = []
+        faults = StoreFaults(random.Random(seed), lost_answer=0.5, note=notes.append)
+        store = server.connect(faults)
+        version = 0
+        for _ in range(60):
+            with contextlib.suppress(MetadataOutcomeUnknownError):
+                await store.compare_and_swap("/k", b"x", expected_version=version)
+            kv = await server.connect().get("/k")
+            version = 0 if kv is None else kv.version
+        await asyncio.sleep(1)
+        return notes
+
+    runs = []
+    for _ in range(2):
+        loop = SimLoop(random.Random(0))
+        with sealed():
+            runs.append(loop.run_until_complete(main(7)))
+        loop.close()
+    assert runs[0] == runs[1]
+    text = "\n".join(runs[0])
+    for kind in ("at once: ", "never reached", "late: "):
+        assert kind in text, kind
 
 
 def test_leases_expire_on_virtual_time_and_watches_see_the_delete() -> None:
