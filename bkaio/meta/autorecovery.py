@@ -400,8 +400,6 @@ class UnderReplicationManager:
         released; still that lock: released again), as `lock` does: left in place under the
         holder's live lease, it would keep every worker off the ledger."""
         key = _lock_key(ledger_id)
-        if lock_version is None:
-            return await self._store.delete(key)  # Retried by the driver whatever happened.
         try:
             return await delete_resolved(self._store, key, expected_version=lock_version)
         except MetadataVersionError:

@@ -84,10 +84,14 @@ async def compare_and_swap_resolved(
     raise _gave_up(key, "compare-and-swap")
 
 
-async def delete_resolved(store: MetadataStore, key: str, *, expected_version: int) -> bool:
+async def delete_resolved(store: MetadataStore, key: str, *, expected_version: int | None) -> bool:
     """`store.delete(key, expected_version=...)`, with a lost answer resolved by reading the
     key back: True when the record is gone, False when it was absent at the first try, or
-    MetadataVersionError when another writer changed it first (see the module docstring)."""
+    MetadataVersionError when another writer changed it first (see the module docstring).
+    Without `expected_version` the delete is unconditional: the driver retries it whatever
+    happened, and there is nothing to resolve."""
+    if expected_version is None:
+        return await store.delete(key)
     unsure = False
     for _attempt in range(MAX_METADATA_ATTEMPTS):
         try:

@@ -149,7 +149,9 @@ class LedgerManager:
                 metadata = metadata.replace(ledger_id=await self._ids.next_id())
             key = ledger_key(metadata.ledger_id)
             try:
-                version = await self._compare_and_swap(key, serialize(metadata), 0)
+                version = await compare_and_swap_resolved(
+                    self._store, key, serialize(metadata), expected_version=0
+                )
             except MetadataVersionError:
                 if allocate:  # Only someone creating ledgers with explicit ids can get here.
                     log.warning("ledger_id_taken", ledger_id=metadata.ledger_id)
@@ -182,31 +184,20 @@ class LedgerManager:
         assert metadata.ledger_id >= 0, "update of a ledger that was never created"
         key = ledger_key(metadata.ledger_id)
         try:
-            version = await self._compare_and_swap(key, serialize(metadata), metadata.version)
+            version = await compare_and_swap_resolved(
+                self._store, key, serialize(metadata), expected_version=metadata.version
+            )
         except MetadataVersionError as error:
             if metadata.version != 0 and await self._store.get(key) is None:
                 raise NoSuchLedgerError(f"ledger {metadata.ledger_id} was deleted") from None
             raise MetadataVersionError(f"ledger {metadata.ledger_id}: {error}") from None
         return metadata.with_version(version)
 
-    async def _compare_and_swap(self, key: str, data: bytes, expected_version: int) -> int:
-        """The store's CAS, with a lost answer resolved by reading the key back
-        (bkaio/meta/conditional.py): the new version, MetadataVersionError when another writer
-        won, MetadataOutcomeUnknownError when the store lost every answer (the last copy may
-        still land)."""
-        return await compare_and_swap_resolved(
-            self._store, key, data, expected_version=expected_version
-        )
-
     async def delete(self, ledger_id: int, *, expected_version: int | None = None) -> None:
         """NoSuchLedgerError if absent; MetadataVersionError if `expected_version` is stale
         (a lost answer of a versioned delete is resolved by reading the key back)."""
         key = ledger_key(ledger_id)
-        if expected_version is None:
-            deleted = await self._store.delete(key)
-        else:
-            deleted = await delete_resolved(self._store, key, expected_version=expected_version)
-        if not deleted:
+        if not await delete_resolved(self._store, key, expected_version=expected_version):
             raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
 
     async def list_ids(

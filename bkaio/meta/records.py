@@ -88,14 +88,9 @@ class CookieStore:
         )
 
     async def delete(self, bookie_id: str, *, expected_version: int | None = None) -> bool:
-        return await _delete(self._store, self.key(bookie_id), expected_version)
-
-
-async def _delete(store: MetadataStore, key: str, expected_version: int | None) -> bool:
-    """A plain delete (retried by the driver whatever happened), or a versioned one resolved."""
-    if expected_version is None:
-        return await store.delete(key)
-    return await delete_resolved(store, key, expected_version=expected_version)
+        return await delete_resolved(
+            self._store, self.key(bookie_id), expected_version=expected_version
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +154,9 @@ class NamespaceStore:
     async def delete_namespace(
         self, namespace: str, *, expected_version: int | None = None
     ) -> bool:
-        return await _delete(self._store, self.namespace_key(namespace), expected_version)
+        return await delete_resolved(
+            self._store, self.namespace_key(namespace), expected_version=expected_version
+        )
 
     async def list_namespaces(self) -> list[str]:
         return [
@@ -183,7 +180,9 @@ class NamespaceStore:
     async def delete_stream(
         self, namespace: str, stream: str, *, expected_version: int | None = None
     ) -> bool:
-        return await _delete(self._store, self.stream_key(namespace, stream), expected_version)
+        return await delete_resolved(
+            self._store, self.stream_key(namespace, stream), expected_version=expected_version
+        )
 
     async def list_streams(self, namespace: str) -> list[str]:
         prefix = f"{STREAMS_PREFIX}{namespace}/"
