@@ -16,7 +16,7 @@ import json
 import statistics
 import time
 from collections.abc import AsyncGenerator, AsyncIterable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import click
 from rich.progress import Progress
@@ -128,11 +128,10 @@ def read_ledger(
             )
             start = 0 if first is None else first
             stop = end if last is None else last
-            # An async generator (typed AsyncIterator): closed here when printing stops early
-            # (`| head`), not by the loop's shutdown while it is still reading ahead.
-            entries = cast(
-                "AsyncGenerator[ShownEntry, None]",
-                handle.read_iter(start, stop) if start <= stop else _no_entries(),
+            # Closed here when printing stops early (`| head`), not by the loop's shutdown
+            # while it is still reading ahead.
+            entries: AsyncGenerator[ShownEntry, None] = (
+                handle.read_iter(start, stop) if start <= stop else _no_entries()
             )
             async with contextlib.aclosing(entries):
                 await print_entries(entries, as_json=as_json)

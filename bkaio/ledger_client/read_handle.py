@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from operator import itemgetter
 from types import TracebackType
 
@@ -221,7 +221,9 @@ class ReadHandle:
             entries += batch
         return entries
 
-    async def read_iter(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[Entry]:
+    async def read_iter(
+        self, first_entry_id: int, last_entry_id: int
+    ) -> AsyncGenerator[Entry, None]:
         """Like `read`, one entry at a time, reading ahead (`read_batches`)."""
         async for batch in self.read_batches(first_entry_id, last_entry_id):
             for entry in batch:
